@@ -1,0 +1,436 @@
+"""Book snapshots from DBN records: rebuild from MBO, or pass MBP-10 / MBP-1 through.
+
+Conventions (Databento MBO, https://databento.com/docs/schemas-and-data-formats/mbo):
+
+* ``A`` adds an order; ``C`` cancels ``size`` contracts of it (a full cancel when that is all
+  it has); ``M`` replaces its price and size (an unknown order id is treated as an add);
+  ``R`` clears the book; ``T`` (trade), ``F`` (fill) and ``N`` do not change the book.
+* A snapshot row is emitted at each record carrying ``F_LAST`` (0x80) when the book changed
+  since the previous row. Trade and fill records never carry ``F_LAST`` in CME MBO, so in
+  practice this is "every ``F_LAST`` record"; the rule only avoids duplicate rows where a
+  pure trade/fill event would end with ``F_LAST``.
+* Trades come from ``T`` records; their ``side`` is the aggressor: ``B`` a buyer lifted the
+  ask (+1), ``A`` a seller hit the bid (-1), ``N`` unknown (0).
+
+MBP-10 and MBP-1 records already carry the book: a row is emitted at each ``F_LAST`` record
+that is not a trade or fill (those repeat the previous book), and trades are the ``T``
+records of the same stream unless a trades file is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from alphafeat.types import LEVELS, PRICE_SCALE, UNDEF_PRICE, BookArrays
+
+F_LAST = 0x80
+F_TOB = 0x40
+F_SNAPSHOT = 0x20
+F_MBP = 0x10
+F_BAD_TS_RECV = 0x08
+F_MAYBE_BAD_BOOK = 0x04
+
+_A, _B, _C, _F, _M, _N, _R, _T = (ord(c) for c in "ABCFMNRT")
+
+
+@dataclass
+class RawBook:
+    """Book snapshots of one instrument before conversion to :class:`BookArrays`.
+
+    Attributes
+    ----------
+    ts_event, ts_recv : np.ndarray, int64, shape (n,)
+        Times (ns since the UNIX epoch) of the record that completed each snapshot.
+    pos : np.ndarray, int64, shape (n,)
+        Index of that record in the instrument's record stream (for ordering trades).
+    bid_px, ask_px : np.ndarray, int64, shape (n, LEVELS)
+        Level prices, 1e-9 fixed point; ``UNDEF_PRICE`` where the level is empty.
+    bid_sz, ask_sz, bid_ct, ask_ct : np.ndarray, int64, shape (n, LEVELS)
+        Level sizes (contracts) and order counts; 0 where empty.
+    depth : int
+        Levels the source carries (10 for MBO and MBP-10, 1 for MBP-1).
+    """
+
+    ts_event: np.ndarray
+    ts_recv: np.ndarray
+    pos: np.ndarray
+    bid_px: np.ndarray
+    ask_px: np.ndarray
+    bid_sz: np.ndarray
+    ask_sz: np.ndarray
+    bid_ct: np.ndarray
+    ask_ct: np.ndarray
+    depth: int = LEVELS
+
+    def __len__(self) -> int:
+        return int(self.ts_recv.shape[0])
+
+    def take(self, idx: np.ndarray | slice) -> RawBook:
+        """Rows ``idx`` (an index array, boolean mask or slice) as a new RawBook."""
+        return RawBook(
+            self.ts_event[idx], self.ts_recv[idx], self.pos[idx],
+            self.bid_px[idx], self.ask_px[idx], self.bid_sz[idx], self.ask_sz[idx],
+            self.bid_ct[idx], self.ask_ct[idx], self.depth,
+        )
+
+
+@dataclass
+class Trades:
+    """Trades of one instrument, in stream order.
+
+    Attributes
+    ----------
+    ts_event, ts_recv : np.ndarray, int64, shape (m,)
+        Times in ns since the UNIX epoch.
+    pos : np.ndarray, int64, shape (m,)
+        Index in the instrument's book record stream, or -1 when the trades come from a
+        separate trades file (then they are matched to snapshots by ``ts_recv``).
+    price : np.ndarray, int64, shape (m,)
+        1e-9 fixed point.
+    size : np.ndarray, int64, shape (m,)
+        Contracts.
+    aggressor : np.ndarray, int8, shape (m,)
+        +1 buyer-initiated, -1 seller-initiated, 0 unknown.
+    """
+
+    ts_event: np.ndarray
+    ts_recv: np.ndarray
+    pos: np.ndarray
+    price: np.ndarray
+    size: np.ndarray
+    aggressor: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ts_recv.shape[0])
+
+    def take(self, idx: np.ndarray | slice) -> Trades:
+        return Trades(
+            self.ts_event[idx], self.ts_recv[idx], self.pos[idx],
+            self.price[idx], self.size[idx], self.aggressor[idx],
+        )
+
+
+def _codes(field: np.ndarray) -> np.ndarray:
+    """An ``S1`` character field as uint8 codes (a view, no copy)."""
+    return np.ascontiguousarray(field).view(np.uint8)
+
+
+def _aggressor(side_codes: np.ndarray) -> np.ndarray:
+    out = np.zeros(side_codes.shape[0], dtype=np.int8)
+    out[side_codes == _B] = 1
+    out[side_codes == _A] = -1
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# MBO rebuild (numba)
+# --------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def _find_level(px_arr, n, px, descending):
+    """Binary search: index of ``px`` in the first ``n`` sorted prices, or insertion point."""
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        v = px_arr[mid]
+        if v == px:
+            return mid, True
+        if (v > px) if descending else (v < px):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo, False
+
+
+@numba.njit(cache=True)
+def _level_change(lpx, lsz, lct, n, px, dsz, dct, descending):
+    """Add ``dsz`` contracts and ``dct`` orders at ``px``; returns the new level count.
+
+    Levels are kept sorted best-first (bids descending, asks ascending). A level whose
+    order count falls to 0 is removed. The arrays must have room for one more level.
+    """
+    i, found = _find_level(lpx, n, px, descending)
+    if found:
+        lsz[i] += dsz
+        lct[i] += dct
+        if lct[i] <= 0:
+            for j in range(i, n - 1):
+                lpx[j] = lpx[j + 1]
+                lsz[j] = lsz[j + 1]
+                lct[j] = lct[j + 1]
+            return n - 1
+        return n
+    if dct <= 0:
+        return n  # removing from a level that does not exist: nothing to do
+    for j in range(n, i, -1):
+        lpx[j] = lpx[j - 1]
+        lsz[j] = lsz[j - 1]
+        lct[j] = lct[j - 1]
+    lpx[i] = px
+    lsz[i] = dsz
+    lct[i] = dct
+    return n + 1
+
+
+@numba.njit(cache=True)
+def _grow(a):
+    b = np.empty(a.shape[0] * 2, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@numba.njit(cache=True)
+def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
+    """Replay one instrument's MBO records; see the module docstring for the rules.
+
+    Returns (rows, bid_px, bid_sz, bid_ct, ask_px, ask_sz, ask_ct, n_unknown) where ``rows``
+    holds the record index of each emitted snapshot and ``n_unknown`` counts cancels of
+    order ids never seen (expected before the first snapshot of a partial file).
+    """
+    n_rec = action.shape[0]
+    n_last = 0
+    for k in range(n_rec):
+        if flags[k] & 0x80:
+            n_last += 1
+    rows = np.empty(n_last, dtype=np.int64)
+    out_bpx = np.full((n_last, levels), undef, dtype=np.int64)
+    out_apx = np.full((n_last, levels), undef, dtype=np.int64)
+    out_bsz = np.zeros((n_last, levels), dtype=np.int64)
+    out_asz = np.zeros((n_last, levels), dtype=np.int64)
+    out_bct = np.zeros((n_last, levels), dtype=np.int64)
+    out_act = np.zeros((n_last, levels), dtype=np.int64)
+
+    cap = 1024
+    bpx = np.empty(cap, dtype=np.int64)
+    bsz = np.empty(cap, dtype=np.int64)
+    bct = np.empty(cap, dtype=np.int64)
+    apx = np.empty(cap, dtype=np.int64)
+    asz = np.empty(cap, dtype=np.int64)
+    act = np.empty(cap, dtype=np.int64)
+    nb = 0
+    na = 0
+    # order id -> (price, size, side)
+    orders = dict()
+    orders[np.uint64(0)] = (np.int64(0), np.int64(0), np.uint8(0))
+    del orders[np.uint64(0)]
+
+    n_out = 0
+    n_unknown = 0
+    dirty = False
+    for k in range(n_rec):
+        a = action[k]
+        if a == 65 or a == 67 or a == 77:  # 'A' 'C' 'M'
+            oid = order_id[k]
+            if a == 67:  # cancel
+                if oid in orders:
+                    opx, osz, osd = orders[oid]
+                    dq = min(np.int64(size[k]), osz)
+                    left = osz - dq
+                    dct = -1 if left <= 0 else 0
+                    if osd == 66:
+                        nb = _level_change(bpx, bsz, bct, nb, opx, -dq, dct, True)
+                    else:
+                        na = _level_change(apx, asz, act, na, opx, -dq, dct, False)
+                    if left <= 0:
+                        del orders[oid]
+                    else:
+                        orders[oid] = (opx, left, osd)
+                    dirty = True
+                else:
+                    n_unknown += 1
+            else:  # add or modify: remove the old version (if any), insert the new one
+                if oid in orders:
+                    opx, osz, osd = orders[oid]
+                    if osd == 66:
+                        nb = _level_change(bpx, bsz, bct, nb, opx, -osz, -1, True)
+                    else:
+                        na = _level_change(apx, asz, act, na, opx, -osz, -1, False)
+                    del orders[oid]
+                sd = side[k]
+                sz = np.int64(size[k])
+                if (sd == 66 or sd == 65) and sz > 0 and price[k] != undef:
+                    if sd == 66:
+                        if nb + 1 >= bpx.shape[0]:
+                            bpx = _grow(bpx)
+                            bsz = _grow(bsz)
+                            bct = _grow(bct)
+                        nb = _level_change(bpx, bsz, bct, nb, price[k], sz, 1, True)
+                    else:
+                        if na + 1 >= apx.shape[0]:
+                            apx = _grow(apx)
+                            asz = _grow(asz)
+                            act = _grow(act)
+                        na = _level_change(apx, asz, act, na, price[k], sz, 1, False)
+                    orders[oid] = (price[k], sz, sd)
+                dirty = True
+        elif a == 82:  # 'R' clear
+            orders.clear()
+            nb = 0
+            na = 0
+            dirty = True
+        if (flags[k] & 0x80) and dirty:
+            rows[n_out] = k
+            for j in range(min(nb, levels)):
+                out_bpx[n_out, j] = bpx[j]
+                out_bsz[n_out, j] = bsz[j]
+                out_bct[n_out, j] = bct[j]
+            for j in range(min(na, levels)):
+                out_apx[n_out, j] = apx[j]
+                out_asz[n_out, j] = asz[j]
+                out_act[n_out, j] = act[j]
+            n_out += 1
+            dirty = False
+    return (
+        rows[:n_out], out_bpx[:n_out], out_bsz[:n_out], out_bct[:n_out],
+        out_apx[:n_out], out_asz[:n_out], out_act[:n_out], n_unknown,
+    )
+
+
+def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Trades, int]:
+    """Rebuild a ``levels``-deep price book from one instrument's MBO records.
+
+    Parameters
+    ----------
+    records : np.ndarray, structured (databento ``MBOMsg`` dtype), shape (m,)
+        All MBO records of a single instrument, in stream order.
+    levels : int
+        Depth of the snapshots (default 10).
+
+    Returns
+    -------
+    (RawBook, Trades, int)
+        Snapshots at every ``F_LAST`` record that changed the book, the ``T`` trades, and the
+        number of cancels of unknown order ids (nonzero only when the stream starts mid-day
+        without a snapshot).
+    """
+    action = _codes(records["action"])
+    rows, bpx, bsz, bct, apx, asz, act, n_unknown = _rebuild_mbo(
+        action,
+        _codes(records["side"]),
+        np.ascontiguousarray(records["price"]),
+        np.ascontiguousarray(records["size"]),
+        np.ascontiguousarray(records["order_id"]),
+        np.ascontiguousarray(records["flags"]),
+        levels,
+        UNDEF_PRICE,
+    )
+    book = RawBook(
+        records["ts_event"][rows].astype(np.int64),
+        records["ts_recv"][rows].astype(np.int64),
+        rows.astype(np.int64),
+        bpx, apx, bsz, asz, bct, act, levels,
+    )
+    return book, _stream_trades(records, action), int(n_unknown)
+
+
+def _stream_trades(records: np.ndarray, action: np.ndarray) -> Trades:
+    t = np.flatnonzero(action == _T)
+    tr = records[t]
+    return Trades(
+        tr["ts_event"].astype(np.int64),
+        tr["ts_recv"].astype(np.int64),
+        t.astype(np.int64),
+        tr["price"].astype(np.int64),
+        tr["size"].astype(np.int64),
+        _aggressor(_codes(tr["side"])),
+    )
+
+
+def mbp_snapshots(records: np.ndarray) -> tuple[RawBook, Trades]:
+    """Snapshots and trades from one instrument's MBP-10 or MBP-1 records.
+
+    Parameters
+    ----------
+    records : np.ndarray, structured (databento ``MBP10Msg`` or ``MBP1Msg`` dtype), shape (m,)
+        Records of a single instrument, in stream order.
+
+    Returns
+    -------
+    (RawBook, Trades)
+        A row for each ``F_LAST`` record whose action is not ``T``/``F``; ``depth`` is 10
+        or 1 after the schema, deeper columns empty (``UNDEF_PRICE``, size 0).
+    """
+    names = records.dtype.names or ()
+    depth = sum(1 for n in names if n.startswith("bid_px_"))
+    action = _codes(records["action"])
+    keep = ((records["flags"] & F_LAST) != 0) & (action != _T) & (action != _F)
+    rows = np.flatnonzero(keep)
+    sel = records[rows]
+    m = rows.shape[0]
+    arr = {}
+    for side in ("bid", "ask"):
+        px = np.full((m, LEVELS), UNDEF_PRICE, dtype=np.int64)
+        sz = np.zeros((m, LEVELS), dtype=np.int64)
+        ct = np.zeros((m, LEVELS), dtype=np.int64)
+        for j in range(depth):
+            px[:, j] = sel[f"{side}_px_{j:02d}"]
+            sz[:, j] = sel[f"{side}_sz_{j:02d}"]
+            ct[:, j] = sel[f"{side}_ct_{j:02d}"]
+        arr[side] = (px, sz, ct)
+    book = RawBook(
+        sel["ts_event"].astype(np.int64), sel["ts_recv"].astype(np.int64), rows.astype(np.int64),
+        arr["bid"][0], arr["ask"][0], arr["bid"][1], arr["ask"][1], arr["bid"][2], arr["ask"][2],
+        depth,
+    )
+    return book, _stream_trades(records, action)
+
+
+def trades_from_records(records: np.ndarray) -> Trades:
+    """Trades from a trades-schema (``TradeMsg``) array of one instrument, matched by time."""
+    return Trades(
+        records["ts_event"].astype(np.int64),
+        records["ts_recv"].astype(np.int64),
+        np.full(records.shape[0], -1, dtype=np.int64),
+        records["price"].astype(np.int64),
+        records["size"].astype(np.int64),
+        _aggressor(_codes(records["side"])),
+    )
+
+
+def to_book_arrays(book: RawBook, trades: Trades) -> BookArrays:
+    """Convert to float index points and attach trade flow to each snapshot row.
+
+    A trade belongs to the first snapshot at or after it: by stream position when the trade
+    came from the book stream (``pos >= 0``), by ``ts_recv`` otherwise (a trade received at
+    the same nanosecond as a snapshot counts in that snapshot). Trades after the last
+    snapshot belong to no row. No row sees a trade that happened after it.
+    """
+    n = len(book)
+
+    def px(a: np.ndarray) -> np.ndarray:
+        out = a.astype(np.float64) * PRICE_SCALE
+        out[a == UNDEF_PRICE] = np.nan
+        return out
+
+    buy = np.zeros(n)
+    sell = np.zeros(n)
+    count = np.zeros(n)
+    if len(trades) and n:
+        if np.all(trades.pos >= 0):
+            idx = np.searchsorted(book.pos, trades.pos, side="left")
+        else:
+            idx = np.searchsorted(book.ts_recv, trades.ts_recv, side="left")
+        ok = idx < n
+        idx, size, agg = idx[ok], trades.size[ok].astype(np.float64), trades.aggressor[ok]
+        buy = np.bincount(idx, weights=np.where(agg > 0, size, 0.0), minlength=n)
+        sell = np.bincount(idx, weights=np.where(agg < 0, size, 0.0), minlength=n)
+        count = np.bincount(idx, minlength=n).astype(np.float64)
+    return BookArrays(
+        ts_event=book.ts_event,
+        ts_recv=book.ts_recv,
+        bid_px=px(book.bid_px),
+        ask_px=px(book.ask_px),
+        bid_sz=book.bid_sz.astype(np.float64),
+        ask_sz=book.ask_sz.astype(np.float64),
+        bid_ct=book.bid_ct.astype(np.float64),
+        ask_ct=book.ask_ct.astype(np.float64),
+        buy_volume=buy,
+        sell_volume=sell,
+        trade_count=count,
+        depth=book.depth,
+    )

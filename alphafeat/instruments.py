@@ -1,0 +1,235 @@
+"""Instrument selection: trading sessions, symbology, contract expirations and the front month.
+
+Trading session
+    CME Globex trades E-mini futures Sunday-Friday 17:00-16:00 America/Chicago, with a daily
+    break 16:00-17:00 CT. A record belongs to the session of trade date ``D`` when its time
+    in Chicago lies in ``[D-1 16:00, D 16:00)``: the break and the pre-open belong to the
+    session that follows them. Daylight saving is handled by ``zoneinfo``; boundaries are
+    computed once per calendar day, then rows are assigned with ``np.searchsorted``.
+
+Front month (``--instrument-mode front-month``)
+    Candidates are the outright contracts of the root present in a session: whole symbols
+    matching ``{root}[FGHJKMNQUVXZ]\\d{1,2}`` (so calendar spreads ``ESH4-ESM4`` never match).
+    For each session in date order the front month is:
+
+    1. the candidate with the most traded volume (contracts) in the **previous** session of
+       the data, when any candidate traded there (no look-ahead: a session's choice uses only
+       earlier data);
+    2. otherwise (first session, or no earlier trades) the calendar rule: the nearest-expiring
+       candidate whose expiration is more than ``roll_days`` (default 8) calendar days after
+       the session date; if every candidate expires sooner, the latest-expiring one.
+
+    Expirations come from definition records when given, else from the month code: the third
+    Friday of the contract month, with the year digit resolved by the data's date (``ESH0``
+    in 2029 data is March 2030).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+import numpy as np
+from databento.common.symbology import InstrumentMap
+
+from alphafeat.errors import AlphafeatError
+
+CHICAGO = ZoneInfo("America/Chicago")
+MONTH_CODES = "FGHJKMNQUVXZ"
+SESSION_END_HOUR_CT = 16
+
+_NS = 1_000_000_000
+
+
+def outright_pattern(root: str) -> re.Pattern[str]:
+    """Regex matching a whole outright futures symbol of ``root`` (``ESH4``, ``ESZ24``)."""
+    return re.compile(rf"{re.escape(root)}([{MONTH_CODES}])(\d{{1,2}})")
+
+
+def session_end_ns(date: dt.date) -> int:
+    """End of the session of trade date ``date``: 16:00 America/Chicago, in ns since the epoch."""
+    end = dt.datetime(date.year, date.month, date.day, SESSION_END_HOUR_CT, tzinfo=CHICAGO)
+    return int(end.timestamp()) * _NS
+
+
+def session_dates(ts_ns: np.ndarray) -> np.ndarray:
+    """Trade date of each timestamp.
+
+    Parameters
+    ----------
+    ts_ns : np.ndarray, int64 or uint64, shape (n,)
+        Times in ns since the UNIX epoch (UTC).
+
+    Returns
+    -------
+    np.ndarray, datetime64[D], shape (n,)
+        The trade date of the CME Globex session each time belongs to (see module docstring).
+    """
+    ts = np.asarray(ts_ns, dtype=np.int64)
+    if ts.size == 0:
+        return np.empty(0, dtype="datetime64[D]")
+    lo = dt.datetime.fromtimestamp(int(ts.min()) // _NS, dt.timezone.utc).date()
+    hi = dt.datetime.fromtimestamp(int(ts.max()) // _NS, dt.timezone.utc).date()
+    days = [lo + dt.timedelta(days=k) for k in range(-1, (hi - lo).days + 3)]
+    ends = np.array([session_end_ns(d) for d in days], dtype=np.int64)
+    idx = np.searchsorted(ends, ts, side="right")
+    return np.array(days, dtype="datetime64[D]")[idx]
+
+
+def third_friday(year: int, month: int) -> dt.date:
+    """Third Friday of a month: the expiration day of CME quarterly equity-index futures."""
+    first = dt.date(year, month, 1)
+    return first + dt.timedelta(days=(4 - first.weekday()) % 7 + 14)
+
+
+def expiration_from_symbol(symbol: str, root: str, on: dt.date) -> dt.date | None:
+    """Expiration date from a month-code symbol, the year resolved by the data's date.
+
+    The year is the smallest ``y >= on.year - 1`` ending in the symbol's digit(s) whose
+    expiration (third Friday of the contract month) is not before ``on``: a contract still
+    trading on ``on`` has not expired. ``None`` when the symbol is not an outright of ``root``.
+    """
+    m = outright_pattern(root).fullmatch(symbol)
+    if m is None:
+        return None
+    month = MONTH_CODES.index(m.group(1)) + 1
+    digits = m.group(2)
+    mod = 10 ** len(digits)
+    y = on.year - 1
+    while y % mod != int(digits) or third_friday(y, month) < on:
+        y += 1
+    return third_friday(y, month)
+
+
+@dataclass
+class Symbology:
+    """Instrument id -> raw symbol per date, from DBN metadata, plus definition expirations.
+
+    Wraps :class:`databento.common.symbology.InstrumentMap` (ids can be reused by the
+    exchange, so resolution is per date).
+    """
+
+    imap: InstrumentMap
+    expirations: dict[str, dt.date]
+    fallback: dict[int, str]
+
+    @classmethod
+    def build(cls, metadatas: Iterable[object], definitions: Sequence[np.ndarray] = ()) -> Symbology:
+        """Collect mappings from ``databento_dbn.Metadata`` objects and definition arrays."""
+        imap = InstrumentMap()
+        fallback: dict[int, str] = {}
+        for md in metadatas:
+            if getattr(md, "mappings", None):
+                imap.insert_metadata(md)
+        expirations: dict[str, dt.date] = {}
+        for d in definitions:
+            for rec in d:
+                sym = rec["raw_symbol"].decode().rstrip("\x00")
+                fallback[int(rec["instrument_id"])] = sym
+                exp = int(rec["expiration"])
+                if 0 < exp < 2**63:
+                    expirations[sym] = dt.datetime.fromtimestamp(exp // _NS, dt.timezone.utc).date()
+        return cls(imap, expirations, fallback)
+
+    def resolve(self, instrument_id: int, date: dt.date) -> str | None:
+        """Raw symbol of ``instrument_id`` on UTC ``date``, or None when unknown."""
+        try:
+            sym = self.imap.resolve(int(instrument_id), date)
+        except ValueError:
+            sym = None
+        return sym if sym is not None else self.fallback.get(int(instrument_id))
+
+    def expiration(self, symbol: str, root: str, on: dt.date) -> dt.date | None:
+        """Expiration of ``symbol``: from definitions when known, else from the month code."""
+        return self.expirations.get(symbol) or expiration_from_symbol(symbol, root, on)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The instrument kept for one session and why."""
+
+    session: dt.date
+    instrument_id: int
+    raw_symbol: str
+    expiration: dt.date | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class InstrumentMode:
+    """``all`` | ``id=N`` | ``front-month``."""
+
+    kind: str
+    instrument_id: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> InstrumentMode:
+        """Parse the CLI form; raises AlphafeatError on anything else."""
+        t = text.strip()
+        if t in ("all", "front-month"):
+            return cls(t)
+        if t.startswith("id="):
+            try:
+                return cls("id", int(t[3:]))
+            except ValueError:
+                pass
+        raise AlphafeatError(f"--instrument-mode: expected all, id=N or front-month, got {text!r}")
+
+    def __str__(self) -> str:
+        return f"id={self.instrument_id}" if self.kind == "id" else self.kind
+
+
+def front_month_schedule(
+    candidates: dict[dt.date, dict[int, str]],
+    volume: dict[tuple[dt.date, int], float],
+    symbology: Symbology,
+    root: str,
+    roll_days: int = 8,
+) -> list[Choice]:
+    """Choose one outright per session (rule in the module docstring).
+
+    Parameters
+    ----------
+    candidates : {session date: {instrument_id: raw_symbol}}
+        Outrights of the root that have book data in each session.
+    volume : {(session date, instrument_id): contracts traded}
+        Traded volume per session and instrument (any instrument; only outrights are read).
+    symbology : Symbology
+        For expirations.
+    root : str
+        Product root, e.g. ``"ES"``.
+    roll_days : int
+        Calendar-rule margin in days before expiration.
+
+    Returns
+    -------
+    list of Choice, one per session with candidates, in date order.
+    """
+    sessions = sorted(candidates)
+    out: list[Choice] = []
+    for k, day in enumerate(sessions):
+        cand = candidates[day]
+        prev = sessions[k - 1] if k else None
+        prev_vol = {i: volume.get((prev, i), 0.0) for i in cand} if prev else {}
+        if prev_vol and max(prev_vol.values()) > 0:
+            best = max(prev_vol.values())
+            iid = min(i for i, v in prev_vol.items() if v == best)
+            reason = f"most volume in previous session {prev} ({best:.0f} contracts)"
+        else:
+            exps = {i: symbology.expiration(s, root, day) for i, s in cand.items()}
+            known = {i: e for i, e in exps.items() if e is not None}
+            if not known:
+                iid = min(cand)
+                reason = "only candidate without expiration"
+            else:
+                later = {i: e for i, e in known.items() if (e - day).days > roll_days}
+                pool = later or known
+                pick = min if later else max
+                iid = pick(pool, key=lambda i: (pool[i], i))
+                reason = f"calendar rule: nearest expiration more than {roll_days} days ahead"
+        sym = cand[iid]
+        out.append(Choice(day, int(iid), sym, symbology.expiration(sym, root, day), reason))
+    return out

@@ -1,0 +1,432 @@
+"""The main job: DBN files -> instrument selection -> book -> features -> labels -> Arrow cache.
+
+:func:`precompute` runs the stages in order; ``alphafeat precompute`` is its command line.
+Each kept instrument is processed one trading session at a time (a *segment*): EMAs and
+other recurrences restart at the start of each segment, and labels never look past its
+end, so nothing crosses a session break or a roll.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+import alphafeat
+from alphafeat import book as bk
+from alphafeat.cache import FORMAT_VERSION, CacheWriter
+from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn, read_dbn
+from alphafeat.errors import AlphafeatError, InputError, SelectionError
+from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
+from alphafeat.instruments import (
+    Choice,
+    InstrumentMode,
+    Symbology,
+    front_month_schedule,
+    outright_pattern,
+    session_dates,
+)
+from alphafeat.labels import DEFAULT_HORIZONS, direction_labels
+from alphafeat.types import LEVELS, BookArrays
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+_ROOT_RE = re.compile(r"^(.+?)[FGHJKMNQUVXZ]\d{1,2}(?:-.*)?$")
+
+
+@dataclass
+class PrecomputeConfig:
+    """Parameters of one ``precompute`` run.
+
+    Attributes
+    ----------
+    inputs : list of Path
+        DBN files (``.dbn``, ``.dbn.zst``) or directories holding them. Book data (mbo,
+        mbp-10 or mbp-1) is required; trades and definition files are optional companions.
+    out : Path
+        Cache directory to (re)write.
+    instrument_mode : InstrumentMode
+        ``all``, ``id=N`` or ``front-month``.
+    root : str
+        Product root for front-month selection (``ES``).
+    device : str
+        ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+    horizons : tuple of int
+        Label horizons in snapshots.
+    features : FeatureParams
+        Feature parameters (tick size, EMA time constants, ...).
+    roll_days : int
+        Calendar-rule margin for the front month (days before expiration).
+    """
+
+    inputs: list[Path]
+    out: Path
+    instrument_mode: InstrumentMode = field(default_factory=lambda: InstrumentMode("front-month"))
+    root: str = "ES"
+    device: str = "auto"
+    horizons: tuple[int, ...] = DEFAULT_HORIZONS
+    features: FeatureParams = field(default_factory=FeatureParams)
+    roll_days: int = 8
+
+
+@dataclass
+class Summary:
+    """What a run did; the CLI prints it as a table."""
+
+    files: int = 0
+    records: int = 0
+    snapshots: int = 0
+    snapshots_kept: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    device: str = "cpu"
+    out: Path | None = None
+    schedule: list[Choice] = field(default_factory=list)
+    partitions: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def discover(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Expand directories into their ``*.dbn`` / ``*.dbn.zst`` files (sorted, not recursive).
+
+    Raises
+    ------
+    InputError
+        For a path that does not exist, or a directory with no DBN file.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.name.endswith((".dbn", ".dbn.zst")))
+            if not found:
+                raise InputError(p, "directory holds no .dbn or .dbn.zst file")
+            files.extend(found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise InputError(p, "no such file or directory")
+    return files
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a CUDA GPU is usable, else ``cpu``.
+
+    Raises
+    ------
+    AlphafeatError
+        For ``cuda`` without a usable GPU, or an unknown name.
+    """
+    if device == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if device == "cuda" and not cuda_available():
+        raise AlphafeatError("--device cuda: no usable CUDA GPU (numba.cuda.is_available() is False)")
+    if device not in ("cpu", "cuda"):
+        raise AlphafeatError(f"--device: expected auto, cpu or cuda, got {device!r}")
+    return device
+
+
+def _by_instrument(arr: np.ndarray) -> dict[int, np.ndarray]:
+    """Split a record array by ``instrument_id``, keeping stream order within each."""
+    ids = arr["instrument_id"]
+    order = np.argsort(ids, kind="stable")
+    uniq, starts = np.unique(ids[order], return_index=True)
+    bounds = list(starts) + [len(order)]
+    return {int(u): arr[order[bounds[k] : bounds[k + 1]]] for k, u in enumerate(uniq)}
+
+
+def _utc_date(ts_ns: int) -> dt.date:
+    return dt.datetime.fromtimestamp(int(ts_ns) // 1_000_000_000, dt.timezone.utc).date()
+
+
+def _root_of(symbol: str) -> str:
+    m = _ROOT_RE.match(symbol)
+    return m.group(1) if m else symbol
+
+
+def _classify(files: list[Path]) -> tuple[list[DBNFile], list[DBNFile], list[DBNFile]]:
+    """Open headers and split into book, trades and definition files."""
+    book, trades, defs = [], [], []
+    for p in files:
+        f = open_dbn(p)
+        if f.schema in BOOK_SCHEMAS:
+            book.append(f)
+        elif f.schema == "trades":
+            trades.append(f)
+        elif f.schema == "definition":
+            defs.append(f)
+        else:
+            raise InputError(
+                p, f"schema {f.schema!r} is not supported (need mbo, mbp-10, mbp-1, trades or definition)"
+            )
+    if not book:
+        first = (trades + defs)[0]
+        raise InputError(
+            first.path,
+            f"schema {first.schema!r} is not book data; give at least one mbo, mbp-10 or mbp-1 file",
+        )
+    schemas = sorted({f.schema for f in book})
+    if len(schemas) > 1:
+        raise InputError(book[0].path, f"mixed book schemas {schemas}; give one kind of book data per run")
+    key = lambda f: (int(f.metadata.start), str(f.path))  # noqa: E731
+    return sorted(book, key=key), sorted(trades, key=key), defs
+
+
+def _column_specs(cfg: PrecomputeConfig) -> list[dict]:
+    cols = [
+        dict(name="ts_event", unit="ns since UNIX epoch (UTC)", description="matching-engine time of the record that completed the snapshot", source="DBN"),
+        dict(name="ts_recv", unit="ns since UNIX epoch (UTC)", description="capture time of that record; the clock features use", source="DBN"),
+        dict(name="instrument_id", unit="", description="exchange instrument id", source="DBN"),
+        dict(name="raw_symbol", unit="", description="symbol of instrument_id on the session date", source="DBN symbology"),
+    ]
+    for lvl in range(LEVELS):
+        for side in ("bid", "ask"):
+            cols.append(dict(name=f"{side}_px_{lvl:02d}", unit="index points", description=f"{side} price at level {lvl + 1}; NaN if empty", source="book"))
+            cols.append(dict(name=f"{side}_sz_{lvl:02d}", unit="contracts", description=f"{side} size at level {lvl + 1}; 0 if empty", source="book"))
+            cols.append(dict(name=f"{side}_ct_{lvl:02d}", unit="orders", description=f"{side} order count at level {lvl + 1}", source="book"))
+    cols += [
+        dict(name="buy_volume", unit="contracts", description="buyer-initiated volume since the previous snapshot", source="trades"),
+        dict(name="sell_volume", unit="contracts", description="seller-initiated volume since the previous snapshot", source="trades"),
+        dict(name="trade_count", unit="trades", description="trades since the previous snapshot", source="trades"),
+    ]
+    cols += [dataclasses.asdict(s) for s in feature_specs(cfg.features)]
+    for h in cfg.horizons:
+        cols.append(dict(name=f"label_h{h}", unit="1 up / 0 down / NaN", description=f"sign of mid[t+{h}] - mid[t] within the session; NaN on tie, end of data, session break or roll", source="alphafeat.labels"))
+    return cols
+
+
+def _depth_limited(name: str, depth: int) -> bool:
+    """Whether feature ``name`` needs more book levels than ``depth``."""
+    m = re.fullmatch(r"ofi_l(\d\d)", name)
+    if m:
+        return int(m.group(1)) > depth
+    return name == "imbalance_l10" and depth < LEVELS
+
+
+def _segment_table(
+    b: BookArrays, raw: bk.RawBook, iid: int, symbol: str, cfg: PrecomputeConfig, device: str
+) -> pa.Table:
+    feats = compute_features(b, cfg.features, device=device)
+    for name in feats:
+        if _depth_limited(name, b.depth):
+            feats[name] = np.full(len(b), np.nan)
+    labels = direction_labels(feats["mid"], cfg.horizons)
+    n = len(b)
+    cols: dict[str, pa.Array] = {
+        "ts_event": pa.array(b.ts_event, pa.timestamp("ns", tz="UTC")),
+        "ts_recv": pa.array(b.ts_recv, pa.timestamp("ns", tz="UTC")),
+        "instrument_id": pa.array(np.full(n, iid, dtype=np.uint32)),
+        "raw_symbol": pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), pa.array([symbol])),
+    }
+    for lvl in range(LEVELS):
+        for side, px, sz, ct in (
+            ("bid", b.bid_px, raw.bid_sz, raw.bid_ct),
+            ("ask", b.ask_px, raw.ask_sz, raw.ask_ct),
+        ):
+            cols[f"{side}_px_{lvl:02d}"] = pa.array(px[:, lvl])
+            cols[f"{side}_sz_{lvl:02d}"] = pa.array(sz[:, lvl].astype(np.uint32))
+            cols[f"{side}_ct_{lvl:02d}"] = pa.array(ct[:, lvl].astype(np.uint32))
+    cols["buy_volume"] = pa.array(b.buy_volume)
+    cols["sell_volume"] = pa.array(b.sell_volume)
+    cols["trade_count"] = pa.array(b.trade_count)
+    for k, v in feats.items():
+        cols[k] = pa.array(np.asarray(v, dtype=np.float64))
+    for k, v in labels.items():
+        cols[k] = pa.array(v)
+    return pa.table(cols)
+
+
+def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary:
+    """Run the main job and write the cache to ``cfg.out``.
+
+    Parameters
+    ----------
+    cfg : PrecomputeConfig
+        What to read, how to select, where to write.
+    progress : rich.progress.Progress, optional
+        When given, one task per stage is shown on it.
+
+    Returns
+    -------
+    Summary
+        Counts, timings, the per-session instrument choice and notes.
+
+    Raises
+    ------
+    InputError
+        A bad input file (named, with the byte offset where it helps).
+    SelectionError
+        Nothing matches the instrument mode (e.g. no outright of the root).
+    AlphafeatError
+        Other user errors (device, output directory). Nothing is written on any error.
+    """
+    t0 = time.perf_counter()
+    device = resolve_device(cfg.device)
+    summary = Summary(device=device, out=Path(cfg.out))
+    files = discover(cfg.inputs)
+    book_files, trade_files, def_files = _classify(files)
+    summary.files = len(files)
+    mode = cfg.instrument_mode
+    only = [mode.instrument_id] if mode.kind == "id" else None
+
+    def task(desc: str, total: int) -> object | None:
+        return progress.add_task(desc, total=total) if progress is not None else None
+
+    def advance(t: object | None) -> None:
+        if progress is not None and t is not None:
+            progress.advance(t)
+
+    # ---- read ------------------------------------------------------------------------
+    t_read = task("read DBN", len(files))
+    defs = []
+    for f in def_files:
+        _, recs = read_dbn(f.path)
+        arr = recs.get(SCHEMA_RTYPES["definition"])
+        if arr is not None:
+            defs.append(arr)
+            summary.records += len(arr)
+        advance(t_read)
+    schema = book_files[0].schema
+    rtype = SCHEMA_RTYPES[schema]
+    book_parts: dict[int, list[np.ndarray]] = {}
+    for f in book_files:
+        _, recs = read_dbn(f.path, instrument_ids=only)
+        summary.records += sum(len(a) for a in recs.values())
+        arr = recs.get(rtype)
+        if arr is not None and len(arr):
+            for iid, a in _by_instrument(arr).items():
+                book_parts.setdefault(iid, []).append(a)
+        advance(t_read)
+    trade_parts: dict[int, list[np.ndarray]] = {}
+    for f in trade_files:
+        _, recs = read_dbn(f.path, instrument_ids=only)
+        summary.records += sum(len(a) for a in recs.values())
+        arr = recs.get(SCHEMA_RTYPES["trades"])
+        if arr is not None and len(arr):
+            for iid, a in _by_instrument(arr).items():
+                trade_parts.setdefault(iid, []).append(a)
+        advance(t_read)
+    symbology = Symbology.build([f.metadata for f in book_files + trade_files + def_files], defs)
+
+    if only is not None and only[0] not in book_parts:
+        raise SelectionError(
+            f"instrument_id {only[0]} has no {schema} records in the inputs "
+            f"({', '.join(str(f.path) for f in book_files)})"
+        )
+
+    # ---- book ------------------------------------------------------------------------
+    t_book = task(f"book ({schema})", len(book_parts))
+    books: dict[int, tuple[bk.RawBook, bk.Trades, np.ndarray, np.ndarray]] = {}
+    for iid, parts in book_parts.items():
+        recs = np.concatenate(parts)
+        if schema == "mbo":
+            raw, trades, n_unknown = bk.rebuild_mbo(recs)
+            if n_unknown:
+                summary.notes.append(f"instrument {iid}: {n_unknown} cancels of unknown orders (stream starts without a snapshot)")
+        else:
+            raw, trades = bk.mbp_snapshots(recs)
+        if iid in trade_parts:
+            trades = bk.trades_from_records(np.concatenate(trade_parts[iid]))
+        summary.snapshots += len(raw)
+        books[iid] = (raw, trades, session_dates(raw.ts_recv), session_dates(trades.ts_recv))
+        advance(t_book)
+
+    # ---- select ----------------------------------------------------------------------
+    segments: list[tuple[dt.date, int, str]] = []
+    symbols: dict[tuple[dt.date, int], str] = {}
+    for iid, (raw, _, sess, _) in books.items():
+        for day in np.unique(sess):
+            first = raw.ts_recv[np.argmax(sess == day)]
+            sym = symbology.resolve(iid, _utc_date(first)) or f"id{iid}"
+            symbols[(day.item(), iid)] = sym
+    if mode.kind == "front-month":
+        pat = outright_pattern(cfg.root)
+        candidates: dict[dt.date, dict[int, str]] = {}
+        for (day, iid), sym in symbols.items():
+            if pat.fullmatch(sym):
+                candidates.setdefault(day, {})[iid] = sym
+        if not candidates:
+            found = sorted(set(symbols.values()))
+            raise SelectionError(
+                f"no outright contract of root {cfg.root!r} (a whole symbol matching "
+                f"{pat.pattern}) in the inputs; symbols found: {', '.join(found[:20]) or 'none'}"
+            )
+        volume: dict[tuple[dt.date, int], float] = {}
+        for iid, (_, trades, _, tsess) in books.items():
+            for day in np.unique(tsess):
+                volume[(day.item(), iid)] = float(trades.size[tsess == day].sum())
+        summary.schedule = front_month_schedule(candidates, volume, symbology, cfg.root, cfg.roll_days)
+        segments = [(c.session, c.instrument_id, c.raw_symbol) for c in summary.schedule]
+    else:
+        segments = [(day, iid, sym) for (day, iid), sym in sorted(symbols.items())]
+        summary.schedule = [Choice(d, i, s, None, str(mode)) for d, i, s in segments]
+
+    # ---- features, labels, cache -----------------------------------------------------
+    specs = _column_specs(cfg)
+    depths = {books[i][0].depth for _, i, _ in segments}
+    if min(depths) < LEVELS:
+        limited = [s["name"] for s in specs if _depth_limited(s["name"], min(depths))]
+        summary.notes.append(
+            f"{schema} input carries {min(depths)} book level(s): depth features "
+            f"{', '.join(limited)} are NaN and deeper book columns are empty"
+        )
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "package_version": alphafeat.__version__,
+        "instrument_mode": str(mode),
+        "root": cfg.root,
+        "selection_rule": (
+            "front month: most traded volume in the previous session; first session: "
+            f"nearest expiration more than {cfg.roll_days} days ahead (calendar rule)"
+            if mode.kind == "front-month"
+            else str(mode)
+        ),
+        "session_rule": "CME Globex trade date D = [D-1 16:00, D 16:00) America/Chicago",
+        "schedule": [
+            {"session": c.session.isoformat(), "instrument_id": c.instrument_id, "raw_symbol": c.raw_symbol,
+             "expiration": c.expiration.isoformat() if c.expiration else None, "reason": c.reason}
+            for c in summary.schedule
+        ],
+        "params": {
+            "features": dataclasses.asdict(cfg.features),
+            "horizons": list(cfg.horizons),
+            "roll_days": cfg.roll_days,
+            "book_schema": schema,
+        },
+        "columns": specs,
+        "sources": [
+            {"path": str(f.path.resolve()), "size": f.path.stat().st_size,
+             "mtime_ns": f.path.stat().st_mtime_ns, "schema": f.schema, "dbn_version": f.version}
+            for f in book_files + trade_files + def_files
+        ],
+        "notes": summary.notes,
+    }
+    t_feat = task(f"features + labels ({device})", len(segments))
+    with CacheWriter(cfg.out) as writer:
+        for day, iid, sym in segments:
+            raw, trades, sess, tsess = books[iid]
+            raw_seg = raw.take(sess == day)
+            b = bk.to_book_arrays(raw_seg, trades.take(tsess == day))
+            table = _segment_table(b, raw_seg, iid, sym, cfg, device)
+            root = cfg.root if mode.kind == "front-month" else _root_of(sym)
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", sym)
+            rel = f"root={root}/session={day.isoformat()}/{safe}.arrow"
+            summary.partitions.append(writer.write(rel, table, manifest))
+            summary.snapshots_kept += len(b)
+            summary.rows += table.num_rows
+            advance(t_feat)
+        manifest["partitions"] = [str(p.relative_to(writer.out)) for p in summary.partitions]
+        writer.commit(manifest)
+    summary.seconds = time.perf_counter() - t0
+    log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
+    return summary
