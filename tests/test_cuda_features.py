@@ -1,0 +1,121 @@
+"""CUDA kernels == CPU features.
+
+The ``test_inprocess_*`` tests need a CUDA device: a real GPU, or numba's simulator
+(``NUMBA_ENABLE_CUDASIM=1`` set before numba is imported). A normal ``pytest`` run on a
+machine without a GPU skips them in process and runs them instead through
+``test_cuda_kernels_under_simulator``, which starts a second pytest in a subprocess with the
+simulator switched on (small inputs, so it stays quick). On a GPU machine both run: the
+in-process tests on the device, the subprocess under the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_features import PARAMS, perturb_after, random_book
+
+from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+HAVE_DEVICE = IN_SIM or cuda_available()
+REAL_GPU = HAVE_DEVICE and not IN_SIM
+needs_device = pytest.mark.skipif(
+    not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
+)
+N_INPROCESS = 7  # number of test_inprocess_* test items below (checked by the runner)
+
+
+def assert_same(cpu: dict[str, np.ndarray], gpu: dict[str, np.ndarray]) -> None:
+    assert list(cpu) == list(gpu)
+    for name in cpu:
+        assert gpu[name].dtype == np.float64 and gpu[name].shape == cpu[name].shape, name
+        g, c = gpu[name], cpu[name]
+        np.testing.assert_allclose(g, c, rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=name)
+
+
+@needs_device
+@pytest.mark.parametrize("params", PARAMS, ids=["default", "previous", "next"])
+def test_inprocess_cuda_equals_cpu(params: FeatureParams) -> None:
+    book = random_book(300, 21)
+    cpu = compute_features(book, params, device="cpu")
+    gpu = compute_features(book, params, device="cuda")
+    assert_same(cpu, gpu)
+    assert np.isnan(cpu["mid"]).any()  # NaN handling was exercised
+
+
+@needs_device
+def test_inprocess_deep_scan_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
+    # chunk = 3: 200 rows -> 67 -> 23 -> 8 -> 3 carries, four levels of phase 2
+    from alphafeat.cuda import kernels
+
+    monkeypatch.setattr(kernels, "CHUNK", 3)
+    book = random_book(200, 22)
+    assert_same(compute_features(book), compute_features(book, device="cuda"))
+
+
+@needs_device
+def test_inprocess_device_scan_matches_sequential() -> None:
+    from numba import cuda
+
+    from alphafeat.cuda.kernels import device_linear_scan
+
+    rng = np.random.default_rng(5)
+    a = rng.uniform(0.0, 1.0, (2, 150))
+    a[0, 40] = 0.0  # a restart in the middle
+    b = rng.normal(size=(2, 150))
+    x_d = cuda.device_array((2, 150), dtype=np.float64)
+    device_linear_scan(cuda.to_device(a), cuda.to_device(b), x_d, 4)
+    ref = np.empty_like(a)
+    for s in range(2):
+        v = 0.0
+        for i in range(150):
+            v = a[s, i] * v + b[s, i]
+            ref[s, i] = v
+    np.testing.assert_allclose(x_d.copy_to_host(), ref, rtol=1e-12, atol=1e-12)
+
+
+@needs_device
+def test_inprocess_no_look_ahead_and_tiny() -> None:
+    book = random_book(120, 23)
+    t = 60
+    a = compute_features(book, device="cuda")
+    b = compute_features(perturb_after(book, t, 7), device="cuda")
+    for name in a:
+        np.testing.assert_array_equal(a[name][: t + 1], b[name][: t + 1], err_msg=name)
+    one = random_book(1, 24)
+    f = compute_features(one, device="cuda")
+    assert list(f) == [s.name for s in feature_specs(FeatureParams())]
+    assert math.isnan(f["tick_return"][0]) and f["trade_rate_1s"][0] == one.trade_count[0]
+    assert_same(compute_features(one), f)
+
+
+@needs_device
+@pytest.mark.skipif(not REAL_GPU, reason="large input only on a real GPU")
+def test_inprocess_large_on_gpu() -> None:
+    book = random_book(1_000_000, 25)
+    assert_same(compute_features(book), compute_features(book, device="cuda"))
+
+
+def test_cuda_kernels_under_simulator() -> None:
+    """Run the in-process tests above in a subprocess with NUMBA_ENABLE_CUDASIM=1."""
+    if IN_SIM:
+        pytest.skip("already running under the simulator")
+    env = dict(os.environ)
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", __file__]
+    cmd += ["-k", "inprocess"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    passed = re.search(r"(\d+) passed", out)
+    # everything but the real-GPU-only test must have run (not been skipped)
+    assert passed is not None and int(passed.group(1)) == N_INPROCESS - 1, out
