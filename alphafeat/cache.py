@@ -131,3 +131,40 @@ def open_dataset(path: str | os.PathLike[str]) -> pads.Dataset:
     """The cache as a ``pyarrow.dataset.Dataset`` with Hive partitions ``root`` and ``session``."""
     read_manifest(path)
     return pads.dataset(str(path), format="ipc", partitioning="hive")
+
+
+def compare(a: str | os.PathLike[str], b: str | os.PathLike[str], rtol: float = 1e-9) -> dict:
+    """Compare two caches column by column (e.g. one written with ``--device cpu``, one with cuda).
+
+    Float columns must agree in their NaN pattern and within ``|x - y| <= rtol * max(1, |x|)``;
+    other columns exactly.
+
+    Returns
+    -------
+    dict with ``rows`` (int), ``columns`` (int), ``max_rel_err`` (float, over float columns) and
+    ``mismatches`` (list of column names that differ beyond the tolerance; empty when equal).
+    """
+    import numpy as np
+
+    ta = open_dataset(a).to_table()
+    tb = open_dataset(b).to_table()
+    if ta.schema.names != tb.schema.names or ta.num_rows != tb.num_rows:
+        return {"rows": ta.num_rows, "columns": ta.num_columns, "max_rel_err": float("inf"),
+                "mismatches": ["<schema or row count>"]}
+    keys = [("session", "ascending"), ("instrument_id", "ascending"), ("ts_recv", "ascending")]
+    ta, tb = ta.sort_by(keys), tb.sort_by(keys)
+    worst, bad = 0.0, []
+    for name in ta.schema.names:
+        x = ta.column(name).to_numpy(zero_copy_only=False)
+        y = tb.column(name).to_numpy(zero_copy_only=False)
+        if x.dtype.kind == "f":
+            nan = np.isnan(x)
+            m = ~nan
+            err = np.abs(x[m] - y[m]) / np.maximum(1.0, np.abs(x[m]))
+            e = float(err.max(initial=0.0))
+            worst = max(worst, e)
+            if not np.array_equal(nan, np.isnan(y)) or e > rtol:
+                bad.append(name)
+        elif not np.array_equal(x, y):
+            bad.append(name)
+    return {"rows": ta.num_rows, "columns": ta.num_columns, "max_rel_err": worst, "mismatches": bad}

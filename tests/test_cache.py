@@ -1,0 +1,50 @@
+"""Cache writer: atomic swap, manifest checks, and the cache comparison."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from alphafeat.cache import MANIFEST, CacheWriter, compare, open_dataset, read_manifest
+from alphafeat.errors import AlphafeatError
+
+
+def _write(out, values, manifest=None):
+    t = pa.table({"ts_recv": pa.array(np.arange(len(values)), pa.int64()),
+                  "instrument_id": pa.array(np.ones(len(values), np.uint32)),
+                  "x": pa.array(np.asarray(values, dtype=np.float64))})
+    with CacheWriter(out) as w:
+        w.write("root=ES/session=2024-01-02/ESH4.arrow", t, {"k": 1})
+        w.commit(manifest or {"format_version": 1})
+
+
+def test_compare_detects_value_and_nan_differences(tmp_path):
+    _write(tmp_path / "a", [1.0, 2.0, np.nan])
+    _write(tmp_path / "b", [1.0, 2.0 + 1e-12, np.nan])
+    _write(tmp_path / "c", [1.0, 2.001, np.nan])
+    _write(tmp_path / "d", [1.0, 2.0, 3.0])
+    assert compare(tmp_path / "a", tmp_path / "b")["mismatches"] == []
+    assert compare(tmp_path / "a", tmp_path / "c")["mismatches"] == ["x"]
+    assert compare(tmp_path / "a", tmp_path / "d")["mismatches"] == ["x"]
+
+
+def test_interrupted_write_leaves_nothing_and_old_cache_survives(tmp_path):
+    out = tmp_path / "cache"
+    _write(out, [1.0])
+    with pytest.raises(RuntimeError):
+        with CacheWriter(out) as w:
+            w.write("root=ES/session=2024-01-03/ESH4.arrow", pa.table({"x": [2.0]}), {})
+            raise RuntimeError("killed")
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]
+    assert open_dataset(out).to_table().column("x").to_pylist() == [1.0]
+
+
+def test_old_format_version_gets_a_clear_message(tmp_path):
+    out = tmp_path / "cache"
+    _write(out, [1.0])
+    (out / MANIFEST).write_text(json.dumps({"format_version": 0}))
+    with pytest.raises(AlphafeatError, match="format version 0"):
+        read_manifest(out)

@@ -1,0 +1,217 @@
+"""The main job end to end: real ES files, the embedded default, bad input, CPU == CUDA."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import databento as db
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+from conftest import ESH4_MBO, ESU4_MBP1, ESU4_TRADES, PROJECT, REAL, need
+from reference import slow_rebuild
+from test_instruments import slow_session
+
+from alphafeat.cache import MANIFEST, read_manifest
+from cli.alphafeat import main
+
+
+def _run(*args: str) -> int:
+    return main(["precompute", "-q", *args])
+
+
+def _table(out: Path) -> pa.Table:
+    return pads.dataset(str(out), format="ipc", partitioning="hive").to_table()
+
+
+@pytest.fixture(scope="module")
+def esh4_cache(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("esh4") / "cache"
+    assert _run("--instrument-mode", "front-month", "--input", str(need(ESH4_MBO)), "--out", str(out),
+                "--device", "cpu") == 0
+    return out
+
+
+def test_real_mbo_cache_top_of_book_equals_slow_reference(esh4_cache):
+    recs = db.DBNStore.from_file(ESH4_MBO).to_ndarray()
+    ref = slow_rebuild(recs)
+    tab = _table(esh4_cache).sort_by([("session", "ascending"), ("ts_recv", "ascending")])
+    assert tab.num_rows >= 40_000
+    assert tab.num_rows == len(ref)  # one instrument; every snapshot kept, in some session
+    sessions = [slow_session(int(recs["ts_recv"][k])) for k, _, _ in ref]
+    assert sorted(set(tab.column("session").to_pylist())) == sorted({d.isoformat() for d in sessions})
+    bid = np.array([r[1][0][0] * 1e-9 if r[1] else np.nan for r in ref])
+    ask = np.array([r[2][0][0] * 1e-9 if r[2] else np.nan for r in ref])
+    bsz = np.array([r[1][0][1] if r[1] else 0 for r in ref])
+    asz = np.array([r[2][0][1] if r[2] else 0 for r in ref])
+    np.testing.assert_array_equal(tab.column("bid_px_00").to_numpy(), bid)
+    np.testing.assert_array_equal(tab.column("ask_px_00").to_numpy(), ask)
+    np.testing.assert_array_equal(tab.column("bid_sz_00").to_numpy(), bsz)
+    np.testing.assert_array_equal(tab.column("ask_sz_00").to_numpy(), asz)
+    ts = np.array([recs["ts_recv"][k] for k, _, _ in ref], dtype=np.int64)
+    np.testing.assert_array_equal(tab.column("ts_recv").cast(pa.int64()).to_numpy(), ts)
+
+
+def test_cache_metadata_and_readers(esh4_cache):
+    man = read_manifest(esh4_cache)
+    assert man["instrument_mode"] == "front-month"
+    assert {c["raw_symbol"] for c in man["schedule"]} == {"ESH4"}
+    assert man["sources"][0]["path"].endswith(ESH4_MBO.name)
+    names = {c["name"]: c for c in man["columns"]}
+    assert names["mid"]["unit"] == "index points" and "label_h6000" in names
+    f = next(esh4_cache.rglob("*.arrow"))
+    meta = json.loads(pa.ipc.open_file(str(f)).schema.metadata[b"alphafeat"])
+    assert meta["schedule"] == man["schedule"]
+    # the column list in the metadata is exactly the file's columns
+    assert [c["name"] for c in meta["columns"]] == pa.ipc.open_file(str(f)).schema.names
+    import pandas as pd
+    import polars as pl
+
+    df = pd.read_feather(f)
+    assert len(df) > 0 and "ofi_l01" in df.columns
+    lf = pl.scan_ipc(str(esh4_cache / "**" / "*.arrow"), hive_partitioning=True).collect()
+    assert lf.height == _table(esh4_cache).num_rows
+
+
+def test_labels_never_cross_a_session(esh4_cache):
+    tab = _table(esh4_cache)
+    for sess in set(tab.column("session").to_pylist()):
+        part = tab.filter(pa.compute.equal(tab.column("session"), sess))
+        n = part.num_rows
+        for h in (30, 100, 300, 1000, 6000):
+            y = part.column(f"label_h{h}").to_numpy()
+            assert np.isnan(y[max(n - h, 0):]).all()
+
+
+def test_mbp1_with_trades_depth_features_nan(tmp_path, capsys):
+    out = tmp_path / "c"
+    assert _run("--input", str(need(ESU4_MBP1)), str(need(ESU4_TRADES)), "--out", str(out), "--device", "cpu") == 0
+    printed = capsys.readouterr().out
+    assert "ofi_l02" in printed and "NaN" in printed  # the summary states the missing depth
+    tab = _table(out)
+    assert tab.num_rows > 1000
+    assert np.isnan(tab.column("ofi_l02").to_numpy()).all()
+    assert np.isnan(tab.column("imbalance_l10").to_numpy()).all()
+    assert not np.isnan(tab.column("ofi_l01").to_numpy()[1:]).all()
+    assert tab.column("buy_volume").to_numpy().sum() + tab.column("sell_volume").to_numpy().sum() > 0
+    assert set(tab.column("raw_symbol").to_pylist()) == {"ESU4"}
+
+
+def test_no_outright_exits_nonzero(tmp_path, capsys):
+    # the only instrument is asked for by a root that has no outright in the data
+    out = tmp_path / "c"
+    assert _run("--root", "NQ", "--input", str(need(ESU4_MBP1)), "--out", str(out)) == 1
+    err = capsys.readouterr().err
+    assert "no outright contract of root 'NQ'" in err and "ESU4" in err
+    assert not out.exists()
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
+    mbo = need(ESH4_MBO).read_bytes()
+    empty = tmp / "empty.dbn"
+    empty.write_bytes(b"")
+    notdbn = tmp / "notes.dbn"
+    notdbn.write_bytes(b"hello, this is not DBN\n" * 10)
+    cut = tmp / "cut.mbo.dbn.zst"
+    cut.write_bytes(mbo[: len(mbo) // 2])
+    return {
+        "empty": (empty, "empty"),
+        "not dbn": (notdbn, "DBN"),
+        "cut zst": (cut, ""),
+        "definition": (need(REAL / "futures_definition.dbn.zst"), "definition"),
+    }
+
+
+@pytest.mark.parametrize("case", ["empty", "not dbn", "cut zst", "definition"])
+def test_bad_input_one_line_nonzero_no_cache(tmp_path, capsys, case):
+    path, word = _bad_inputs(tmp_path)[case]
+    out = tmp_path / "cache"
+    assert _run("--input", str(path), "--out", str(out), "--device", "cpu") == 1
+    err = capsys.readouterr().err.strip()
+    assert str(path) in err.replace("\n", "") and word in err
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".cache")]  # no temp dirs left
+
+
+def test_bad_input_keeps_previous_cache(tmp_path, capsys):
+    out = tmp_path / "cache"
+    assert _run("--input", str(need(ESU4_MBP1)), "--out", str(out), "--device", "cpu") == 0
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    path, _ = _bad_inputs(tmp_path)["cut zst"]
+    assert _run("--input", str(path), "--out", str(out), "--device", "cpu") == 1
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def test_refuses_to_overwrite_foreign_directory(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    assert _run("--input", str(need(ESU4_MBP1)), "--out", str(out), "--device", "cpu") == 1
+    assert (out / "thesis.tex").read_text() == "precious"
+
+
+def test_embedded_default_front_month_switches(tmp_path, capsys):
+    data = PROJECT / "data"
+    if not any(data.glob("*.dbn.zst")):
+        pytest.skip("data/ has no embedded sample yet")
+    out = tmp_path / "c"
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["precompute", "-q", "--instrument-mode", "front-month", "--out", str(out),
+                     "--device", "cpu"]) == 0
+    finally:
+        os.chdir(cwd)
+    man = read_manifest(out)
+    syms = [c["raw_symbol"] for c in man["schedule"]]
+    assert syms[0] == "ESH4" and syms[-1] == "ESM4"
+    assert all("-" not in s for s in syms)  # the calendar spread is never front
+    # the schedule switches where the previous session's volume says it should
+    vol: dict[tuple[str, str], float] = {}
+    for p in sorted(data.glob("*.trades.dbn.zst")):
+        store = db.DBNStore.from_file(p)
+        a = store.to_ndarray()
+        imap = {int(iv["symbol"]): sym for sym, ivs in store.metadata.mappings.items() for iv in ivs}
+        for iid in np.unique(a["instrument_id"]):
+            day = slow_session(int(a["ts_recv"][0])).isoformat()
+            vol[(day, imap[int(iid)])] = float(a["size"][a["instrument_id"] == iid].sum())
+    days = [c["session"] for c in man["schedule"]]
+    for k in range(1, len(days)):
+        prev = {s: v for (d, s), v in vol.items() if d == days[k - 1] and "-" not in s}
+        assert syms[k] == max(prev, key=prev.get)
+
+
+CUDA_SCRIPT = r"""
+import sys
+from alphafeat.cache import compare
+from cli.alphafeat import main
+inp, out = sys.argv[1], sys.argv[2]
+for dev in ("cpu", "cuda"):
+    assert main(["precompute", "-q", "--input", inp, "--out", f"{out}/{dev}", "--device", dev]) == 0
+r = compare(f"{out}/cpu", f"{out}/cuda", rtol=1e-9)
+assert r["rows"] > 0 and not r["mismatches"], r
+print("OK", r["rows"], r["max_rel_err"])
+"""
+
+
+def test_cuda_cache_equals_cpu_cache_under_simulator(tmp_path):
+    """--device cuda and --device cpu write the same cache (CUDA simulator; small real file)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(PROJECT))
+    r = subprocess.run([sys.executable, "-c", CUDA_SCRIPT, str(need(ESU4_MBP1)), str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1].startswith("OK ")
+
+
+def test_session_partition_names_are_trade_dates(esh4_cache):
+    parts = sorted(p.parent.name for p in esh4_cache.rglob("*.arrow"))
+    assert "session=2023-12-26" in parts
+    assert (esh4_cache / MANIFEST).is_file()
+    assert dt.date.fromisoformat(parts[-1].split("=")[1]) == dt.date(2023, 12, 26)
