@@ -182,26 +182,35 @@ def _classify(files: list[Path]) -> tuple[list[DBNFile], list[DBNFile], list[DBN
     return sorted(book, key=key), sorted(trades, key=key), defs
 
 
+def _col(name: str, unit: str, description: str, source: str) -> dict:
+    return {"name": name, "unit": unit, "description": description, "source": source}
+
+
 def _column_specs(cfg: PrecomputeConfig) -> list[dict]:
+    """Every cache column with its unit, meaning and source, in column order."""
+    ns = "ns since UNIX epoch (UTC)"
     cols = [
-        dict(name="ts_event", unit="ns since UNIX epoch (UTC)", description="matching-engine time of the record that completed the snapshot", source="DBN"),
-        dict(name="ts_recv", unit="ns since UNIX epoch (UTC)", description="capture time of that record; the clock features use", source="DBN"),
-        dict(name="instrument_id", unit="", description="exchange instrument id", source="DBN"),
-        dict(name="raw_symbol", unit="", description="symbol of instrument_id on the session date", source="DBN symbology"),
+        _col("ts_event", ns, "matching-engine time of the record that completed the snapshot", "DBN"),
+        _col("ts_recv", ns, "capture time of that record; the clock features use", "DBN"),
+        _col("instrument_id", "", "exchange instrument id", "DBN"),
+        _col("raw_symbol", "", "symbol of instrument_id on the session date", "DBN symbology"),
     ]
     for lvl in range(LEVELS):
         for side in ("bid", "ask"):
-            cols.append(dict(name=f"{side}_px_{lvl:02d}", unit="index points", description=f"{side} price at level {lvl + 1}; NaN if empty", source="book"))
-            cols.append(dict(name=f"{side}_sz_{lvl:02d}", unit="contracts", description=f"{side} size at level {lvl + 1}; 0 if empty", source="book"))
-            cols.append(dict(name=f"{side}_ct_{lvl:02d}", unit="orders", description=f"{side} order count at level {lvl + 1}", source="book"))
+            at = f"{side} at level {lvl + 1}"
+            cols.append(_col(f"{side}_px_{lvl:02d}", "index points", f"price {at}; NaN if empty", "book"))
+            cols.append(_col(f"{side}_sz_{lvl:02d}", "contracts", f"size {at}; 0 if empty", "book"))
+            cols.append(_col(f"{side}_ct_{lvl:02d}", "orders", f"order count {at}", "book"))
+    since = "since the previous snapshot"
     cols += [
-        dict(name="buy_volume", unit="contracts", description="buyer-initiated volume since the previous snapshot", source="trades"),
-        dict(name="sell_volume", unit="contracts", description="seller-initiated volume since the previous snapshot", source="trades"),
-        dict(name="trade_count", unit="trades", description="trades since the previous snapshot", source="trades"),
+        _col("buy_volume", "contracts", f"buyer-initiated volume {since}", "trades"),
+        _col("sell_volume", "contracts", f"seller-initiated volume {since}", "trades"),
+        _col("trade_count", "trades", f"trades {since}", "trades"),
     ]
     cols += [dataclasses.asdict(s) for s in feature_specs(cfg.features)]
     for h in cfg.horizons:
-        cols.append(dict(name=f"label_h{h}", unit="1 up / 0 down / NaN", description=f"sign of mid[t+{h}] - mid[t] within the session; NaN on tie, end of data, session break or roll", source="alphafeat.labels"))
+        what = f"sign of mid[t+{h}] - mid[t] within the session; NaN on tie, end of data, session break or roll"
+        cols.append(_col(f"label_h{h}", "1 up / 0 down / NaN", what, "alphafeat.labels"))
     return cols
 
 
@@ -332,7 +341,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         if schema == "mbo":
             raw, trades, n_unknown = bk.rebuild_mbo(recs)
             if n_unknown:
-                summary.notes.append(f"instrument {iid}: {n_unknown} cancels of unknown orders (stream starts without a snapshot)")
+                summary.notes.append(
+                    f"instrument {iid}: {n_unknown} cancels of unknown orders (stream starts without a snapshot)"
+                )
         else:
             raw, trades = bk.mbp_snapshots(recs)
         if iid in trade_parts:
@@ -393,8 +404,13 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         ),
         "session_rule": "CME Globex trade date D = [D-1 16:00, D 16:00) America/Chicago",
         "schedule": [
-            {"session": c.session.isoformat(), "instrument_id": c.instrument_id, "raw_symbol": c.raw_symbol,
-             "expiration": c.expiration.isoformat() if c.expiration else None, "reason": c.reason}
+            {
+                "session": c.session.isoformat(),
+                "instrument_id": c.instrument_id,
+                "raw_symbol": c.raw_symbol,
+                "expiration": c.expiration.isoformat() if c.expiration else None,
+                "reason": c.reason,
+            }
             for c in summary.schedule
         ],
         "params": {

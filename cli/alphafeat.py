@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import sys
 from pathlib import Path
 
 from rich.console import Console

@@ -2,70 +2,14 @@
 
 from __future__ import annotations
 
-import heapq
-
 import databento as db
 import numpy as np
 import pytest
 from conftest import ESH4_MBO, ESU4_MBP1, ESU4_TRADES, need
+from reference import slow_rebuild
 
 from alphafeat import book as bk
 from alphafeat.types import UNDEF_PRICE
-
-
-def slow_rebuild(records: np.ndarray, levels: int = 10):
-    """Plain-Python MBO replay (dicts of orders and levels), written independently.
-
-    Rules (Databento MBO): A adds; C removes ``size`` from the order (all of it ends the
-    order); M replaces price/size (unknown id = add); R clears; T/F/N leave the book. A row
-    at every F_LAST record that follows a book change.
-    Returns a list of (record index, bids[(px, sz, ct)], asks[(px, sz, ct)]).
-    """
-    orders: dict[int, tuple[int, int, bytes]] = {}
-    lv = {b"B": {}, b"A": {}}
-
-    def level_add(side, px, sz, ct):
-        s, c = lv[side].get(px, (0, 0))
-        s, c = s + sz, c + ct
-        if c <= 0:
-            lv[side].pop(px, None)
-        else:
-            lv[side][px] = (s, c)
-
-    rows = []
-    dirty = False
-    for k, r in enumerate(records.tolist()):
-        rec = dict(zip(records.dtype.names, r))
-        act, oid = rec["action"], rec["order_id"]
-        if act == b"C":
-            if oid in orders:
-                px, sz, side = orders.pop(oid)
-                q = min(rec["size"], sz)
-                if sz - q > 0:
-                    orders[oid] = (px, sz - q, side)
-                    level_add(side, px, -q, 0)
-                else:
-                    level_add(side, px, -sz, -1)
-                dirty = True
-        elif act in (b"A", b"M"):
-            if oid in orders:
-                px, sz, side = orders.pop(oid)
-                level_add(side, px, -sz, -1)
-            if rec["side"] in (b"A", b"B") and rec["size"] > 0 and rec["price"] != UNDEF_PRICE:
-                orders[oid] = (rec["price"], rec["size"], rec["side"])
-                level_add(rec["side"], rec["price"], rec["size"], 1)
-            dirty = True
-        elif act == b"R":
-            orders.clear()
-            lv[b"B"].clear()
-            lv[b"A"].clear()
-            dirty = True
-        if rec["flags"] & 0x80 and dirty:
-            bids = [(p, *lv[b"B"][p]) for p in heapq.nlargest(levels, lv[b"B"])]
-            asks = [(p, *lv[b"A"][p]) for p in heapq.nsmallest(levels, lv[b"A"])]
-            rows.append((k, bids, asks))
-            dirty = False
-    return rows
 
 
 def _pad(side_levels, levels=10):
