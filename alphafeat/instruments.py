@@ -217,7 +217,7 @@ def front_month_schedule(
         if prev_vol and max(prev_vol.values()) > 0:
             best = max(prev_vol.values())
             iid = min(i for i, v in prev_vol.items() if v == best)
-            reason = f"most volume in previous session {prev} ({best:.0f} contracts)"
+            reason = f"most volume in previous session {prev} ({best:.0f})"
         else:
             exps = {i: symbology.expiration(s, root, day) for i, s in cand.items()}
             known = {i: e for i, e in exps.items() if e is not None}
@@ -229,7 +229,7 @@ def front_month_schedule(
                 pool = later or known
                 pick = min if later else max
                 iid = pick(pool, key=lambda i: (pool[i], i))
-                reason = f"calendar rule: nearest expiration more than {roll_days} days ahead"
+                reason = f"calendar: first expiry > {roll_days} days ahead"
         sym = cand[iid]
         out.append(Choice(day, int(iid), sym, symbology.expiration(sym, root, day), reason))
     return out

@@ -1,0 +1,212 @@
+"""Tests of the synthetic DBN generator (alphafeat.synth)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import databento as db
+import numpy as np
+import pytest
+
+from alphafeat import synth
+
+UNDEF = 2**63 - 1
+CT = ZoneInfo("America/Chicago")
+IDS = {"ESH4": 17077, "ESM4": 5602, "ESH4-ESM4": 17684}
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return synth.make_default_sample(tmp_path_factory.mktemp("sample"))
+
+
+@pytest.fixture(scope="module")
+def dst_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return synth.generate(
+        tmp_path_factory.mktemp("dst"), start=datetime.date(2024, 3, 11), sessions=1, seed=3,
+        schemas=("mbp-10", "trades", "definition"),
+    )
+
+
+def _read(path: Path) -> tuple[db.DBNStore, np.ndarray]:
+    store = db.DBNStore.from_file(path)
+    return store, store.to_ndarray()
+
+
+def test_default_sample_files_and_size(sample: list[Path]) -> None:
+    names = [p.name for p in sample]
+    assert names == [
+        f"glbx-mdp3-202403{d:02d}.{s}.dbn.zst" for d in (6, 7, 8) for s in ("mbp-10", "trades")
+    ]
+    assert sum(p.stat().st_size for p in sample) <= 3_000_000
+    for p in sample:
+        if "mbp-10" in p.name:
+            _, a = _read(p)
+            assert 10_000 <= len(a) <= 30_000
+            front = np.bincount(a["instrument_id"]).max()
+            assert front >= 3_000
+
+
+def test_metadata_and_prices(sample: list[Path], dst_files: list[Path]) -> None:
+    for p in [*sample, *dst_files]:
+        store, a = _read(p)
+        md = store.metadata
+        assert md.version == 3
+        assert md.dataset == "GLBX.MDP3"
+        assert md.stype_in == db.SType.PARENT
+        assert md.symbols == ["ES.FUT"]
+        mapped = {m["raw_symbol"] if isinstance(m, dict) else m for m in md.mappings}
+        assert set(IDS) <= mapped
+        for sym, iid in IDS.items():
+            assert md.mappings[sym][0]["symbol"] == str(iid)
+        assert len(a) > 0
+        assert set(np.unique(a["instrument_id"]).tolist()) == set(IDS.values())
+        if "definition" in p.name:
+            continue
+        out = a[a["instrument_id"] != IDS["ESH4-ESM4"]]
+        spr = a[a["instrument_id"] == IDS["ESH4-ESM4"]]
+        assert np.all((out["price"] > 1000e9) & (out["price"] < 10000e9))
+        assert np.all(np.abs(spr["price"]) < 200e9)
+        if "mbp-10" in p.name:
+            for k in range(10):
+                for s in ("bid", "ask"):
+                    px = out[f"{s}_px_{k:02d}"]
+                    assert np.all((px > 1000e9) & (px < 10000e9) | (px == UNDEF))
+
+
+def test_definitions(dst_files: list[Path]) -> None:
+    _, d = _read(dst_files[2])
+    by = {r["raw_symbol"].decode(): r for r in d}
+    assert set(by) == set(IDS)
+    assert by["ESH4"]["instrument_class"] == b"F" and by["ESH4-ESM4"]["instrument_class"] == b"S"
+    assert by["ESH4"]["instrument_id"] == 17077 and by["ESM4"]["instrument_id"] == 5602
+    assert by["ESH4"]["min_price_increment"] == 250_000_000
+    assert by["ESM4"]["contract_multiplier"] == 50
+    # ESH4 expires Friday 2024-03-15 08:30 CT
+    exp = datetime.datetime(2024, 3, 15, 8, 30, tzinfo=CT)
+    assert int(by["ESH4"]["expiration"]) == int(exp.timestamp()) * 10**9
+    assert int(by["ESM4"]["expiration"]) > int(by["ESH4"]["expiration"])
+
+
+def test_deterministic(sample: list[Path], tmp_path: Path) -> None:
+    again = synth.generate(tmp_path / "same", start=datetime.date(2024, 3, 6), sessions=1,
+                           seed=synth.DEFAULT_SAMPLE["seed"])
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in sample[:2]]
+    other = synth.generate(tmp_path / "other", start=datetime.date(2024, 3, 6), sessions=1,
+                           seed=synth.DEFAULT_SAMPLE["seed"] + 1)
+    for a, b in zip(other, again, strict=True):
+        assert a.read_bytes() != b.read_bytes()
+
+
+def test_trades_equal_mbp_trades(sample: list[Path], dst_files: list[Path]) -> None:
+    for mbp_p, tr_p in [(sample[0], sample[1]), (sample[4], sample[5]), tuple(dst_files[:2])]:
+        _, m = _read(mbp_p)
+        _, t = _read(tr_p)
+        mt = m[m["action"] == b"T"]
+        assert len(t) == len(mt) > 100
+        for f in ("ts_event", "ts_recv", "instrument_id", "price", "size", "side"):
+            np.testing.assert_array_equal(t[f], mt[f])
+        assert set(np.unique(t["side"]).tolist()) == {b"A", b"B"}
+        assert np.all(t["action"] == b"T")
+
+
+def test_book_consistency(sample: list[Path]) -> None:
+    for p in sample[::2]:
+        _, a = _read(p)
+        assert set(np.unique(a["action"]).tolist()) == {b"A", b"C", b"M", b"T"}
+        last = a[(a["flags"] & 0x80) != 0]
+        assert len(last) > 0.5 * len(a)
+        assert np.all(last["bid_px_00"] < last["ask_px_00"])  # no crossed/locked books planted
+        for s, sign in (("bid", -1), ("ask", 1)):
+            px = np.stack([last[f"{s}_px_{k:02d}"] for k in range(10)], axis=1)
+            sz = np.stack([last[f"{s}_sz_{k:02d}"] for k in range(10)], axis=1)
+            undef = px == UNDEF
+            # UNDEF only at the tail: once undefined, stays undefined
+            assert not np.any(undef[:, :-1] & ~undef[:, 1:])
+            assert np.all(sz[undef] == 0) and np.all(sz[~undef] > 0)
+            both = ~undef[:, :-1] & ~undef[:, 1:]
+            step = np.diff(px, axis=1) * sign
+            assert np.all(step[both] > 0)  # strictly ordered
+        # some UNDEF tails exist (the spread shows 5 levels) and outrights show 10
+        assert np.any(last["bid_px_09"] == UNDEF) and np.any(last["bid_px_09"] != UNDEF)
+        # each instrument's ts_event is non-decreasing in file order; ts_recv sorted
+        assert np.all(np.diff(a["ts_recv"].astype(np.int64)) >= 0)
+        for iid in IDS.values():
+            te = a["ts_event"][a["instrument_id"] == iid].astype(np.int64)
+            assert np.all(np.diff(te) >= 0)
+        lat = (a["ts_recv"].astype(np.int64) - a["ts_event"].astype(np.int64)) / 1e3
+        assert np.all(lat > 0) and 80 < np.median(lat) < 150
+
+
+def _bounds(day: datetime.date) -> tuple[int, int]:
+    prev = day - datetime.timedelta(days=1)
+    t0 = datetime.datetime(prev.year, prev.month, prev.day, 17, tzinfo=CT)
+    t1 = datetime.datetime(day.year, day.month, day.day, 16, tzinfo=CT)
+    return int(t0.timestamp()) * 10**9, int(t1.timestamp()) * 10**9
+
+
+def test_session_bounds_and_dst(sample: list[Path], dst_files: list[Path]) -> None:
+    # 2024-03-11 (Monday) opens Sunday 2024-03-10 17:00 CDT = 22:00 UTC (DST began 02:00 CT)
+    t0, t1 = synth.session_bounds(datetime.date(2024, 3, 11))
+    assert t0 == int(datetime.datetime(2024, 3, 10, 22, tzinfo=datetime.timezone.utc)
+                     .timestamp()) * 10**9
+    assert t1 == int(datetime.datetime(2024, 3, 11, 21, tzinfo=datetime.timezone.utc)
+                     .timestamp()) * 10**9
+    # 2024-03-06 (standard time) opens 23:00 UTC the day before
+    assert synth.session_bounds(datetime.date(2024, 3, 6))[0] == int(
+        datetime.datetime(2024, 3, 5, 23, tzinfo=datetime.timezone.utc).timestamp()) * 10**9
+    checks = [(datetime.date(2024, 3, 6 + i // 2), p) for i, p in enumerate(sample)]
+    checks += [(datetime.date(2024, 3, 11), p) for p in dst_files]
+    for day, p in checks:
+        lo, hi = _bounds(day)
+        store, a = _read(p)
+        ts = a["ts_recv"].astype(np.int64)
+        assert ts.min() >= lo and ts.max() < hi, p.name
+        assert store.metadata.start == lo and store.metadata.end == hi
+    # the DST session is busier in 08:30-15:15 CT (13:30-20:15 UTC) than overnight
+    _, a = _read(dst_files[0])
+    ts = a["ts_recv"].astype(np.int64)
+    rth_lo = int(datetime.datetime(2024, 3, 11, 8, 30, tzinfo=CT).timestamp()) * 10**9
+    rth_hi = int(datetime.datetime(2024, 3, 11, 15, 15, tzinfo=CT).timestamp()) * 10**9
+    rth = (ts >= rth_lo) & (ts < rth_hi)
+    rate_rth = rth.sum() / (rth_hi - rth_lo)
+    rate_eth = (~rth).sum() / (_bounds(datetime.date(2024, 3, 11))[1]
+                               - _bounds(datetime.date(2024, 3, 11))[0] - (rth_hi - rth_lo))
+    assert rate_rth > 4 * rate_eth
+
+
+def test_weekends_skipped() -> None:
+    days = synth.trade_dates(datetime.date(2024, 3, 8), 3)
+    assert days == [datetime.date(2024, 3, 8), datetime.date(2024, 3, 11),
+                    datetime.date(2024, 3, 12)]
+
+
+def test_roll_switches_front(sample: list[Path]) -> None:
+    """Most traded volume: ESH4 on 2024-03-06, ESM4 on 2024-03-07 and 2024-03-08."""
+    fronts = []
+    for p in sample[1::2]:
+        _, t = _read(p)
+        vol = {s: int(t["size"][t["instrument_id"] == i].sum()) for s, i in IDS.items()}
+        assert vol["ESH4"] > 0 and vol["ESM4"] > 0 and 0 < vol["ESH4-ESM4"] < vol["ESM4"]
+        fronts.append(max(("ESH4", "ESM4"), key=vol.__getitem__))
+    assert fronts == ["ESH4", "ESM4", "ESM4"]
+    assert [synth.front_by_volume(datetime.date(2024, 3, d)) for d in (6, 7, 8)] == fronts
+
+
+def test_contract_choice_generalises() -> None:
+    cons = synth.contracts_for(datetime.date(2024, 3, 18))  # after the March expiry
+    assert [c.symbol for c in cons] == ["ESM4", "ESU4", "ESM4-ESU4"]
+    assert cons[1].instrument_id == 118
+    assert len({c.instrument_id for c in cons}) == 3
+    cons = synth.contracts_for(datetime.date(2024, 3, 15))  # expiry day: ESH4 still listed
+    assert cons[0].symbol == "ESH4"
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        synth.generate(tmp_path, start=datetime.date(2024, 3, 6), sessions=1, scale="loud")
+    with pytest.raises(ValueError):
+        synth.generate(tmp_path, start=datetime.date(2024, 3, 6), sessions=1, schemas=("mbo",))
+    assert not list(tmp_path.iterdir())
