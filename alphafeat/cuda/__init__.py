@@ -8,6 +8,7 @@ simulator, which is how they are tested on machines without a GPU.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,13 +50,16 @@ def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None)
         params = FeatureParams()
     names = [s.name for s in feature_specs(params)]
     cols = _prepare(book, params)
-    host = kernels.run_features(
-        cols,
-        tick=float(params.tick_size),
-        n_ofi=int(params.ofi_levels),
-        taus=(float(params.ema_taus_s[0]), float(params.ema_taus_s[1])),
-        interp=INTERPOLATIONS[params.ema_interpolation],
-        n_features=len(names),
-    )
+    with warnings.catch_warnings():
+        # a short session launches small grids; numba's low-occupancy warning is noise here
+        warnings.filterwarnings("ignore", message="Grid size .* low occupancy")
+        host = kernels.run_features(
+            cols,
+            tick=float(params.tick_size),
+            n_ofi=int(params.ofi_levels),
+            taus=(float(params.ema_taus_s[0]), float(params.ema_taus_s[1])),
+            interp=INTERPOLATIONS[params.ema_interpolation],
+            n_features=len(names),
+        )
     assert host.shape[0] == len(names) and len(_EMA_QUANTITIES) == 4
     return {name: host[k] for k, name in enumerate(names)}

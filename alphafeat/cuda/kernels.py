@@ -51,7 +51,7 @@ def _grid(n_items: int) -> tuple[int, int]:
     return max(1, (n_items + THREADS - 1) // THREADS), THREADS
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _ofi_level(pb0, qb0, pa0, qa0, pb1, qb1, pa1, qa1):
     if math.isnan(pb0):
         pb0 = -math.inf
@@ -77,7 +77,7 @@ def _ofi_level(pb0, qb0, pa0, qa0, pb1, qb1, pa1, qa1):
     return e
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _rowwise_row(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, tick, n_ofi, out, i):
     n_lv = bid_px.shape[1]
     c_sv = _N_HEAD + n_ofi
@@ -141,14 +141,14 @@ def _rowwise_row(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, tick, n_ofi, out
             out[c_sv + 2, i] = math.nan
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def rowwise_kernel(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, tick, n_ofi, out):
     """One thread per row i: row-wise features into ``out[0 : 8 + n_ofi, i]``."""
     for i in range(cuda.grid(1), ts.shape[0], cuda.gridsize(1)):
         _rowwise_row(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, tick, n_ofi, out, i)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _ema_input(out, q, i, c_ret):
     """Observation z_i of EMA quantity q: 0 mid, 1 tick_return^2, 2 spread_ticks."""
     if q == 0:
@@ -159,7 +159,7 @@ def _ema_input(out, q, i, c_ret):
     return out[1, i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def last_valid_coef_kernel(out, c_ret, a, b):
     """Thread (q, i): coefficients of ``s_i = i + 1 if z_i finite else s_{i-1}``, ``s_-1 = 0``.
 
@@ -178,7 +178,7 @@ def last_valid_coef_kernel(out, c_ret, a, b):
             b[q, i] = 0.0
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, cache=True)
 def _ema_coef_item(out, c_ret, ts, counts, last, tau0, tau1, interp, a, b, started, s, i):
     q = s // 2
     tau = tau0 if s % 2 == 0 else tau1
@@ -217,7 +217,7 @@ def _ema_coef_item(out, c_ret, ts, counts, last, tau0, tau1, interp, a, b, start
         started[s, i] = 1
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def ema_coef_kernel(out, c_ret, ts, counts, last, tau0, tau1, interp, a, b, started):
     """Thread (series, i): EMA coefficients. Series ``s = 2*q + k`` (q quantity, k tau index).
 
@@ -231,7 +231,7 @@ def ema_coef_kernel(out, c_ret, ts, counts, last, tau0, tau1, interp, a, b, star
         _ema_coef_item(out, c_ret, ts, counts, last, tau0, tau1, interp, a, b, started, s, i)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sequential_scan_kernel(a, b, x):
     """Thread s scans series s alone: ``x[s, i] = a[s, i] x[s, i-1] + b[s, i]``, x_-1 = 0."""
     for s in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
@@ -241,7 +241,7 @@ def sequential_scan_kernel(a, b, x):
             x[s, i] = v
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def compose_kernel(a, b, A, B, chunk):
     """Phase 1, thread (s, k): compose rows ``[k*chunk, (k+1)*chunk)`` of series s."""
     m = A.shape[1]
@@ -260,7 +260,7 @@ def compose_kernel(a, b, A, B, chunk):
         B[s, k] = acc_b
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def replay_kernel(a, b, X, x, chunk):
     """Phase 3, thread (s, k): replay block k from the carry ``X[s, k-1]`` (0 for k = 0)."""
     m = X.shape[1]
@@ -301,7 +301,7 @@ def device_linear_scan(a, b, x, chunk: int | None = None) -> None:
     replay_kernel[_grid(S * m)](a, b, X, x, chunk)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def finalize_kernel(x, started):
     """NaN where an EMA has not seen a finite observation yet."""
     n = x.shape[1]
