@@ -52,7 +52,7 @@ def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None)
     cols = _prepare(book, params)
     with warnings.catch_warnings():
         # a short session launches small grids; numba's low-occupancy warning is noise here
-        warnings.filterwarnings("ignore", message="Grid size .* low occupancy")
+        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
         host = kernels.run_features(
             cols,
             tick=float(params.tick_size),
