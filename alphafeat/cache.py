@@ -2,22 +2,32 @@
 
 Layout::
 
-    OUT/_alphafeat.json                                  manifest (same JSON as the metadata)
-    OUT/root=ES/session=2024-03-06/ESH4.arrow            one file per kept instrument
+    OUT/_alphafeat.json                              manifest: columns, parameters, schedule, sources
+    OUT/root=ES/session=2024-03-06/ESH4.arrow        one file per kept instrument and session
+    OUT/.alphafeat.lock                              held while a run writes
 
 Files are uncompressed Arrow IPC (memory-mappable); each file's schema metadata holds, under
 the key ``alphafeat``, a JSON document with the columns (unit, meaning, source), the
-parameters, the instrument chosen per session and the source files. ``pyarrow.dataset``,
-pandas and polars open the directory without project code (files whose names start with
-``_`` or ``.`` are skipped by ``pyarrow.dataset``).
+parameters, the format and package versions, the instrument chosen for its session, the
+roll schedule up to its session, the source files it was computed from (path, size, mtime)
+and a ``fingerprint`` of all of these. ``pyarrow.dataset``, pandas, polars and duckdb open the
+directory without project code (``pyarrow.dataset`` skips names starting with ``_`` or ``.``).
 
-The whole cache is written into a temporary sibling directory and renamed into place at the
-end, so an interrupted run leaves either the previous cache or nothing, never a half cache.
+Writing (:class:`CacheWriter`)
+    * A run takes an exclusive ``flock`` on ``OUT/.alphafeat.lock``: a second run on the same
+      cache waits for the first, then finds its partitions current and skips them.
+    * A partition whose file already carries the same fingerprint is skipped (rerun of an
+      unchanged input). New partitions are written to ``OUT/.staging-*`` and moved into place
+      (``os.replace``) at commit, after which partitions no longer produced are removed and
+      the manifest is replaced atomically. An interrupted run (error, Ctrl-C, kill) leaves the
+      previous cache as it was; its staging directory is removed by the next run.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -29,16 +39,29 @@ import pyarrow.dataset as pads
 
 from alphafeat.errors import AlphafeatError
 
-FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
 MANIFEST = "_alphafeat.json"
+LOCK = ".alphafeat.lock"
 META_KEY = b"alphafeat"
 
 
-class CacheWriter:
-    """Write partitions into a temporary directory, then swap it in atomically.
+def partition_metadata(path: str | os.PathLike[str]) -> dict | None:
+    """The ``alphafeat`` schema metadata of one partition file, or None if unreadable."""
+    try:
+        with pa.memory_map(str(path)) as src:
+            meta = pa.ipc.open_file(src).schema.metadata or {}
+        return json.loads(meta[META_KEY])
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        return None
 
-    Use as a context manager; call :meth:`commit` at the end. Leaving the block without
-    committing (an exception, Ctrl-C) removes the temporary directory.
+
+class CacheWriter:
+    """Stage partitions, then swap them into ``out`` at :meth:`commit` (rules in the module doc).
+
+    Use as a context manager; leaving the block without committing removes the staging
+    directory and leaves ``out`` as it was.
 
     Raises
     ------
@@ -54,39 +77,71 @@ class CacheWriter:
                 raise AlphafeatError(
                     f"{self.out}: exists and is not an alphafeat cache; refusing to overwrite it"
                 )
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir()
-        self.files: list[Path] = []
+        self._created = not self.out.exists()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.out / LOCK, "a+")  # noqa: SIM115 (held until commit/abort)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: another run is writing this cache; waiting for it", self.out)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+        for stale in self.out.glob(".staging-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        self.staging = self.out / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.staging.mkdir()
+        self.written: list[str] = []
+        self.kept: list[str] = []
         self._done = False
 
+    def current(self, relpath: str, fingerprint: str) -> bool:
+        """True (and the file is kept) when ``out/relpath`` already has this fingerprint."""
+        meta = partition_metadata(self.out / relpath)
+        if meta is not None and meta.get("fingerprint") == fingerprint:
+            self.kept.append(relpath)
+            return True
+        return False
+
     def write(self, relpath: str, table: pa.Table, metadata: dict) -> Path:
-        """Write ``table`` to ``relpath`` (under the temporary root) with ``metadata``."""
-        path = self.tmp / relpath
+        """Stage ``table`` for ``relpath`` with ``metadata`` (JSON-able) in its schema."""
+        path = self.staging / relpath
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(table.schema.metadata or {})
         meta[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
         table = table.replace_schema_metadata(meta)
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
             w.write_table(table)
-        self.files.append(Path(relpath))
+        self.written.append(relpath)
         return self.out / relpath
 
     def commit(self, manifest: dict) -> None:
-        """Write the manifest and move the finished cache to ``out`` (replacing an old one)."""
-        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        old = None
-        if self.out.exists():
-            old = self.out.parent / f".{self.out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(self.out, old)
-        os.replace(self.tmp, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        self._done = True
+        """Move staged partitions into place, drop partitions not produced, write the manifest."""
+        for rel in self.written:
+            dst = self.out / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.staging / rel, dst)
+        live = {self.out / r for r in self.written + self.kept}
+        for f in self.out.rglob("*.arrow"):
+            if f not in live and not any(p.name.startswith(".") for p in f.relative_to(self.out).parents):
+                f.unlink()
+        for d in sorted((p for p in self.out.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            if not d.name.startswith(".") and not any(d.iterdir()):
+                d.rmdir()
+        tmp = self.out / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        os.replace(tmp, self.out / MANIFEST)
+        self._finish()
 
     def abort(self) -> None:
-        """Remove the temporary directory."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        """Remove the staging directory (and ``out`` itself if this run created it empty)."""
+        self._finish()
+        if self._created and not any(p for p in self.out.iterdir() if p.name != LOCK):
+            shutil.rmtree(self.out, ignore_errors=True)
+
+    def _finish(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
         self._done = True
 
     def __enter__(self) -> CacheWriter:
@@ -103,8 +158,8 @@ class CacheWriter:
 
 
 def is_cache(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a directory holding an alphafeat manifest."""
-    return (Path(path) / MANIFEST).is_file()
+    """True when ``path`` is a directory holding an alphafeat manifest or lock file."""
+    return (Path(path) / MANIFEST).is_file() or (Path(path) / LOCK).is_file()
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict:
@@ -121,8 +176,9 @@ def read_manifest(path: str | os.PathLike[str]) -> dict:
     manifest = json.loads(p.read_text())
     if manifest.get("format_version") != FORMAT_VERSION:
         raise AlphafeatError(
-            f"{path}: cache format version {manifest.get('format_version')} is not "
-            f"{FORMAT_VERSION}; rerun alphafeat precompute to rebuild it"
+            f"{path}: cache format version {manifest.get('format_version')} was written by an older "
+            f"alphafeat ({manifest.get('package_version', '?')}); this one reads version {FORMAT_VERSION}: "
+            "rerun alphafeat precompute with the same --out to rebuild it"
         )
     return manifest
 
@@ -155,16 +211,17 @@ def compare(a: str | os.PathLike[str], b: str | os.PathLike[str], rtol: float = 
     ta, tb = ta.sort_by(keys), tb.sort_by(keys)
     worst, bad = 0.0, []
     for name in ta.schema.names:
+        if not pa.types.is_floating(ta.schema.field(name).type):
+            if not ta.column(name).equals(tb.column(name)):
+                bad.append(name)
+            continue
         x = ta.column(name).to_numpy(zero_copy_only=False)
         y = tb.column(name).to_numpy(zero_copy_only=False)
-        if x.dtype.kind == "f":
-            nan = np.isnan(x)
-            m = ~nan
-            err = np.abs(x[m] - y[m]) / np.maximum(1.0, np.abs(x[m]))
-            e = float(err.max(initial=0.0))
-            worst = max(worst, e)
-            if not np.array_equal(nan, np.isnan(y)) or e > rtol:
-                bad.append(name)
-        elif not np.array_equal(x, y):
+        nan = np.isnan(x)
+        m = ~nan
+        err = np.abs(x[m] - y[m]) / np.maximum(1.0, np.abs(x[m]))
+        e = float(err.max(initial=0.0))
+        worst = max(worst, e)
+        if not np.array_equal(nan, np.isnan(y)) or e > rtol:
             bad.append(name)
     return {"rows": ta.num_rows, "columns": ta.num_columns, "max_rel_err": worst, "mismatches": bad}

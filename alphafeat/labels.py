@@ -1,27 +1,68 @@
-"""Multi-horizon mid-price direction labels.
+"""Labels without leakage: multi-horizon direction and triple-barrier outcomes, with end times.
 
-Convention (reference-values.md, "Direction labels"): for horizon ``h`` snapshots,
+Every label is computed on one *segment* (one instrument in one trading session); the caller
+passes one segment at a time, so no label crosses a session break or a roll. Each label
+comes with its end time ``t1`` — when its outcome is known — which the purged splits of
+:mod:`alphafeat.splits` use (López de Prado, *Advances in Financial Machine Learning*, 2018,
+ch. 3 and 7).
 
-    y_h[t] = 1    if mid[t+h] > mid[t]
-           = 0    if mid[t+h] < mid[t]
-           = NaN  if mid[t+h] == mid[t] (tie), if either mid is NaN, or if t+h is past the end
-                  of the segment.
+Direction (reference-values.md, "Direction labels")
+    For a horizon of ``h`` snapshots::
 
-A segment is one instrument in one trading session, so no label crosses a session break or
-a roll: the caller passes one segment at a time. Unlike FI-2010/DeepLOB there is no
-smoothing and no threshold; the label at ``t`` is known at ``t1 = ts_recv[t+h]``.
+        y[t] = 1 if mid[t+h] > mid[t];  0 if mid[t+h] < mid[t];
+               NaN on a tie, where either mid is NaN, or where t+h is past the segment end.
+        t1[t] = ts[t+h]  (NaT-like -1 where t+h is past the segment end).
+
+    For a horizon of ``s`` seconds the comparison is with the last mid at or before
+    ``ts[t] + s`` (as-of), and ``t1[t] = ts[t] + s``; NaN where ``ts[t] + s`` is after the
+    segment's last snapshot (the session ended or the data did, so the outcome is unknown).
+    No smoothing, no threshold (unlike FI-2010 / DeepLOB).
+
+Triple barrier (AFML ch. 3)
+    From row t, the first row ``t+k`` (1 <= k <= h) whose price move reaches a barrier::
+
+        p[t+k] - p[t] >= +upper[t]  -> +1 (profit taking)
+        p[t+k] - p[t] <= -lower[t]  -> -1 (stop loss)
+
+    touches are non-strict (``>=``/``<=``); widths are in price units (index points), so
+    barriers on simple returns ``p[t+k]/p[t] - 1 >= w`` are ``upper = w * p[t]``. If neither
+    is touched within h rows the label is 0 (timeout, vertical barrier) with ``t1 = ts[t+h]``.
+    Where the vertical barrier lies past the segment end and no barrier was touched before
+    the end, the label is **NaN** (outcome unknown: the session ended, or a roll), not 0.
+    Rows with a NaN price or width are NaN.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numba
 import numpy as np
 
 DEFAULT_HORIZONS: tuple[int, ...] = (30, 100, 300, 1000, 6000)
 
+#: Value of an end time (ns) that is unknown (label past the end of its segment).
+NO_TIME = np.int64(-1)
 
-def direction_labels(mid: np.ndarray, horizons: Sequence[int] = DEFAULT_HORIZONS) -> dict[str, np.ndarray]:
+
+def _check_horizon(h: float, integer: bool) -> None:
+    if (integer and int(h) != h) or not h > 0:
+        raise ValueError(f"label horizon must be a positive {'integer' if integer else 'number'}, got {h!r}")
+
+
+def _direction(mid: np.ndarray, nxt: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    y = np.full(mid.shape, np.nan, dtype=np.float32)
+    d = np.where(ok, nxt - mid, np.nan)
+    y[d > 0] = 1.0
+    y[d < 0] = 0.0
+    return y
+
+
+def direction_labels(
+    mid: np.ndarray,
+    horizons: Sequence[int] = DEFAULT_HORIZONS,
+    ts: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
     """Binary direction of the mid price ``h`` snapshots ahead, per horizon.
 
     Parameters
@@ -30,10 +71,15 @@ def direction_labels(mid: np.ndarray, horizons: Sequence[int] = DEFAULT_HORIZONS
         Mid price (index points) of one segment; NaN where undefined.
     horizons : sequence of int
         Horizons in snapshots, each >= 1.
+    ts : np.ndarray, int64, shape (n,), optional
+        Snapshot times (ns since the epoch, ``ts_recv``). When given, the end times are
+        returned too.
 
     Returns
     -------
-    dict ``{"label_h{h}": np.ndarray float32 shape (n,)}`` with values 1, 0 or NaN.
+    dict
+        ``label_h{h}``: float32 (n,) with 1, 0 or NaN; with ``ts``, also ``t1_h{h}``: int64
+        (n,) end time in ns, ``NO_TIME`` (-1) where t+h is past the segment end.
 
     Raises
     ------
@@ -44,15 +90,130 @@ def direction_labels(mid: np.ndarray, horizons: Sequence[int] = DEFAULT_HORIZONS
     n = mid.shape[0]
     out: dict[str, np.ndarray] = {}
     for h in horizons:
-        if int(h) != h or h < 1:
-            raise ValueError(f"label horizon must be a positive integer, got {h!r}")
+        _check_horizon(h, integer=True)
         h = int(h)
-        y = np.full(n, np.nan, dtype=np.float32)
-        if h < n:
-            d = mid[h:] - mid[:-h]
-            v = np.full(d.shape, np.nan, dtype=np.float32)
-            v[d > 0] = 1.0
-            v[d < 0] = 0.0
-            y[: n - h] = v
-        out[f"label_h{h}"] = y
+        idx = np.arange(n) + h
+        ok = idx < n
+        nxt = mid[np.minimum(idx, n - 1)] if n else mid
+        out[f"label_h{h}"] = _direction(mid, nxt, ok)
+        if ts is not None:
+            ts = np.asarray(ts, dtype=np.int64)
+            out[f"t1_h{h}"] = np.where(ok, ts[np.minimum(idx, n - 1)] if n else ts, NO_TIME)
     return out
+
+
+def direction_labels_seconds(
+    mid: np.ndarray, ts: np.ndarray, horizons_s: Sequence[float]
+) -> dict[str, np.ndarray]:
+    """Binary direction of the as-of mid ``s`` seconds ahead, per horizon.
+
+    Parameters
+    ----------
+    mid : np.ndarray, float64, shape (n,)
+        Mid price (index points) of one segment.
+    ts : np.ndarray, int64, shape (n,)
+        Snapshot times, ns since the epoch, non-decreasing.
+    horizons_s : sequence of float
+        Horizons in seconds (> 0).
+
+    Returns
+    -------
+    dict
+        ``label_h{s}s`` (float32, 1/0/NaN) and ``t1_h{s}s`` (int64 ns, ``NO_TIME`` where the
+        horizon passes the segment's last snapshot). ``{s}`` is formatted with ``:g``.
+
+    Raises
+    ------
+    ValueError
+        If a horizon is not positive.
+    """
+    mid = np.asarray(mid, dtype=np.float64)
+    ts = np.asarray(ts, dtype=np.int64)
+    n = mid.shape[0]
+    out: dict[str, np.ndarray] = {}
+    for s in horizons_s:
+        _check_horizon(s, integer=False)
+        target = ts + np.int64(round(s * 1e9))
+        ok = target <= (ts[-1] if n else 0)
+        j = np.searchsorted(ts, target, side="right") - 1  # last row at or before the target
+        nxt = mid[np.clip(j, 0, max(n - 1, 0))] if n else mid
+        name = f"{s:g}s"
+        out[f"label_h{name}"] = _direction(mid, nxt, ok)
+        out[f"t1_h{name}"] = np.where(ok, target, NO_TIME)
+    return out
+
+
+@numba.njit(cache=True)
+def _triple_barrier(price, upper, lower, h, ts, out_y, out_t1, out_k):
+    n = price.shape[0]
+    for t in range(n):
+        out_y[t] = np.nan
+        out_t1[t] = -1
+        out_k[t] = -1
+        p0 = price[t]
+        up = upper[t]
+        dn = lower[t]
+        if not (np.isfinite(p0) and np.isfinite(up) and np.isfinite(dn)):
+            continue
+        end = min(t + h, n - 1)
+        for j in range(t + 1, end + 1):
+            d = price[j] - p0
+            if d >= up:
+                out_y[t] = 1.0
+                out_t1[t] = ts[j]
+                out_k[t] = j
+                break
+            if d <= -dn:
+                out_y[t] = -1.0
+                out_t1[t] = ts[j]
+                out_k[t] = j
+                break
+        if out_k[t] < 0 and t + h <= n - 1:
+            out_y[t] = 0.0
+            out_t1[t] = ts[t + h]
+            out_k[t] = t + h
+
+
+def triple_barrier(
+    price: np.ndarray,
+    upper: np.ndarray | float,
+    lower: np.ndarray | float,
+    horizon: int,
+    ts: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Triple-barrier outcome of each row (AFML ch. 3; conventions in the module docstring).
+
+    Parameters
+    ----------
+    price : np.ndarray, float64, shape (n,)
+        Price path of one segment (e.g. mid, index points).
+    upper, lower : float or np.ndarray float64 shape (n,)
+        Profit-taking and stop-loss distances from ``price[t]``, price units, > 0.
+    horizon : int
+        Vertical barrier in snapshots (>= 1).
+    ts : np.ndarray, int64, shape (n,), optional
+        Snapshot times in ns; default ``arange(n)`` (then ``t1`` is a row index).
+
+    Returns
+    -------
+    (label, t1, touch_index)
+        label float32 (n,): +1 profit, -1 stop, 0 timeout, NaN unknown; t1 int64 (n,): time of
+        the touch or the vertical barrier, ``NO_TIME`` where unknown; touch_index int64 (n,)
+        the row index of that event, -1 where unknown.
+
+    Raises
+    ------
+    ValueError
+        If the horizon is not a positive integer.
+    """
+    _check_horizon(horizon, integer=True)
+    price = np.ascontiguousarray(price, dtype=np.float64)
+    n = price.shape[0]
+    up = np.broadcast_to(np.asarray(upper, dtype=np.float64), (n,)).copy()
+    dn = np.broadcast_to(np.asarray(lower, dtype=np.float64), (n,)).copy()
+    tt = np.arange(n, dtype=np.int64) if ts is None else np.ascontiguousarray(ts, dtype=np.int64)
+    y = np.empty(n, dtype=np.float64)
+    t1 = np.empty(n, dtype=np.int64)
+    k = np.empty(n, dtype=np.int64)
+    _triple_barrier(price, up, dn, int(horizon), tt, y, t1, k)
+    return y.astype(np.float32), t1, k

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import json
 import logging
 import os
 import re
@@ -34,8 +36,9 @@ from alphafeat.instruments import (
     front_month_schedule,
     outright_pattern,
     session_dates,
+    session_end_ns,
 )
-from alphafeat.labels import DEFAULT_HORIZONS, direction_labels
+from alphafeat.labels import DEFAULT_HORIZONS, direction_labels, direction_labels_seconds, triple_barrier
 from alphafeat.types import LEVELS, BookArrays
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,13 @@ class PrecomputeConfig:
         Feature parameters (tick size, EMA time constants, ...).
     roll_days : int
         Calendar-rule margin for the front month (days before expiration).
+    horizons_s : tuple of float
+        Extra label horizons in seconds (as-of mid), empty by default.
+    barrier : str or None
+        Triple-barrier widths: ``"ticks:K"`` (K ticks each side) or ``"vol:K"`` (K times the
+        60 s realised volatility per snapshot, scaled by sqrt(barrier_horizon)); None for none.
+    barrier_horizon : int
+        Vertical barrier in snapshots.
     """
 
     inputs: list[Path]
@@ -77,6 +87,9 @@ class PrecomputeConfig:
     horizons: tuple[int, ...] = DEFAULT_HORIZONS
     features: FeatureParams = field(default_factory=FeatureParams)
     roll_days: int = 8
+    horizons_s: tuple[float, ...] = ()
+    barrier: str | None = "ticks:4"
+    barrier_horizon: int = 1000
 
 
 @dataclass
@@ -93,6 +106,7 @@ class Summary:
     out: Path | None = None
     schedule: list[Choice] = field(default_factory=list)
     partitions: list[Path] = field(default_factory=list)
+    partitions_skipped: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -208,9 +222,21 @@ def _column_specs(cfg: PrecomputeConfig) -> list[dict]:
         _col("trade_count", "trades", f"trades {since}", "trades"),
     ]
     cols += [dataclasses.asdict(s) for s in feature_specs(cfg.features)]
+    src = "alphafeat.labels"
+    t1 = "end time of the label (when its outcome is known); null where past the segment end"
     for h in cfg.horizons:
         what = f"sign of mid[t+{h}] - mid[t] within the session; NaN on tie, end of data, session break or roll"
-        cols.append(_col(f"label_h{h}", "1 up / 0 down / NaN", what, "alphafeat.labels"))
+        cols.append(_col(f"label_h{h}", "1 up / 0 down / NaN", what, src))
+        cols.append(_col(f"t1_h{h}", ns, t1, src))
+    for sec in cfg.horizons_s:
+        what = f"sign of the as-of mid {sec:g} s ahead minus mid[t]; NaN on tie or past the segment end"
+        cols.append(_col(f"label_h{sec:g}s", "1 up / 0 down / NaN", what, src))
+        cols.append(_col(f"t1_h{sec:g}s", ns, t1, src))
+    if cfg.barrier:
+        what = (f"triple barrier ({cfg.barrier}, vertical {cfg.barrier_horizon} snapshots) on mid: +1 profit, "
+                "-1 stop, 0 timeout, NaN where the vertical barrier passes the segment end untouched")
+        cols.append(_col("tb_label", "+1 / -1 / 0 / NaN", what, "AFML ch. 3"))
+        cols.append(_col("tb_t1", ns, "time of the barrier touch or of the vertical barrier", src))
     return cols
 
 
@@ -222,6 +248,27 @@ def _depth_limited(name: str, depth: int) -> bool:
     return name == "imbalance_l10" and depth < LEVELS
 
 
+def _partition_metadata(
+    common: dict, day: dt.date, iid: int, schedule: list[dict], sources: list[tuple[int, dict]]
+) -> dict:
+    """Schema metadata of one partition and its fingerprint.
+
+    It holds what the partition was computed from and nothing later: the roll schedule up to
+    its session and the source files that start before its session ends (a later file cannot
+    change an earlier session, so adding one leaves earlier partitions current).
+    """
+    end = session_end_ns(day)
+    meta = dict(
+        common,
+        session=day.isoformat(),
+        instrument_id=iid,
+        schedule=[c for c in schedule if c["session"] <= day.isoformat()],
+        sources=[e for start, e in sources if start < end],
+    )
+    meta["fingerprint"] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+    return meta
+
+
 def _segment_table(
     b: BookArrays, raw: bk.RawBook, iid: int, symbol: str, cfg: PrecomputeConfig, device: str
 ) -> pa.Table:
@@ -229,7 +276,7 @@ def _segment_table(
     for name in feats:
         if _depth_limited(name, b.depth):
             feats[name] = np.full(len(b), np.nan)
-    labels = direction_labels(feats["mid"], cfg.horizons)
+    labels = _labels(feats, b, cfg)
     n = len(b)
     cols: dict[str, pa.Array] = {
         "ts_event": pa.array(b.ts_event, pa.timestamp("ns", tz="UTC")),
@@ -251,8 +298,40 @@ def _segment_table(
     for k, v in feats.items():
         cols[k] = pa.array(np.asarray(v, dtype=np.float64))
     for k, v in labels.items():
-        cols[k] = pa.array(v)
+        if k.startswith("t1_") or k == "tb_t1":
+            cols[k] = pa.array(np.where(v >= 0, v, 0), pa.timestamp("ns", tz="UTC"), mask=v < 0)
+        else:
+            cols[k] = pa.array(v)
     return pa.table(cols)
+
+
+def _barrier_widths(feats: dict[str, np.ndarray], cfg: PrecomputeConfig) -> np.ndarray:
+    """Triple-barrier half-width per row, index points (see PrecomputeConfig.barrier)."""
+    kind, _, k = (cfg.barrier or "").partition(":")
+    try:
+        mult = float(k)
+    except ValueError:
+        mult = -1.0
+    if kind not in ("ticks", "vol") or not mult > 0:
+        raise AlphafeatError(f"--barrier: expected ticks:K or vol:K with K > 0, got {cfg.barrier!r}")
+    tick = cfg.features.tick_size
+    if kind == "ticks":
+        return np.full(feats["mid"].shape, mult * tick)
+    sigma_ticks = np.sqrt(feats["ema_ret2_60s"]) if "ema_ret2_60s" in feats else np.nan
+    return mult * sigma_ticks * tick * np.sqrt(cfg.barrier_horizon)
+
+
+def _labels(feats: dict[str, np.ndarray], b: BookArrays, cfg: PrecomputeConfig) -> dict[str, np.ndarray]:
+    """Direction labels (snapshots, seconds) and the triple barrier, each with its end time."""
+    out = direction_labels(feats["mid"], cfg.horizons, ts=b.ts_recv)
+    if cfg.horizons_s:
+        out.update(direction_labels_seconds(feats["mid"], b.ts_recv, cfg.horizons_s))
+    if cfg.barrier:
+        w = _barrier_widths(feats, cfg)
+        y, t1, _ = triple_barrier(feats["mid"], w, w, cfg.barrier_horizon, ts=b.ts_recv)
+        out["tb_label"] = y
+        out["tb_t1"] = t1
+    return out
 
 
 def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary:
@@ -391,7 +470,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             f"{schema} input carries {min(depths)} book level(s): depth features "
             f"{', '.join(limited)} are NaN and deeper book columns are empty"
         )
-    manifest = {
+    common = {
         "format_version": FORMAT_VERSION,
         "package_version": alphafeat.__version__,
         "instrument_mode": str(mode),
@@ -403,45 +482,56 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             else str(mode)
         ),
         "session_rule": "CME Globex trade date D = [D-1 16:00, D 16:00) America/Chicago",
-        "schedule": [
-            {
-                "session": c.session.isoformat(),
-                "instrument_id": c.instrument_id,
-                "raw_symbol": c.raw_symbol,
-                "expiration": c.expiration.isoformat() if c.expiration else None,
-                "reason": c.reason,
-            }
-            for c in summary.schedule
-        ],
         "params": {
             "features": dataclasses.asdict(cfg.features),
             "horizons": list(cfg.horizons),
+            "horizons_s": list(cfg.horizons_s),
+            "barrier": cfg.barrier,
+            "barrier_horizon": cfg.barrier_horizon,
             "roll_days": cfg.roll_days,
             "book_schema": schema,
         },
         "columns": specs,
-        "sources": [
-            {"path": str(f.path.resolve()), "size": f.path.stat().st_size,
-             "mtime_ns": f.path.stat().st_mtime_ns, "schema": f.schema, "dbn_version": f.version}
-            for f in book_files + trade_files + def_files
-        ],
-        "notes": summary.notes,
     }
+    schedule = [
+        {
+            "session": c.session.isoformat(),
+            "instrument_id": c.instrument_id,
+            "raw_symbol": c.raw_symbol,
+            "expiration": c.expiration.isoformat() if c.expiration else None,
+            "reason": c.reason,
+        }
+        for c in summary.schedule
+    ]
+    sources = [
+        (int(f.metadata.start),
+         {"path": str(f.path.resolve()), "size": f.path.stat().st_size,
+          "mtime_ns": f.path.stat().st_mtime_ns, "schema": f.schema, "dbn_version": f.version})
+        for f in book_files + trade_files + def_files
+    ]
     t_feat = task(f"features + labels ({device})", len(segments))
     with CacheWriter(cfg.out) as writer:
         for day, iid, sym in segments:
-            raw, trades, sess, tsess = books[iid]
-            raw_seg = raw.take(sess == day)
-            b = bk.to_book_arrays(raw_seg, trades.take(tsess == day))
-            table = _segment_table(b, raw_seg, iid, sym, cfg, device)
             root = cfg.root if mode.kind == "front-month" else _root_of(sym)
             safe = re.sub(r"[^A-Za-z0-9_.-]", "_", sym)
             rel = f"root={root}/session={day.isoformat()}/{safe}.arrow"
-            summary.partitions.append(writer.write(rel, table, manifest))
-            summary.snapshots_kept += len(b)
-            summary.rows += table.num_rows
+            meta = _partition_metadata(common, day, iid, schedule, sources)
+            summary.partitions.append(writer.out / rel)
+            raw, trades, sess, tsess = books[iid]
+            in_seg = sess == day
+            summary.snapshots_kept += int(in_seg.sum())
+            if writer.current(rel, meta["fingerprint"]):
+                summary.partitions_skipped += 1
+                summary.rows += int(in_seg.sum())
+            else:
+                raw_seg = raw.take(in_seg)
+                b = bk.to_book_arrays(raw_seg, trades.take(tsess == day))
+                table = _segment_table(b, raw_seg, iid, sym, cfg, device)
+                writer.write(rel, table, meta)
+                summary.rows += table.num_rows
             advance(t_feat)
-        manifest["partitions"] = [str(p.relative_to(writer.out)) for p in summary.partitions]
+        manifest = dict(common, schedule=schedule, sources=[e for _, e in sources], notes=summary.notes,
+                        partitions=[str(p.relative_to(writer.out)) for p in summary.partitions])
         writer.commit(manifest)
     summary.seconds = time.perf_counter() - t0
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)

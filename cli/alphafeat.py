@@ -60,10 +60,12 @@ def _precompute(args: argparse.Namespace) -> int:
                       c.expiration.isoformat() if c.expiration else "", c.reason)
     out.print(sched)
     t = Table(title=f"alphafeat precompute -> {s.out}")
-    for col in ("files", "records read", "snapshots", "snapshots kept", "rows written", "device", "seconds"):
+    cols = ("files", "records read", "snapshots", "snapshots kept", "rows written", "partitions (current)",
+            "device", "seconds")
+    for col in cols:
         t.add_column(col, justify="right")
     t.add_row(str(s.files), f"{s.records:,}", f"{s.snapshots:,}", f"{s.snapshots_kept:,}",
-              f"{s.rows:,}", s.device, f"{s.seconds:.1f}")
+              f"{s.rows:,}", f"{len(s.partitions)} ({s.partitions_skipped})", s.device, f"{s.seconds:.1f}")
     out.print(t)
     for note in s.notes:
         out.print(f"note: {note}")

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from alphafeat.cache import MANIFEST, CacheWriter, compare, open_dataset, read_manifest
+from alphafeat.cache import FORMAT_VERSION, MANIFEST, CacheWriter, compare, open_dataset, read_manifest
 from alphafeat.errors import AlphafeatError
 
 
@@ -18,7 +18,7 @@ def _write(out, values, manifest=None):
                   "x": pa.array(np.asarray(values, dtype=np.float64))})
     with CacheWriter(out) as w:
         w.write("root=ES/session=2024-01-02/ESH4.arrow", t, {"k": 1})
-        w.commit(manifest or {"format_version": 1})
+        w.commit(manifest or {"format_version": FORMAT_VERSION})
 
 
 def test_compare_detects_value_and_nan_differences(tmp_path):
