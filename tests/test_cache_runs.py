@@ -1,0 +1,113 @@
+"""Reruns of precompute: skipping unchanged partitions, concurrent writers, a killed run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT
+
+from alphafeat.cache import compare, read_manifest
+from alphafeat.instruments import InstrumentMode
+from alphafeat.pipeline import PrecomputeConfig, precompute
+
+DATA = PROJECT / "data"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
+
+
+def _cfg(inputs, out, mode="all") -> PrecomputeConfig:
+    return PrecomputeConfig(inputs=list(inputs), out=out, instrument_mode=InstrumentMode.parse(mode), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory) -> Path:
+    if not any(DATA.glob("*.dbn.zst")):
+        pytest.skip("data/ has no embedded sample")
+    d = tmp_path_factory.mktemp("sample")
+    for p in DATA.glob("*.dbn.zst"):
+        shutil.copy2(p, d / p.name)
+    return d
+
+
+def test_rerun_skips_unchanged_and_adding_a_later_session_keeps_earlier(sample, tmp_path):
+    first_two = sorted(p for p in sample.iterdir() if "20240308" not in p.name)
+    out = tmp_path / "c"
+    s1 = precompute(_cfg(first_two, out))
+    assert s1.partitions_skipped == 0 and len(s1.partitions) > 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*.arrow")}
+    s2 = precompute(_cfg(first_two, out))
+    assert s2.partitions_skipped == len(s2.partitions)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*.arrow")} == before  # untouched
+    # a later session added: the earlier partitions stay current, the new ones are written
+    s3 = precompute(_cfg(sorted(sample.iterdir()), out))
+    assert s3.partitions_skipped == len(s2.partitions) < len(s3.partitions)
+    fresh = tmp_path / "fresh"
+    precompute(_cfg(sorted(sample.iterdir()), fresh))
+    assert _files(out) == _files(fresh)
+    # a changed parameter invalidates every partition
+    cfg = _cfg(sorted(sample.iterdir()), out)
+    cfg.horizons = (10, 20)
+    assert precompute(cfg).partitions_skipped == 0
+    assert read_manifest(out)["params"]["horizons"] == [10, 20]
+
+
+def test_two_runs_at_once_do_not_corrupt(sample, tmp_path):
+    out = tmp_path / "c"
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            precompute(_cfg(sorted(sample.iterdir()), out))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    ref = tmp_path / "ref"
+    precompute(_cfg(sorted(sample.iterdir()), ref))
+    assert _files(out) == _files(ref)
+    assert not list(out.glob(".staging-*"))
+
+
+def test_killed_run_then_rerun_equals_uninterrupted(sample, tmp_path):
+    ref = tmp_path / "ref"
+    precompute(_cfg(sorted(sample.iterdir()), ref))
+    out = tmp_path / "c"
+    env = dict(os.environ, PYTHONPATH=str(PROJECT))
+    cmd = [sys.executable, "-m", "cli.alphafeat", "precompute", "-q", "--instrument-mode", "all",
+           "--input", str(sample), "--out", str(out), "--device", "cpu"]
+    killed = False
+    for _ in range(3):  # kill as soon as the run has staged a partition
+        proc = subprocess.Popen(cmd, env=env, cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(out.glob(".staging-*/**/*.arrow")):
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.002)
+        proc.wait()
+        if killed:
+            break
+        shutil.rmtree(out, ignore_errors=True)
+    assert killed, "the run finished before it could be killed"
+    assert not (out / "_alphafeat.json").exists()  # never a manifest for a half-written cache
+    precompute(_cfg([sample], out))
+    assert _files(out) == _files(ref)
+    assert compare(out, ref)["mismatches"] == []
+    assert not list(out.glob(".staging-*"))
