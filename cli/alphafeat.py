@@ -95,6 +95,36 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from alphafeat.inspection import inspect_cache
+
+    plots = Path(args.plots) if args.plots else Path(args.cache) / "_plots"
+    rep = inspect_cache(args.cache, None if args.no_plots else plots)
+    out = Console()
+    t = Table(title=f"rows per session: {args.cache}")
+    for col in ("session", "raw_symbol", "rows"):
+        t.add_column(col, justify="right")
+    for s, y, n in rep.rows:
+        t.add_row(s, y, f"{n:,}")
+    out.print(t)
+    t = Table(title="NaN rate per column (float columns with any NaN)")
+    t.add_column("column")
+    t.add_column("NaN rate", justify="right")
+    for k, v in rep.nan_rate.items():
+        if v > 0:
+            t.add_row(k, f"{v:.2%}")
+    out.print(t)
+    t = Table(title="label balance")
+    for col in ("label", "up / +1", "down / -1", "NaN"):
+        t.add_column(col, justify="right")
+    for k, (u, d, n) in rep.label_balance.items():
+        t.add_row(k, f"{u:.1%}", f"{d:.1%}", f"{n:.1%}")
+    out.print(t)
+    for p in rep.plots:
+        out.print(f"plot: {p}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``alphafeat`` argument parser."""
     ap = argparse.ArgumentParser(prog="alphafeat", description=__doc__,
@@ -125,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--scale", default="quiet", choices=("quiet", "normal", "busy"))
     s.set_defaults(func=_synth)
+    i = sub.add_parser("inspect", help="rows, NaN rates and label balance of a cache, and PNG plots")
+    i.add_argument("cache", help="cache directory written by precompute")
+    i.add_argument("--plots", default=None, help="where to write PNG plots (default: CACHE/_plots)")
+    i.add_argument("--no-plots", action="store_true", help="tables only")
+    i.set_defaults(func=_inspect)
     return ap
 
 
