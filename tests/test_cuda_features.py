@@ -30,7 +30,7 @@ REAL_GPU = HAVE_DEVICE and not IN_SIM
 needs_device = pytest.mark.skipif(
     not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
 )
-N_INPROCESS = 7  # number of test_inprocess_* test items below (checked by the runner)
+N_INPROCESS = 8  # number of test_inprocess_* test items below (checked by the runner)
 
 
 def assert_same(cpu: dict[str, np.ndarray], gpu: dict[str, np.ndarray]) -> None:
@@ -95,6 +95,21 @@ def test_inprocess_no_look_ahead_and_tiny() -> None:
     assert list(f) == [s.name for s in feature_specs(FeatureParams())]
     assert math.isnan(f["tick_return"][0]) and f["trade_rate_1s"][0] == one.trade_count[0]
     assert_same(compute_features(one), f)
+
+
+@needs_device
+def test_inprocess_direction_labels_cuda() -> None:
+    from alphafeat.cuda import direction_labels_cuda
+    from alphafeat.labels import direction_labels
+
+    mid = compute_features(random_book(250, 26))["mid"]
+    ref = direction_labels(mid, (1, 7, 30, 300))
+    got = direction_labels_cuda(mid, (1, 7, 30, 300))
+    assert list(ref) == list(got)
+    for k in ref:
+        assert got[k].dtype == np.float32
+        np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+    assert np.isnan(got["label_h300"]).all() and np.isfinite(got["label_h1"]).any()
 
 
 @needs_device

@@ -357,8 +357,10 @@ def test_scan_chunks_compose(ab: list[tuple[float, float]], cut: int, x0: float)
 
 PARAMS = [
     FeatureParams(),
-    FeatureParams(ema_interpolation="previous", ema_taus_s=(0.5, 30.0), ofi_levels=3),
-    FeatureParams(ema_interpolation="next", ema_taus_s=(1.0, 300.0), tick_size=0.5),
+    FeatureParams(ema_interpolation="previous", ema_taus_s=(0.5, 30.0), ofi_levels=3, fracdiff_threshold=0.01,
+                  depth_levels=4, vol_taus_s=(0.5, 5.0, 50.0)),
+    FeatureParams(ema_interpolation="next", ema_taus_s=(1.0, 300.0), tick_size=0.5, fracdiff_d=0.6,
+                  fracdiff_threshold=0.002, hawkes_mu=0.2, hawkes_beta=3.0),
 ]
 
 
@@ -370,8 +372,8 @@ def test_all_features_match_slow_reference(seed: int, params: FeatureParams) -> 
     names = [s.name for s in feature_specs(params)]
     assert list(got) == names
     ref = slow_features(book, params)
-    assert set(ref) == set(names)
-    for name in names:
+    assert set(ref) <= set(names)  # the first set; the rest: tests/test_features_full.py
+    for name in ref:
         assert got[name].dtype == np.float64 and got[name].shape == (400,), name
         g, r = got[name], np.asarray(ref[name])
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12, equal_nan=True, err_msg=name)
@@ -383,7 +385,7 @@ def test_all_features_match_slow_reference(seed: int, params: FeatureParams) -> 
 def test_column_names_and_specs() -> None:
     specs = feature_specs(FeatureParams())
     names = [s.name for s in specs]
-    assert names == [
+    assert names[:26] == [
         "mid", "spread_ticks", "microprice", "imbalance_l1", "imbalance_l10",
         *[f"ofi_l{m:02d}" for m in range(1, 11)],
         "signed_volume", "log_dt", "tick_return",

@@ -1,14 +1,14 @@
 """CUDA twin of :mod:`alphafeat.features` (numba-cuda kernels in :mod:`alphafeat.cuda.kernels`).
 
 Importing this package never touches CUDA: the kernels module (and ``numba.cuda``) is
-imported on the first call of :func:`compute_features_cuda`. Under
-``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported) the kernels run in numba's
-simulator, which is how they are tested on machines without a GPU.
+imported on the first call. Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported)
+the kernels run in numba's simulator, which is how they are tested on machines without a GPU.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from alphafeat.features import FeatureParams
     from alphafeat.types import BookArrays
 
-__all__ = ["compute_features_cuda"]
+__all__ = ["compute_features_cuda", "direction_labels_cuda"]
 
 
 def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None) -> dict[str, np.ndarray]:
@@ -33,18 +33,14 @@ def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None)
     Returns
     -------
     dict[str, np.ndarray]
-        float64 arrays of shape (n,), keys in :func:`alphafeat.features.feature_specs` order;
-        same values as the CPU path up to floating-point reassociation in the chunked scans.
-        Input columns are copied to the device once and the results back once.
+        float64 arrays of shape (n,) (views of one pinned host matrix), keys in
+        :func:`alphafeat.features.feature_specs` order; same values as the CPU path up to
+        libdevice rounding and the association of the chunked scans (tests: 1e-9).
+        Input columns go to the device once, results come back once.
     """
     from alphafeat.cuda import kernels
-    from alphafeat.features import (
-        _EMA_QUANTITIES,
-        INTERPOLATIONS,
-        FeatureParams,
-        _prepare,
-        feature_specs,
-    )
+    from alphafeat.features import FeatureParams, _prepare, feature_specs
+    from alphafeat.features.registry import make_plan
 
     if params is None:
         params = FeatureParams()
@@ -53,13 +49,28 @@ def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None)
     with warnings.catch_warnings():
         # a short session launches small grids; numba's low-occupancy warning is noise here
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
-        host = kernels.run_features(
-            cols,
-            tick=float(params.tick_size),
-            n_ofi=int(params.ofi_levels),
-            taus=(float(params.ema_taus_s[0]), float(params.ema_taus_s[1])),
-            interp=INTERPOLATIONS[params.ema_interpolation],
-            n_features=len(names),
-        )
-    assert host.shape[0] == len(names) and len(_EMA_QUANTITIES) == 4
+        host = kernels.run_features(cols, make_plan(params))
     return {name: host[k] for k, name in enumerate(names)}
+
+
+def direction_labels_cuda(
+    mid: np.ndarray, horizons: Sequence[int] = (30, 100, 300, 1000, 6000)
+) -> dict[str, np.ndarray]:
+    """Direction labels on the GPU, equal to :func:`alphafeat.labels.direction_labels`.
+
+    ``y_h[t] = 1`` if ``mid[t+h] > mid[t]``, 0 if lower, NaN on a tie, a NaN mid or past the
+    segment end. ``mid`` float64 (n,) index points; ``horizons`` positive integers
+    (snapshots). Returns ``{"label_h{h}": float32 (n,)}``.
+    """
+    from alphafeat.cuda import kernels
+
+    hs = []
+    for h in horizons:
+        if int(h) != h or h < 1:
+            raise ValueError(f"label horizon must be a positive integer, got {h!r}")
+        hs.append(int(h))
+    mid = np.ascontiguousarray(mid, dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
+        y = kernels.direction_labels_device(mid, np.asarray(hs, dtype=np.int64))
+    return {f"label_h{h}": y[k] for k, h in enumerate(hs)}

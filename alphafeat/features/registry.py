@@ -1,0 +1,455 @@
+"""The feature registry: parameters, one :class:`FeatureSpec` per output column, and the
+integer plan (column layout, recurrences, post-transforms) that both back ends execute.
+
+Each spec names its formula, unit, literature source, the parameters it uses, the minimum
+book depth it needs and its CPU (``@njit``) and CUDA (``@cuda.jit``) implementations. The
+CPU and CUDA implementations are the same source (:mod:`alphafeat.features._rows`) compiled
+for the two targets, plus the scan/fracdiff drivers named in ``cpu`` / ``cuda``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from alphafeat.types import LEVELS
+
+__all__ = [
+    "INTERPOLATIONS",
+    "FeatureParams",
+    "FeatureSpec",
+    "Plan",
+    "feature_specs",
+    "frac_diff_weights",
+    "make_plan",
+]
+
+#: Interpolation schemes of the Zumbach–Müller EMA and their integer codes in the kernels.
+INTERPOLATIONS: dict[str, int] = {"previous": 0, "linear": 1, "next": 2}
+
+# series kinds (recurrences x_i = a_i x_{i-1} + b_i)
+K_ZM = 0  #: Zumbach–Müller EMA of a skip-NaN input
+K_DEV = 1  #: deviation z - EMA_ZM(z): d_i = mu d_{i-1} + nu (z_i - z_prev)
+K_FFILL = 2  #: last finite value (a = 0, b = z on finite rows; a = 1, b = 0 otherwise)
+K_DECAY = 3  #: exponentially decayed sum x_i = exp(-dt_i/tau) x_{i-1} + scale * z_i
+
+# input codes of the recurrences (alphafeat.features._rows.z_input)
+Z_MID, Z_RET2, Z_SPREAD, Z_LOGSPREAD, Z_LOGMID, Z_COUNT, Z_BUYEV, Z_SELLEV, Z_SV = range(9)
+#: Inputs whose last finite row is tracked (skip-NaN rule): codes 0..N_LF-1.
+N_LF = 5
+
+# post-transform codes (alphafeat.features._rows.post_row)
+P_MASKED, P_PLAIN, P_HAWKES, P_SQRT, P_ZSCORE, P_TREND, P_LOG1P, P_SLOG = range(8)
+
+# entries of the layout vector L (column indices of row-wise features)
+(
+    L_OFI,
+    L_SV,
+    L_LOGDT,
+    L_RET,
+    L_OFI_INT,
+    L_LDB,
+    L_LDA,
+    L_IMBW,
+    L_SLOPE_B,
+    L_SLOPE_A,
+    L_AGGR,
+    L_LTC,
+    L_SLOG_OFI1,
+    L_SLOG_SV,
+    L_NOFI,
+    L_NDEP,
+    L_SCRATCH,
+) = range(17)
+N_LAYOUT = 17
+
+
+@dataclass(frozen=True)
+class FeatureParams:
+    """Parameters of the feature set (every time in seconds, every rate per second).
+
+    Attributes
+    ----------
+    tick_size : float
+        Minimum price increment in index points (ES: 0.25). Divides spreads and returns.
+    ema_taus_s : tuple[float, float]
+        Time constants of the EMA pairs (``ema_*``, ``trade_rate_*``, ``ema_log_spread_*``,
+        ``log_trade_rate_*``), seconds, distinct.
+    ema_interpolation : str
+        Zumbach–Müller interpolation scheme: ``'previous'``, ``'linear'`` or ``'next'``.
+    ofi_levels : int
+        Number of per-level OFI columns, 1..10; ``ofi_integrated`` sums these levels.
+    depth_levels : int
+        Levels of the depth features (log depth, weighted imbalance, slope), 1..10.
+    depth_weight_decay : float
+        Weighted imbalance weights ``w_m = exp(-decay * (m - 1))``, m = 1..depth_levels.
+    vol_taus_s : tuple[float, float, float]
+        Fast, medium and slow time constants, seconds, increasing: realised volatility at all
+        three, mid z-scores at medium and slow, trend = fast minus slow.
+    hawkes_mu, hawkes_alpha, hawkes_beta : float
+        Hawkes intensity ``mu + sum alpha exp(-beta (t - t_j))``: baseline (1/s), jump (1/s)
+        and decay (1/s). Fixed, not fitted (a fit on the data would look ahead).
+    propagator_tau_s : float
+        Decay time of the exponential propagator kernel, seconds.
+    fracdiff_d : float
+        Order of fractional differencing of log mid, 0 < d < 1.
+    fracdiff_threshold : float
+        Fixed window: keep weights with ``|w_k| >= threshold`` (AFML 5.5).
+    """
+
+    tick_size: float = 0.25
+    ema_taus_s: tuple[float, float] = (1.0, 60.0)
+    ema_interpolation: str = "linear"
+    ofi_levels: int = 10
+    depth_levels: int = 10
+    depth_weight_decay: float = 0.5
+    vol_taus_s: tuple[float, float, float] = (10.0, 60.0, 600.0)
+    hawkes_mu: float = 0.0
+    hawkes_alpha: float = 0.5
+    hawkes_beta: float = 1.0
+    propagator_tau_s: float = 10.0
+    fracdiff_d: float = 0.4
+    fracdiff_threshold: float = 1e-4
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One output column.
+
+    ``name``, ``unit``, ``description`` (formula in words), ``source`` (literature);
+    ``formula`` (symbolic), ``parameters`` (FeatureParams fields it uses, with values),
+    ``min_depth`` (book levels the input must carry for the column to be meaningful: the
+    pipeline sets the column to NaN when ``BookArrays.depth < min_depth``), ``cpu`` and
+    ``cuda`` (the implementing functions).
+    """
+
+    name: str
+    unit: str
+    description: str
+    source: str
+    formula: str = ""
+    parameters: dict = field(default_factory=dict)
+    min_depth: int = 1
+    cpu: str = "alphafeat.features._rows.rowwise_row (njit)"
+    cuda: str = "alphafeat.cuda.kernels.rowwise_kernel"
+
+
+def _tau_label(tau: float) -> str:
+    """Column suffix of a time constant: 1.0 -> '1s', 60 -> '60s', 0.5 -> '0p5s'."""
+    return f"{float(tau):g}".replace(".", "p").replace("+", "") + "s"
+
+
+def _pos(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _validate(p: FeatureParams) -> None:
+    if not _pos(p.tick_size):
+        raise ValueError(f"tick_size must be a positive number, got {p.tick_size!r}")
+    taus = tuple(p.ema_taus_s)
+    if len(taus) != 2 or not all(_pos(t) for t in taus):
+        raise ValueError(f"ema_taus_s must hold two positive time constants (s), got {taus!r}")
+    if _tau_label(taus[0]) == _tau_label(taus[1]):
+        raise ValueError(f"the two EMA time constants must differ, got {taus!r}")
+    if p.ema_interpolation not in INTERPOLATIONS:
+        raise ValueError(f"ema_interpolation must be one of {sorted(INTERPOLATIONS)}, got {p.ema_interpolation!r}")
+    for k in ("ofi_levels", "depth_levels"):
+        v = getattr(p, k)
+        if not (isinstance(v, (int, np.integer)) and 1 <= v <= LEVELS):
+            raise ValueError(f"{k} must be an integer in 1..{LEVELS}, got {v!r}")
+    vt = tuple(p.vol_taus_s)
+    if len(vt) != 3 or not all(_pos(t) for t in vt) or not (vt[0] < vt[1] < vt[2]):
+        raise ValueError(f"vol_taus_s must be three increasing positive time constants (s), got {vt!r}")
+    if not (math.isfinite(p.depth_weight_decay) and p.depth_weight_decay >= 0):
+        raise ValueError(f"depth_weight_decay must be >= 0, got {p.depth_weight_decay!r}")
+    if not (math.isfinite(p.hawkes_mu) and p.hawkes_mu >= 0 and math.isfinite(p.hawkes_alpha)):
+        raise ValueError("hawkes_mu must be >= 0 and hawkes_alpha finite")
+    if not _pos(p.hawkes_beta) or not _pos(p.propagator_tau_s):
+        raise ValueError("hawkes_beta and propagator_tau_s must be positive")
+    if not (0.0 < p.fracdiff_d < 1.0) or not (0.0 < p.fracdiff_threshold < 1.0):
+        raise ValueError("fracdiff_d and fracdiff_threshold must lie in (0, 1)")
+
+
+def frac_diff_weights(d: float, threshold: float | None = None, size: int | None = None) -> np.ndarray:
+    """Weights of fractional differencing (López de Prado, AFML 2018, ch. 5).
+
+    ``w_0 = 1``, ``w_k = -w_{k-1} (d - k + 1) / k``. With ``threshold``: the weights with
+    ``|w_k| >= threshold`` up to the first that falls below (fixed-width window, AFML 5.5);
+    with ``size``: exactly ``size`` weights (expanding window). Returns float64 ``w_0 ..``.
+    """
+    if (threshold is None) == (size is None):
+        raise ValueError("give exactly one of threshold and size")
+    w = [1.0]
+    k = 1
+    while True:
+        if size is not None and k >= size:
+            break
+        nxt = -w[-1] * (d - k + 1) / k
+        if threshold is not None and abs(nxt) < threshold:
+            break
+        w.append(nxt)
+        k += 1
+        if k > 10_000_000:
+            raise ValueError("fractional differencing window over 10 million rows; raise the threshold")
+    return np.asarray(w, dtype=np.float64)
+
+
+@dataclass
+class Plan:
+    """Integer plan executed by both back ends (built by :func:`make_plan`)."""
+
+    n_out: int  #: output columns
+    layout: np.ndarray  #: int64 (N_LAYOUT,)
+    s_kind: np.ndarray  #: int64 (S,) series kind
+    s_code: np.ndarray  #: int64 (S,) input code
+    s_tau: np.ndarray  #: float64 (S,) time constant, s
+    s_scale: np.ndarray  #: float64 (S,) multiplier of the input (K_DECAY)
+    p_int: np.ndarray  #: int64 (P, 5) post rows: type, column, s1, s2, s3
+    p_tau: np.ndarray  #: float64 (P,) tau of z-score / trend rows
+    depth_w: np.ndarray  #: float64 (depth_levels,) weighted-imbalance weights
+    fd_w: np.ndarray  #: float64 (W,) fractional-differencing weights
+    fd_col: int  #: output column of fracdiff_log_mid
+    interp: int
+    tick: float
+    hawkes_mu: float
+    hawkes_alpha: float
+
+
+def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
+    _validate(p)
+    tick = p.tick_size
+    t1, t2 = (float(t) for t in p.ema_taus_s)
+    tf, tm, ts_ = (float(t) for t in p.vol_taus_s)
+    n_ofi, n_dep = int(p.ofi_levels), int(p.depth_levels)
+    zm = f"Zumbach & Müller (2001), irregular EMA, '{p.ema_interpolation}' interpolation"
+    specs: list[FeatureSpec] = []
+    lay = np.zeros(N_LAYOUT, dtype=np.int64)
+    scan_cpu = "alphafeat.features._rows.coef + post_row (njit, chunked linear scan)"
+    scan_cuda = "alphafeat.cuda.kernels.coef_kernel + device_linear_scan + post_kernel"
+
+    def add(name, unit, desc, source, formula="", params=None, min_depth=1, scan=False) -> int:
+        specs.append(
+            FeatureSpec(
+                name, unit, desc, source, formula, dict(params or {}), min_depth,
+                *((scan_cpu, scan_cuda) if scan else ()),
+            )
+        )  # fmt: skip
+        return len(specs) - 1
+
+    tk = {"tick_size": tick}
+    add("mid", "index points", "(bid_px[0] + ask_px[0]) / 2; NaN if either side is empty", "standard",
+        "(Pb1 + Pa1) / 2")
+    add("spread_ticks", "ticks", f"(ask_px[0] - bid_px[0]) / tick_size (tick_size = {tick:g}); NaN if a side is empty",
+        "standard", "(Pa1 - Pb1) / tick", tk)
+    add("microprice", "index points",
+        "weighted mid I*ask_px[0] + (1-I)*bid_px[0], I = Qb/(Qb+Qa) on level 1; NaN if a side is empty or Qb+Qa = 0",
+        "Stoikov (2018), Quantitative Finance 18(12): weighted mid", "I Pa1 + (1 - I) Pb1, I = Qb1/(Qb1 + Qa1)")
+    add("imbalance_l1", "dimensionless [-1, 1]", "(Qb - Qa)/(Qb + Qa) on level 1; NaN if a side is empty or Qb+Qa = 0",
+        "Gould & Bonart (2016), queue imbalance on [-1, 1]", "(Qb1 - Qa1)/(Qb1 + Qa1)")
+    add("imbalance_l10", "dimensionless [-1, 1]",
+        "(sum Qb - sum Qa)/(sum Qb + sum Qa) over levels 1-10 (empty levels count 0); "
+        "NaN if a best level is empty or the sum is 0",
+        "Gould & Bonart (2016), depth imbalance on [-1, 1]", "sum_m (Qbm - Qam) / sum_m (Qbm + Qam)",
+        min_depth=LEVELS)
+    lay[L_OFI] = len(specs)
+    for m in range(1, n_ofi + 1):
+        add(f"ofi_l{m:02d}", "contracts",
+            f"order-flow imbalance of level {m} between consecutive snapshots: "
+            "1{Pb>=Pb'}qb - 1{Pb<=Pb'}qb' - 1{Pa<=Pa'}qa + 1{Pa>=Pa'}qa' (primes = previous "
+            "row); empty bid = -inf, empty ask = +inf, empty size 0; NaN at row 0",
+            "Cont, Kukanov & Stoikov (2014); per level: Xu, Gould & Howison (2019)",
+            "e_m = 1{Pb>=Pb'}qb - 1{Pb<=Pb'}qb' - 1{Pa<=Pa'}qa + 1{Pa>=Pa'}qa'", min_depth=m)
+    lay[L_SV] = add("signed_volume", "contracts",
+                    "buy_volume - sell_volume since the previous snapshot (aggressor side)", "standard",
+                    "V_buy - V_sell")
+    lay[L_LOGDT] = add("log_dt", "log seconds", "log(max(ts_recv[i] - ts_recv[i-1], 1 ns) in seconds); NaN at row 0",
+                       "standard", "log(max(dt, 1e-9))")
+    lay[L_RET] = add("tick_return", "ticks", "(mid[i] - mid[i-1]) / tick_size; NaN at row 0 or if either mid is NaN",
+                     "standard", "(mid_i - mid_{i-1}) / tick", tk)
+
+    # ---- recurrences: series table ------------------------------------------------------
+    series: list[tuple[int, int, float, float]] = []
+
+    def ser(kind: int, code: int, tau: float, scale: float = 1.0) -> int:
+        series.append((kind, code, tau, scale))
+        return len(series) - 1
+
+    post: list[tuple[int, int, int, int, int, float]] = []
+    ema_p = {"ema_taus_s": (t1, t2), "ema_interpolation": p.ema_interpolation}
+    skip = "NaN observations skipped (EMA held), NaN before the first finite observation"
+    for q, code, unit, desc in (
+        ("ema_mid", Z_MID, "index points", "EMA of mid"),
+        ("ema_ret2", Z_RET2, "ticks^2", "EMA of tick_return^2 (realised variance per snapshot)"),
+        ("ema_spread", Z_SPREAD, "ticks", "EMA of spread_ticks"),
+    ):
+        for tau in (t1, t2):
+            c = add(f"{q}_{_tau_label(tau)}", unit, f"{desc}, tau = {tau:g} s; {skip}", zm,
+                    "EMA_n = mu EMA_{n-1} + (nu - mu) z_{n-1} + (1 - nu) z_n, mu = exp(-dt/tau)", ema_p, scan=True)
+            post.append((P_MASKED, c, ser(K_ZM, code, tau), 0, 0, 0.0))
+    rate_series = []
+    for tau in (t1, t2):
+        c = add(f"trade_rate_{_tau_label(tau)}", "trades/s",
+                f"lambda <- lambda*exp(-dt/tau) + trade_count/tau, tau = {tau:g} s, lambda = 0 before row 0",
+                "exponentially decayed trade rate (Hawkes-type recursion, Ozaki 1979)",
+                "lambda_i = exp(-dt_i/tau) lambda_{i-1} + n_i/tau", {"ema_taus_s": (t1, t2)}, scan=True)
+        s = ser(K_DECAY, Z_COUNT, tau, 1.0 / tau)
+        rate_series.append(s)
+        post.append((P_PLAIN, c, s, 0, 0, 0.0))
+
+    # ---- new row-wise features ---------------------------------------------------------------
+    lay[L_OFI_INT] = add(
+        "ofi_integrated", "dimensionless",
+        f"sum of ofi_l01..ofi_l{n_ofi:02d} divided by the average level depth "
+        "(mean of bid and ask sizes over those levels on this and the previous row); equal "
+        "level weights (a PCA fit would look ahead); NaN at row 0 or on zero depth",
+        "Cont, Cucuringu & Zhang (2023), integrated OFI; depth normalisation as in Cont et al. (2014)",
+        "sum_m e_m / ((1/(4M)) sum_m (qb_m + qa_m + qb'_m + qa'_m))", {"ofi_levels": n_ofi}, min_depth=n_ofi)
+    lay[L_LDB] = len(specs)
+    for side, sname in (("bid", "bid"), ("ask", "ask")):
+        if side == "ask":
+            lay[L_LDA] = len(specs)
+        for m in range(1, n_dep + 1):
+            add(f"log_depth_{sname}_l{m:02d}", "log(1 + contracts)",
+                f"log(1 + {side}_sz[{m - 1}]); an empty level counts 0 contracts", "standard (log depth)",
+                "log1p(q_m)", min_depth=m)
+    lay[L_IMBW] = add(
+        "imbalance_weighted", "dimensionless [-1, 1]",
+        f"sum_m w_m (Qb_m - Qa_m) / sum_m w_m (Qb_m + Qa_m), w_m = exp(-{p.depth_weight_decay:g} (m-1)), "
+        f"m = 1..{n_dep}; NaN if a best level is empty or the sum is 0",
+        "depth-weighted order-book imbalance (Cao, Hansch & Wang 2009; Cartea, Donnelly & Jaimungal 2018)",
+        "sum w(Qb - Qa) / sum w(Qb + Qa)", {"depth_levels": n_dep, "depth_weight_decay": p.depth_weight_decay},
+        min_depth=n_dep)
+    for side, key in (("bid", L_SLOPE_B), ("ask", L_SLOPE_A)):
+        lay[key] = add(
+            f"book_slope_{side}", "contracts/tick",
+            f"total {side} size over the non-empty levels 1..{n_dep} divided by (1 + distance in ticks from the "
+            "best to the deepest non-empty level); NaN if the best level is empty",
+            "book slope (Næs & Skjeltorp 2006), depth per tick", "sum_m q_m / (1 + |P_1 - P_last| / tick)",
+            {"depth_levels": n_dep, **tk}, min_depth=2)
+    lay[L_AGGR] = add("aggressor_imbalance", "dimensionless [-1, 1]",
+                      "(buy_volume - sell_volume) / (buy_volume + sell_volume) in the interval; 0 without trades",
+                      "standard (trade-sign imbalance)", "(Vb - Vs)/(Vb + Vs)")
+    lay[L_LTC] = add("log1p_trade_count", "log(1 + trades)", "log(1 + trade_count) in the interval",
+                     "standard", "log1p(n)")
+
+    # ---- new recurrences ---------------------------------------------------------------------
+    hp = {"hawkes_mu": p.hawkes_mu, "hawkes_alpha": p.hawkes_alpha, "hawkes_beta": p.hawkes_beta}
+    for side, code in (("buy", Z_BUYEV), ("sell", Z_SELLEV)):
+        c = add(f"hawkes_{side}", "events/s",
+                f"Hawkes intensity of {side} market orders just after the row, mu + alpha * S, "
+                "S_i = exp(-beta dt_i) S_{i-1} + n_i; an event = an interval with "
+                f"{side}_volume > 0 (one aggressive order per book update)",
+                "Hawkes (1971); exponential-kernel recursion Ozaki (1979)",
+                "lambda(t_i+) = mu + alpha sum_{t_j <= t_i} exp(-beta (t_i - t_j))", hp, scan=True)
+        post.append((P_HAWKES, c, ser(K_DECAY, code, 1.0 / p.hawkes_beta, 1.0), 0, 0, 0.0))
+    s_prop = ser(K_DECAY, Z_SV, float(p.propagator_tau_s), 1.0)
+    c_prop = add("propagator_flow", "contracts",
+                 f"exponential-kernel propagator of signed volume, P_i = exp(-dt/tau) P_(i-1) + signed_volume_i, "
+                 f"tau = {p.propagator_tau_s:g} s",
+                 "Bouchaud, Gefen, Potters & Wyart (2004) propagator; exponential kernel (Obizhaeva & Wang 2013)",
+                 "sum_j exp(-(t_i - t_j)/tau) eps_j v_j", {"propagator_tau_s": p.propagator_tau_s}, scan=True)
+    post.append((P_PLAIN, c_prop, s_prop, 0, 0, 0.0))
+    vp = {"vol_taus_s": (tf, tm, ts_), "tick_size": tick}
+    s_rv = {}
+    for tau in (tf, tm, ts_):
+        s_rv[tau] = ser(K_DECAY, Z_RET2, tau, 1.0 / tau)
+        c = add(f"realized_vol_{_tau_label(tau)}", "ticks/sqrt(s)",
+                f"sqrt(v), v_i = exp(-dt/tau) v_(i-1) + tick_return_i^2 / tau, tau = {tau:g} s (NaN return -> 0)",
+                "realised volatility (Andersen & Bollerslev 1998), exponentially weighted in time",
+                "sqrt(sum_j exp(-(t_i - t_j)/tau) r_j^2 / tau)", vp, scan=True)
+        post.append((P_SQRT, c, s_rv[tau], 0, 0, 0.0))
+    s_dev = {tau: ser(K_DEV, Z_MID, tau) for tau in (tf, tm, ts_)}
+    for tau in (tm, ts_):
+        c = add(f"mid_z_{_tau_label(tau)}", "dimensionless",
+                f"(mid - EMA_tau(mid)) / tick / sqrt(v_tau * tau), tau = {tau:g} s: deviation from the irregular "
+                "EMA over the realised volatility of that horizon; NaN before the first mid or on zero volatility",
+                zm + "; z-score as in Avellaneda & Lee (2010)", "(mid - EMA_tau) / (tick sqrt(v_tau tau))",
+                {**vp, **ema_p}, scan=True)
+        post.append((P_ZSCORE, c, s_dev[tau], s_rv[tau], 0, tau))
+    c = add("trend", "dimensionless",
+            f"(EMA_fast(mid) - EMA_slow(mid)) / tick / sqrt(v_slow * tau_slow), fast {tf:g} s, slow {ts_:g} s",
+            "moving-average crossover over volatility (Moskowitz, Ooi & Pedersen 2012; Baz et al. 2015)",
+            "(EMA_f - EMA_s) / (tick sqrt(v_s tau_s))", {**vp, **ema_p}, scan=True)
+    post.append((P_TREND, c, s_dev[ts_], s_dev[tf], s_rv[ts_], ts_))
+    for tau in (t1, t2):
+        c = add(f"ema_log_spread_{_tau_label(tau)}", "log ticks",
+                f"EMA of log(spread_ticks) (spread <= 0 skipped), tau = {tau:g} s; {skip}", zm,
+                "EMA_ZM(log spread)", ema_p, scan=True)
+        post.append((P_MASKED, c, ser(K_ZM, Z_LOGSPREAD, tau), 0, 0, 0.0))
+    for tau, s in zip((t1, t2), rate_series):
+        c = add(f"log_trade_rate_{_tau_label(tau)}", "log(1 + trades/s)",
+                f"log(1 + trade_rate_{_tau_label(tau)})", "signed-log transform of the trade-rate EMA",
+                "log1p(lambda)", {"ema_taus_s": (t1, t2)}, scan=True)
+        post.append((P_LOG1P, c, s, 0, 0, 0.0))
+    fd_w = frac_diff_weights(float(p.fracdiff_d), threshold=float(p.fracdiff_threshold))
+    fd_col = add("fracdiff_log_mid", "log points",
+                 f"sum_k w_k y_(i-k), k < {fd_w.size}, y = log mid forward-filled, w_k = -w_(k-1)(d-k+1)/k, "
+                 f"d = {p.fracdiff_d:g}, weights down to |w| >= {p.fracdiff_threshold:g} (fixed window); "
+                 "NaN for the first window-1 rows and while the window reaches before the first mid",
+                 "López de Prado (2018), AFML ch. 5, fixed-width window fractional differentiation",
+                 "sum_{k<W} w_k log(mid)_{i-k}", {"fracdiff_d": p.fracdiff_d, "fracdiff_threshold":
+                                                  p.fracdiff_threshold, "window": int(fd_w.size)})
+    specs[fd_col] = FeatureSpec(**{**specs[fd_col].__dict__, "cpu": "alphafeat.features._rows.fracdiff_row (njit)",
+                                   "cuda": "alphafeat.cuda.kernels.fracdiff_kernel"})
+    slog_src = "signed log sign(x) log(1 + |x|)"
+    lay[L_SLOG_OFI1] = add("slog_ofi_l01", "log contracts", "sign(ofi_l01) log(1 + |ofi_l01|)", slog_src,
+                           "sign(x) log1p(|x|)")
+    lay[L_SLOG_SV] = add("slog_signed_volume", "log contracts", "sign(signed_volume) log(1 + |signed_volume|)",
+                         slog_src, "sign(x) log1p(|x|)")
+    c = add("slog_propagator_flow", "log contracts", "sign(propagator_flow) log(1 + |propagator_flow|)",
+            slog_src, "sign(x) log1p(|x|)", scan=True)
+    post.append((P_SLOG, c, s_prop, 0, 0, 0.0))
+    n_out = len(specs)
+    s_ff = ser(K_FFILL, Z_LOGMID, 1.0)
+    post.append((P_MASKED, n_out, s_ff, 0, 0, 0.0))  # scratch row: forward-filled log mid
+    lay[L_NOFI] = n_ofi
+    lay[L_NDEP] = n_dep
+    lay[L_SCRATCH] = n_out
+    plan = Plan(
+        n_out=n_out,
+        layout=lay,
+        s_kind=np.array([s[0] for s in series], dtype=np.int64),
+        s_code=np.array([s[1] for s in series], dtype=np.int64),
+        s_tau=np.array([s[2] for s in series], dtype=np.float64),
+        s_scale=np.array([s[3] for s in series], dtype=np.float64),
+        p_int=np.array([r[:5] for r in post], dtype=np.int64),
+        p_tau=np.array([r[5] for r in post], dtype=np.float64),
+        depth_w=np.exp(-float(p.depth_weight_decay) * np.arange(n_dep, dtype=np.float64)),
+        fd_w=fd_w,
+        fd_col=fd_col,
+        interp=INTERPOLATIONS[p.ema_interpolation],
+        tick=float(tick),
+        hawkes_mu=float(p.hawkes_mu),
+        hawkes_alpha=float(p.hawkes_alpha),
+    )
+    return specs, plan
+
+
+_CACHE: dict[FeatureParams, tuple[list[FeatureSpec], Plan]] = {}
+
+
+def _built(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
+    try:
+        hit = _CACHE.get(p)
+    except TypeError:  # unhashable field values (lists): build without caching
+        return _build(p)
+    if hit is None:
+        hit = _CACHE[p] = _build(p)
+    return hit
+
+
+def feature_specs(params: FeatureParams) -> list[FeatureSpec]:
+    """The output columns of :func:`alphafeat.features.compute_features`, in column order.
+
+    ``ValueError`` if ``params`` is invalid. The first 26 columns (default parameters) are
+    the first feature set (``mid`` .. ``trade_rate_60s``) in their original order; the rest
+    follow (see each spec's formula, unit, source and ``min_depth``).
+    """
+    return list(_built(params)[0])
+
+
+def make_plan(params: FeatureParams) -> Plan:
+    """The integer plan of ``params`` (validated) that the CPU and CUDA back ends execute."""
+    return _built(params)[1]
