@@ -22,6 +22,22 @@ Front month (``--instrument-mode front-month``)
     Expirations come from definition records when given, else from the month code: the third
     Friday of the contract month, with the year digit resolved by the data's date (``ESH0``
     in 2029 data is March 2030).
+
+    ``--roll-rule calendar`` skips step 1: every session takes the calendar rule, i.e. the
+    contract rolls ``roll_days`` calendar days before its expiration.
+
+Symbology
+    Instrument ids are resolved per date (exchanges reuse them) from the metadata mappings of
+    every file (parent ``ES.FUT``, raw symbols, or continuous ``ES.v.0`` whose instrument
+    changes at the roll), from in-band SymbolMappingMsg records
+    (``InstrumentMap.insert_symbol_mapping_msg``) and from definitions. A rank-0 continuous
+    symbol of the root is a candidate too (:func:`is_candidate`).
+
+Rolls and state
+    The pipeline processes one segment per (session, chosen instrument): EMAs and every
+    other recurrence restart at each segment start and labels never look past its end, so
+    no label or EMA crosses a session break or a roll; records of the old contract after the
+    switch are simply not in the kept segments.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ from dataclasses import dataclass
 from zoneinfo import ZoneInfo
 
 import numpy as np
+import pandas as pd
 from databento.common.symbology import InstrumentMap
 
 from alphafeat.errors import AlphafeatError
@@ -42,6 +59,46 @@ MONTH_CODES = "FGHJKMNQUVXZ"
 SESSION_END_HOUR_CT = 16
 
 _NS = 1_000_000_000
+
+
+#: Databento continuous symbol ``ROOT.{c,n,v}.RANK`` (calendar, open interest, volume rank).
+CONTINUOUS_RE = re.compile(r"(?P<root>[A-Za-z0-9]+)\.(?P<rule>[cnv])\.(?P<rank>\d+)")
+
+ROLL_RULES = ("volume", "calendar")
+
+
+def is_candidate(symbol: str, root: str) -> bool:
+    """Whether ``symbol`` can be the front month of ``root``: an outright of the root
+    (``ESH4``; never a spread ``ESH4-ESM4``) or a rank-0 continuous symbol (``ES.v.0``, whose
+    instrument changes at Databento's roll)."""
+    if outright_pattern(root).fullmatch(symbol):
+        return True
+    m = CONTINUOUS_RE.fullmatch(symbol)
+    return bool(m and m.group("root") == root and m.group("rank") == "0")
+
+
+class _MappingMsg:
+    """The attributes ``InstrumentMap.insert_symbol_mapping_msg`` reads, from a record."""
+
+    def __init__(self, rec: np.void) -> None:
+        self.instrument_id = int(rec["instrument_id"])
+        self.start_ts = int(rec["start_ts"])
+        self.end_ts = int(rec["end_ts"])
+        self.stype_in_symbol = bytes(rec["stype_in_symbol"]).rstrip(b"\x00").decode()
+        self.stype_out_symbol = bytes(rec["stype_out_symbol"]).rstrip(b"\x00").decode()
+        self.pretty_start_ts = pd.Timestamp(self.start_ts, tz="UTC")
+        self.pretty_end_ts = pd.Timestamp(self.end_ts, tz="UTC")
+
+
+def insert_symbol_mappings(imap: InstrumentMap, records: np.ndarray) -> None:
+    """Insert in-band SymbolMappingMsg records (rtype 0x16, DBN v1-v3) into ``imap``.
+
+    Uses ``databento.common.symbology.InstrumentMap.insert_symbol_mapping_msg`` (which keeps
+    the non-numeric side of the mapping as the symbol, valid over the UTC dates of
+    ``[start_ts, end_ts]``). One Python step per mapping record: they are few.
+    """
+    for rec in records:
+        imap.insert_symbol_mapping_msg(_MappingMsg(rec))
 
 
 def outright_pattern(root: str) -> re.Pattern[str]:
@@ -117,13 +174,32 @@ class Symbology:
     fallback: dict[int, str]
 
     @classmethod
-    def build(cls, metadatas: Iterable[object], definitions: Sequence[np.ndarray] = ()) -> Symbology:
-        """Collect mappings from ``databento_dbn.Metadata`` objects and definition arrays."""
+    def build(
+        cls,
+        metadatas: Iterable[object],
+        definitions: Sequence[np.ndarray] = (),
+        symbol_mappings: Sequence[np.ndarray] = (),
+    ) -> Symbology:
+        """Collect mappings from DBN metadata, in-band symbol-mapping records and definitions.
+
+        Parameters
+        ----------
+        metadatas : iterable of databento_dbn.Metadata
+            Their ``mappings`` (date intervals per symbol, parent / raw / continuous stype_in).
+        definitions : sequence of np.ndarray (InstrumentDefMsg dtype, any DBN version)
+            ``raw_symbol`` per id (used when no mapping covers a date) and ``expiration``.
+        symbol_mappings : sequence of np.ndarray (SymbolMappingMsg dtype, rtype 0x16, v1-v3)
+            In-band mapping records (live data, or files written with ``map_symbols``);
+            inserted with ``InstrumentMap.insert_symbol_mapping_msg``. v1 records carry
+            22-byte symbols, v2/v3 71-byte ones: both are read from the record's own dtype.
+        """
         imap = InstrumentMap()
         fallback: dict[int, str] = {}
         for md in metadatas:
             if getattr(md, "mappings", None):
                 imap.insert_metadata(md)
+        for arr in symbol_mappings:
+            insert_symbol_mappings(imap, arr)
         expirations: dict[str, dt.date] = {}
         for d in definitions:
             for rec in d:
@@ -135,12 +211,20 @@ class Symbology:
         return cls(imap, expirations, fallback)
 
     def resolve(self, instrument_id: int, date: dt.date) -> str | None:
-        """Raw symbol of ``instrument_id`` on UTC ``date``, or None when unknown."""
+        """Raw symbol of ``instrument_id`` on UTC ``date``, or None when unknown.
+
+        Ids are resolved per date (the exchange reuses them). A continuous symbol
+        (``ES.v.0``, from a file requested with stype_in continuous) is replaced by the
+        definition's raw symbol when definitions are given.
+        """
         try:
             sym = self.imap.resolve(int(instrument_id), date)
         except ValueError:
             sym = None
-        return sym if sym is not None else self.fallback.get(int(instrument_id))
+        fb = self.fallback.get(int(instrument_id))
+        if sym is not None and CONTINUOUS_RE.fullmatch(sym) and fb is not None:
+            return fb
+        return sym if sym is not None else fb
 
     def expiration(self, symbol: str, root: str, on: dt.date) -> dt.date | None:
         """Expiration of ``symbol``: from definitions when known, else from the month code."""
@@ -188,8 +272,9 @@ def front_month_schedule(
     symbology: Symbology,
     root: str,
     roll_days: int = 8,
+    rule: str = "volume",
 ) -> list[Choice]:
-    """Choose one outright per session (rule in the module docstring).
+    """Choose one outright per session (rules in the module docstring).
 
     Parameters
     ----------
@@ -203,17 +288,28 @@ def front_month_schedule(
         Product root, e.g. ``"ES"``.
     roll_days : int
         Calendar-rule margin in days before expiration.
+    rule : {"volume", "calendar"}
+        ``volume``: most outright volume in the previous session, the calendar rule only
+        when there is none; ``calendar``: always the calendar rule (roll ``roll_days``
+        calendar days before expiration).
 
     Returns
     -------
     list of Choice, one per session with candidates, in date order.
+
+    Raises
+    ------
+    AlphafeatError
+        Unknown ``rule``.
     """
+    if rule not in ROLL_RULES:
+        raise AlphafeatError(f"--roll-rule: expected volume or calendar, got {rule!r}")
     sessions = sorted(candidates)
     out: list[Choice] = []
     for k, day in enumerate(sessions):
         cand = candidates[day]
         prev = sessions[k - 1] if k else None
-        prev_vol = {i: volume.get((prev, i), 0.0) for i in cand} if prev else {}
+        prev_vol = {i: volume.get((prev, i), 0.0) for i in cand} if prev and rule == "volume" else {}
         if prev_vol and max(prev_vol.values()) > 0:
             best = max(prev_vol.values())
             iid = min(i for i, v in prev_vol.items() if v == best)

@@ -25,8 +25,9 @@ import pyarrow as pa
 
 import alphafeat
 from alphafeat import book as bk
+from alphafeat.bars import volume_bar_ends, volume_bars
 from alphafeat.cache import FORMAT_VERSION, CacheWriter
-from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn, read_dbn
+from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn
 from alphafeat.errors import AlphafeatError, InputError, SelectionError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
 from alphafeat.instruments import (
@@ -34,11 +35,14 @@ from alphafeat.instruments import (
     InstrumentMode,
     Symbology,
     front_month_schedule,
+    is_candidate,
     outright_pattern,
     session_dates,
     session_end_ns,
 )
 from alphafeat.labels import DEFAULT_HORIZONS, direction_labels, direction_labels_seconds, triple_barrier
+from alphafeat.predecoded import default_cache_dir as default_predecoded_dir
+from alphafeat.reader import SYMBOL_MAPPING_RTYPE, read_files
 from alphafeat.types import LEVELS, BookArrays
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,23 @@ class PrecomputeConfig:
         60 s realised volatility per snapshot, scaled by sqrt(barrier_horizon)); None for none.
     barrier_horizon : int
         Vertical barrier in snapshots.
+    roll_rule : str
+        ``volume`` (most traded volume in the previous session) or ``calendar`` (roll
+        ``roll_days`` before expiration); see :mod:`alphafeat.instruments`.
+    on_error : str
+        ``raise`` (a bad input file stops the run) or ``skip`` (warn, process the other files,
+        list the skipped ones in ``Summary.skipped``).
+    jobs : int
+        Processes decoding files in parallel (joblib; -1 for all cores).
+    predecoded_dir : Path or None
+        Where decoded, filtered columns of each source file are kept (:mod:`alphafeat.predecoded`);
+        None: ``<parent of out>/.predecoded``.
+    rebuild_predecoded : bool
+        Clear the predecoded cache before reading.
+    sample : str
+        ``"snapshot"`` (a row per book snapshot) or ``"volume:V"``: a row per volume bar of V
+        contracts (AFML ch. 2; :func:`alphafeat.bars.volume_bars`), the same features computed
+        on the bar-close snapshots and label horizons counted in bars.
     """
 
     inputs: list[Path]
@@ -90,6 +111,12 @@ class PrecomputeConfig:
     horizons_s: tuple[float, ...] = ()
     barrier: str | None = "ticks:4"
     barrier_horizon: int = 1000
+    sample: str = "snapshot"
+    roll_rule: str = "volume"
+    on_error: str = "raise"
+    jobs: int = 1
+    predecoded_dir: Path | None = None
+    rebuild_predecoded: bool = False
 
 
 @dataclass
@@ -107,6 +134,7 @@ class Summary:
     schedule: list[Choice] = field(default_factory=list)
     partitions: list[Path] = field(default_factory=list)
     partitions_skipped: int = 0
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -168,11 +196,25 @@ def _root_of(symbol: str) -> str:
     return m.group(1) if m else symbol
 
 
-def _classify(files: list[Path]) -> tuple[list[DBNFile], list[DBNFile], list[DBNFile]]:
-    """Open headers and split into book, trades and definition files."""
+def _classify(
+    files: list[Path], on_error: str = "raise", skipped: list[tuple[Path, str]] | None = None
+) -> tuple[list[DBNFile], list[DBNFile], list[DBNFile]]:
+    """Open headers and split into book, trades and definition files.
+
+    With ``on_error="skip"`` a file whose header is bad is logged, appended to ``skipped`` as
+    ``(path, message)`` and left out.
+    """
     book, trades, defs = [], [], []
     for p in files:
-        f = open_dbn(p)
+        try:
+            f = open_dbn(p)
+        except InputError as e:
+            if on_error != "skip":
+                raise
+            log.warning("skipping %s", e)
+            if skipped is not None:
+                skipped.append((p, str(e)))
+            continue
         if f.schema in BOOK_SCHEMAS:
             book.append(f)
         elif f.schema == "trades":
@@ -183,6 +225,8 @@ def _classify(files: list[Path]) -> tuple[list[DBNFile], list[DBNFile], list[DBN
             raise InputError(
                 p, f"schema {f.schema!r} is not supported (need mbo, mbp-10, mbp-1, trades or definition)"
             )
+    if not book and not trades and not defs:
+        raise InputError(files[0], "every input file was skipped (--on-error skip)")
     if not book:
         first = (trades + defs)[0]
         raise InputError(
@@ -240,12 +284,40 @@ def _column_specs(cfg: PrecomputeConfig) -> list[dict]:
     return cols
 
 
-def _depth_limited(name: str, depth: int) -> bool:
-    """Whether feature ``name`` needs more book levels than ``depth``."""
-    m = re.fullmatch(r"ofi_l(\d\d)", name)
-    if m:
-        return int(m.group(1)) > depth
-    return name == "imbalance_l10" and depth < LEVELS
+def _min_depth(cfg: PrecomputeConfig) -> dict[str, int]:
+    """Book levels each feature needs (FeatureSpec.min_depth); shallower input gives NaN."""
+    return {spec.name: spec.min_depth for spec in feature_specs(cfg.features)}
+
+
+def _selection_rule(cfg: PrecomputeConfig) -> str:
+    if cfg.instrument_mode.kind != "front-month":
+        return str(cfg.instrument_mode)
+    calendar = f"nearest expiration more than {cfg.roll_days} days ahead (calendar rule)"
+    if cfg.roll_rule == "calendar":
+        return f"front month of {cfg.root}: {calendar}"
+    return (f"front month of {cfg.root}: most traded volume in the previous session; "
+            f"first session: {calendar}")
+
+
+def _bar_volume(sample: str) -> float:
+    """0 for ``snapshot`` sampling, V for ``volume:V``; AlphafeatError otherwise."""
+    if sample == "snapshot":
+        return 0.0
+    kind, _, v = sample.partition(":")
+    try:
+        vol = float(v)
+    except ValueError:
+        vol = -1.0
+    if kind != "volume" or not vol > 0:
+        raise AlphafeatError(f"--sample: expected snapshot or volume:V with V > 0 contracts, got {sample!r}")
+    return vol
+
+
+def _partition_rows(path: Path) -> int:
+    """Rows of a partition file (memory-mapped; reads batch headers only)."""
+    with pa.memory_map(str(path)) as src:
+        reader = pa.ipc.open_file(src)
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
 
 def _partition_metadata(
@@ -273,8 +345,8 @@ def _segment_table(
     b: BookArrays, raw: bk.RawBook, iid: int, symbol: str, cfg: PrecomputeConfig, device: str
 ) -> pa.Table:
     feats = compute_features(b, cfg.features, device=device)
-    for name in feats:
-        if _depth_limited(name, b.depth):
+    for name, need in _min_depth(cfg).items():
+        if b.depth < need:
             feats[name] = np.full(len(b), np.nan)
     labels = _labels(feats, b, cfg)
     n = len(b)
@@ -360,9 +432,10 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     """
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
+    bar_volume = _bar_volume(cfg.sample)
     summary = Summary(device=device, out=Path(cfg.out))
     files = discover(cfg.inputs)
-    book_files, trade_files, def_files = _classify(files)
+    book_files, trade_files, def_files = _classify(files, cfg.on_error, summary.skipped)
     summary.files = len(files)
     mode = cfg.instrument_mode
     only = [mode.instrument_id] if mode.kind == "id" else None
@@ -375,36 +448,47 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             progress.advance(t)
 
     # ---- read ------------------------------------------------------------------------
+    # streaming decode + instrument filter, joblib processes over files, predecoded cache
     t_read = task("read DBN", len(files))
+    pre_dir = cfg.predecoded_dir or default_predecoded_dir(cfg.out)
+    selection = {f.path: (None if f in def_files else only) for f in book_files + trade_files + def_files}
+    rr = read_files(
+        list(selection), instrument_ids=selection, n_jobs=cfg.jobs, cache_dir=pre_dir,
+        on_error=cfg.on_error, rebuild=cfg.rebuild_predecoded,
+    )  # fmt: skip
+    summary.skipped += rr.skipped
+    read = {fr.path: fr for fr in rr.files}
+    book_files = [f for f in book_files if f.path in read]
+    trade_files = [f for f in trade_files if f.path in read]
+    def_files = [f for f in def_files if f.path in read]
+    if not book_files:
+        raise InputError(summary.skipped[0][0], "every book file was skipped (--on-error skip)")
     defs = []
+    maps = []
+    for fr in rr.files:
+        summary.records += sum(len(a) for a in fr.arrays.values())
+        if SYMBOL_MAPPING_RTYPE in fr.arrays:
+            maps.append(np.asarray(fr.arrays[SYMBOL_MAPPING_RTYPE]))
+        advance(t_read)
     for f in def_files:
-        _, recs = read_dbn(f.path)
-        arr = recs.get(SCHEMA_RTYPES["definition"])
+        arr = read[f.path].arrays.get(SCHEMA_RTYPES["definition"])
         if arr is not None:
             defs.append(arr)
-            summary.records += len(arr)
-        advance(t_read)
     schema = book_files[0].schema
     rtype = SCHEMA_RTYPES[schema]
     book_parts: dict[int, list[np.ndarray]] = {}
     for f in book_files:
-        _, recs = read_dbn(f.path, instrument_ids=only)
-        summary.records += sum(len(a) for a in recs.values())
-        arr = recs.get(rtype)
+        arr = read[f.path].arrays.get(rtype)
         if arr is not None and len(arr):
             for iid, a in _by_instrument(arr).items():
                 book_parts.setdefault(iid, []).append(a)
-        advance(t_read)
     trade_parts: dict[int, list[np.ndarray]] = {}
     for f in trade_files:
-        _, recs = read_dbn(f.path, instrument_ids=only)
-        summary.records += sum(len(a) for a in recs.values())
-        arr = recs.get(SCHEMA_RTYPES["trades"])
+        arr = read[f.path].arrays.get(SCHEMA_RTYPES["trades"])
         if arr is not None and len(arr):
             for iid, a in _by_instrument(arr).items():
                 trade_parts.setdefault(iid, []).append(a)
-        advance(t_read)
-    symbology = Symbology.build([f.metadata for f in book_files + trade_files + def_files], defs)
+    symbology = Symbology.build([f.metadata for f in book_files + trade_files + def_files], defs, maps)
 
     if only is not None and only[0] not in book_parts:
         raise SelectionError(
@@ -440,10 +524,10 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             sym = symbology.resolve(iid, _utc_date(first)) or f"id{iid}"
             symbols[(day.item(), iid)] = sym
     if mode.kind == "front-month":
-        pat = outright_pattern(cfg.root)
+        pat = outright_pattern(cfg.root)  # for the message; candidates also allow ES.v.0
         candidates: dict[dt.date, dict[int, str]] = {}
         for (day, iid), sym in symbols.items():
-            if pat.fullmatch(sym):
+            if is_candidate(sym, cfg.root):
                 candidates.setdefault(day, {})[iid] = sym
         if not candidates:
             found = sorted(set(symbols.values()))
@@ -455,7 +539,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         for iid, (_, trades, _, tsess) in books.items():
             for day in np.unique(tsess):
                 volume[(day.item(), iid)] = float(trades.size[tsess == day].sum())
-        summary.schedule = front_month_schedule(candidates, volume, symbology, cfg.root, cfg.roll_days)
+        summary.schedule = front_month_schedule(
+            candidates, volume, symbology, cfg.root, cfg.roll_days, rule=cfg.roll_rule
+        )
         segments = [(c.session, c.instrument_id, c.raw_symbol) for c in summary.schedule]
     else:
         segments = [(day, iid, sym) for (day, iid), sym in sorted(symbols.items())]
@@ -465,7 +551,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     specs = _column_specs(cfg)
     depths = {books[i][0].depth for _, i, _ in segments}
     if min(depths) < LEVELS:
-        limited = [s["name"] for s in specs if _depth_limited(s["name"], min(depths))]
+        limited = [name for name, need in _min_depth(cfg).items() if min(depths) < need]
         summary.notes.append(
             f"{schema} input carries {min(depths)} book level(s): depth features "
             f"{', '.join(limited)} are NaN and deeper book columns are empty"
@@ -475,12 +561,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         "package_version": alphafeat.__version__,
         "instrument_mode": str(mode),
         "root": cfg.root,
-        "selection_rule": (
-            "front month: most traded volume in the previous session; first session: "
-            f"nearest expiration more than {cfg.roll_days} days ahead (calendar rule)"
-            if mode.kind == "front-month"
-            else str(mode)
-        ),
+        "selection_rule": _selection_rule(cfg),
         "session_rule": "CME Globex trade date D = [D-1 16:00, D 16:00) America/Chicago",
         "params": {
             "features": dataclasses.asdict(cfg.features),
@@ -489,7 +570,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             "barrier": cfg.barrier,
             "barrier_horizon": cfg.barrier_horizon,
             "roll_days": cfg.roll_days,
+            "roll_rule": cfg.roll_rule,
             "book_schema": schema,
+            "sample": cfg.sample,
         },
         "columns": specs,
     }
@@ -522,10 +605,13 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             summary.snapshots_kept += int(in_seg.sum())
             if writer.current(rel, meta["fingerprint"]):
                 summary.partitions_skipped += 1
-                summary.rows += int(in_seg.sum())
+                summary.rows += _partition_rows(writer.out / rel)
             else:
                 raw_seg = raw.take(in_seg)
                 b = bk.to_book_arrays(raw_seg, trades.take(tsess == day))
+                if bar_volume:
+                    raw_seg = raw_seg.take(volume_bar_ends(b, bar_volume))
+                    b = volume_bars(b, bar_volume)
                 table = _segment_table(b, raw_seg, iid, sym, cfg, device)
                 writer.write(rel, table, meta)
                 summary.rows += table.num_rows

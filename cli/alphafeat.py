@@ -42,9 +42,12 @@ def _precompute(args: argparse.Namespace) -> int:
         instrument_mode=InstrumentMode.parse(args.instrument_mode),
         root=args.root,
         device=args.device,
+        sample=args.sample,
     )
     if horizons:
         cfg.horizons = horizons
+    cfg.roll_rule, cfg.roll_days = args.roll_rule, args.roll_days
+    cfg.on_error, cfg.rebuild_predecoded, cfg.jobs = args.on_error, args.rebuild_predecoded, args.jobs
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=False, disable=args.quiet,
@@ -69,29 +72,65 @@ def _precompute(args: argparse.Namespace) -> int:
     out.print(t)
     for note in s.notes:
         out.print(f"note: {note}")
+    for path, why in s.skipped:
+        out.print(f"skipped: {path}: {why}")
     return 0
 
 
 def _synth(args: argparse.Namespace) -> int:
+    import json
+
     from alphafeat import synth
     from alphafeat.pipeline import DEFAULT_DATA_DIR
 
+    if args.report:
+        from alphafeat import synth_report
+
+        real = Path(args.real) if args.real else Path(__file__).resolve().parents[1] / synth_report.REAL_FILE
+        if not real.is_file():
+            raise AlphafeatError(f"{real}: the real ESH4 MBO file is missing; pass --real PATH")
+        rows, notes = synth_report.compare(real, seed=args.seed or 1)
+        t = Table(title=f"synthetic vs real ({real.name}, first hour after the 17:00 CT open; "
+                        f"synthetic scale {notes['scale']:.0f})")
+        for col in ("statistic", "real", "synthetic", "tolerance", "verdict"):
+            t.add_column(col, justify="left" if col == "statistic" else "right")
+        for r in rows:
+            t.add_row(r.name, f"{r.real:.4g}", f"{r.synth:.4g}", r.tolerance, "pass" if r.ok else "FAIL")
+        Console().print(t)
+        return 0
+    level = args.zstd_level
     if args.default:
         out = Path(args.out) if args.out else DEFAULT_DATA_DIR
         paths = synth.make_default_sample(out)
     else:
         if not args.out or not args.start:
-            raise AlphafeatError("alphafeat synth: --start and --out are required (or --default)")
+            raise AlphafeatError("alphafeat synth: --start and --out are required (or --default / --report)")
         try:
             start = dt.date.fromisoformat(args.start)
         except ValueError as e:
             raise AlphafeatError(f"--start: expected YYYY-MM-DD, got {args.start!r}") from e
-        paths = synth.generate(
-            Path(args.out), start=start, sessions=args.sessions, seed=args.seed,
-            schemas=tuple(s.strip() for s in args.schemas.split(",")), scale=args.scale,
-        )
+        out = Path(args.out)
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=console, transient=False) as progress:
+                task = progress.add_task("sessions", total=args.sessions)
+                paths = synth.generate(
+                    out, start=start, sessions=args.sessions, seed=args.seed,
+                    schemas=tuple(s.strip() for s in args.schemas.split(",")), scale=args.scale,
+                    jobs=args.jobs, zstd_level=level,
+                    progress=lambda k: progress.advance(task, k),
+                )
+        except ValueError as e:
+            raise AlphafeatError(f"alphafeat synth: {e}") from e
     for p in paths:
         print(p)
+    rep = out / synth.REPORT_NAME
+    if rep.is_file():
+        r = json.loads(rep.read_text())
+        print(f"{r['mbp10_records']:,} MBP-10 and {r['mbo_records']:,} MBO records; report: {rep}")
+        print("AUC ceiling per label horizon (snapshots) of "
+              f"{r['auc_ceiling']['instrument']} on {r['auc_ceiling']['session']}: "
+              + ", ".join(f"h={h}: {v:.3f}" for h, v in r["auc_ceiling"]["auc"].items()))
     return 0
 
 
@@ -125,6 +164,60 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_options(p: argparse.ArgumentParser) -> None:
+    """Options of the DBN reading stage (issue 3), shared by precompute and roll-schedule."""
+    p.add_argument("--roll-rule", default="volume", choices=("volume", "calendar"),
+                   help="front month: most volume in the previous session (default), or calendar")
+    p.add_argument("--roll-days", type=int, default=8,
+                   help="calendar rule: roll this many days before expiration (default: 8)")
+    p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
+                   help="a bad input file stops the run (raise, default) or is skipped with a warning")
+    p.add_argument("--rebuild-predecoded", action="store_true",
+                   help="clear the predecoded cache (<out parent>/.predecoded) before reading")
+    p.add_argument("--jobs", type=int, default=1, help="processes decoding files in parallel (-1: all cores)")
+
+
+def _roll_schedule(args: argparse.Namespace) -> int:
+    from alphafeat.pipeline import discover
+    from alphafeat.predecoded import default_cache_dir
+    from alphafeat.reader import roll_schedule
+
+    sched, rr = roll_schedule(
+        discover(args.input), root=args.root, rule=args.roll_rule, roll_days=args.roll_days, n_jobs=args.jobs,
+        cache_dir=default_cache_dir(args.out), on_error=args.on_error, rebuild=args.rebuild_predecoded,
+    )
+    out = Console()
+    t = Table(title=f"front month of {args.root} per session ({args.roll_rule} rule)")
+    for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
+        t.add_column(col)
+    for c in sched:
+        t.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
+                  c.expiration.isoformat() if c.expiration else "", c.reason)
+    out.print(t)
+    for path, reason in rr.skipped:
+        out.print(f"skipped: {path}: {reason}")
+    return 0
+
+
+def _features(args: argparse.Namespace) -> int:
+    import json
+
+    from alphafeat.features import FeatureParams, feature_table
+
+    rows = feature_table(FeatureParams())
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    table = Table(title="alphafeat features (default parameters)")
+    for col in ("name", "unit", "formula", "source", "parameters", "min_depth"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        params = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
+        table.add_row(r["name"], r["unit"], r["formula"], r["source"], params, str(r["min_depth"]))
+    Console().print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``alphafeat`` argument parser."""
     ap = argparse.ArgumentParser(prog="alphafeat", description=__doc__,
@@ -142,8 +235,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="ES", help="product root for front-month (default: ES)")
     p.add_argument("--horizons", default=None,
                    help="label horizons in snapshots, comma-separated (default: 30,100,300,1000,6000)")
+    p.add_argument("--sample", default="snapshot",
+                   help="snapshot (a row per book snapshot, default) or volume:V (a row per V-contract volume bar)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _read_options(p)  # issue 3: --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
     p.set_defaults(func=_precompute)
+
+    r = sub.add_parser("roll-schedule", help="print the front-month contract chosen per CME Globex session")
+    r.add_argument("--input", nargs="+", action="extend", metavar="PATH", required=True,
+                   help="DBN files or directories (book data; trades and definitions optional)")
+    r.add_argument("--root", default="ES", help="product root (default: ES)")
+    r.add_argument("--out", default=None,
+                   help="cache directory whose parent holds .predecoded (default: ~/.cache/alphafeat)")
+    _read_options(r)
+    r.set_defaults(func=_roll_schedule)
 
     s = sub.add_parser("synth", help="write synthetic ES DBN v3 files")
     s.add_argument("--default", action="store_true",
@@ -151,10 +256,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--start", help="first trade date, YYYY-MM-DD")
     s.add_argument("--sessions", type=int, default=1)
     s.add_argument("--out", help="output directory")
-    s.add_argument("--schemas", default="mbp-10,trades")
+    s.add_argument("--schemas", default="mbp-10,trades", help="any of mbo,mbp-10,trades,definition")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--scale", default="quiet", choices=("quiet", "normal", "busy"))
+    s.add_argument("--scale", default="quiet", choices=("quiet", "normal", "busy", "full"))
+    s.add_argument("--jobs", type=int, default=1, help="worker processes, one session each (default 1)")
+    s.add_argument("--zstd-level", type=int, default=None,
+                   help="zstd level (default: 12 for quiet, 1 for bigger scales)")
+    s.add_argument("--report", action="store_true",
+                   help="print statistics of the generator side by side with the real ESH4 MBO file")
+    s.add_argument("--real", default=None, help="the real MBO file for --report "
+                   "(default: ../shared/data/real/esh4-glbx-mdp3-20231225.mbo.dbn.zst)")
     s.set_defaults(func=_synth)
+
+    f = sub.add_parser("features", help="print the feature registry (name, unit, formula, source, parameters)")
+    f.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    f.set_defaults(func=_features)
     i = sub.add_parser("inspect", help="rows, NaN rates and label balance of a cache, and PNG plots")
     i.add_argument("cache", help="cache directory written by precompute")
     i.add_argument("--plots", default=None, help="where to write PNG plots (default: CACHE/_plots)")

@@ -445,7 +445,7 @@ def test_truncated_zstd_anywhere(mbo_zst, frac: float, small: bool) -> None:
 
 
 def test_zstd_stream_reader_is_silent_on_truncation(mbo_zst) -> None:
-    """Why the reader does not use ``stream_reader``: it returns a short read, no error."""
+    """Why the reader walks the zstd frame headers first: ``stream_reader`` returns a short read, no error."""
     data, _, _, _ = mbo_zst
     reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data[: len(data) // 2]), read_across_frames=True)
     assert 0 < len(reader.read()) < 206 + 68_792 * 56

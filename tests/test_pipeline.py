@@ -215,3 +215,23 @@ def test_session_partition_names_are_trade_dates(esh4_cache):
     assert "session=2023-12-26" in parts
     assert (esh4_cache / MANIFEST).is_file()
     assert dt.date.fromisoformat(parts[-1].split("=")[1]) == dt.date(2023, 12, 26)
+
+
+def test_volume_bar_sampling(tmp_path):
+    if not any((PROJECT / "data").glob("*.dbn.zst")):
+        pytest.skip("data/ has no embedded sample")
+    snap, bars = tmp_path / "s", tmp_path / "b"
+    assert _run("--input", str(PROJECT / "data"), "--out", str(snap), "--device", "cpu") == 0
+    assert _run("--input", str(PROJECT / "data"), "--out", str(bars), "--device", "cpu", "--sample", "volume:50") == 0
+    ts, tb = _table(snap), _table(bars)
+    assert read_manifest(bars)["params"]["sample"] == "volume:50"
+    for sess in set(ts.column("session").to_pylist()):
+        s = ts.filter(pa.compute.equal(ts.column("session"), sess))
+        b = tb.filter(pa.compute.equal(tb.column("session"), sess))
+        total = (s.column("buy_volume").to_numpy() + s.column("sell_volume").to_numpy()).sum()
+        vol = b.column("buy_volume").to_numpy() + b.column("sell_volume").to_numpy()
+        assert 0 < b.num_rows <= total // 50
+        assert (vol >= 50).all()  # every bar holds at least V contracts
+        # each bar closes on a real snapshot of the snapshot-sampled cache
+        assert set(b.column("ts_recv").to_pylist()) <= set(s.column("ts_recv").to_pylist())
+    assert _run("--input", str(PROJECT / "data"), "--out", str(tmp_path / "x"), "--sample", "volume:0") == 1
