@@ -63,12 +63,13 @@ def _precompute(args: argparse.Namespace) -> int:
                       c.expiration.isoformat() if c.expiration else "", c.reason)
     out.print(sched)
     t = Table(title=f"alphafeat precompute -> {s.out}")
-    cols = ("files", "records read", "snapshots", "snapshots kept", "rows written", "partitions (current)",
-            "device", "seconds")
-    for col in cols:
-        t.add_column(col, justify="right")
-    t.add_row(str(s.files), f"{s.records:,}", f"{s.snapshots:,}", f"{s.snapshots_kept:,}",
-              f"{s.rows:,}", f"{len(s.partitions)} ({s.partitions_skipped})", s.device, f"{s.seconds:.1f}")
+    t.add_column("")
+    t.add_column("", justify="right")
+    for k, v in (("files", f"{s.files}"), ("records read", f"{s.records:,}"), ("snapshots", f"{s.snapshots:,}"),
+                 ("snapshots kept", f"{s.snapshots_kept:,}"), ("rows written", f"{s.rows:,}"),
+                 ("partitions (already current)", f"{len(s.partitions)} ({s.partitions_skipped})"),
+                 ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}")):
+        t.add_row(k, v)
     out.print(t)
     for note in s.notes:
         out.print(f"note: {note}")
