@@ -1,5 +1,10 @@
-"""alphamodel: PyTorch models trained on alphafeat caches — not implemented yet.
+"""alphamodel: PyTorch models trained on alphafeat caches.
 
-Coming: a Mamba2 state-space encoder -> CfC recurrent cell -> multi-horizon direction heads,
-and a C51 distributional policy with a cost-aware backtest (``alphamodel train``).
+A Mamba2 encoder (chunked SSD, Dao & Gu 2024) -> a CfC recurrent cell (Hasani et al. 2022)
+-> multi-horizon direction heads, trained with purged walk-forward splits (AFML ch. 7).
+
+Modules: :mod:`alphamodel.mamba2` (SSD scan, Mamba2 block), :mod:`alphamodel.cfc` (CfC cell),
+:mod:`alphamodel.model` (network, masked loss), :mod:`alphamodel.data` (memory-mapped
+windows), :mod:`alphamodel.metrics` (AUC, baseline), :mod:`alphamodel.train` (``train``,
+``load_model``). Command line: ``alphamodel train``.
 """

@@ -1,23 +1,137 @@
-"""``alphamodel``: model training on alphafeat caches (coming; see the project issues).
+"""``alphamodel``: train Mamba2 -> CfC -> multi-horizon heads on an alphafeat cache.
 
-Planned: ``alphamodel train --cache DIR`` — a Mamba2 state-space encoder, a CfC recurrent
-cell and multi-horizon direction heads, trained with purged walk-forward splits.
+Subcommands
+    train   purged walk-forward training with per-horizon AUCs against baselines
+
+``alphamodel train`` with no ``--cache`` builds the cache of the embedded default sample under
+``OUT/cache`` (if absent) and trains a tiny model on it (a few minutes on 2 CPU cores).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from alphafeat.errors import AlphafeatError
+
+console = Console(stderr=True)
+
+
+def _default_cache(out: Path, quiet: bool) -> Path:
+    from alphafeat.cache import is_cache
+    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
+
+    cache = out / "cache"
+    if is_cache(cache):
+        try:
+            from alphafeat.cache import read_manifest
+
+            read_manifest(cache)
+            return cache
+        except AlphafeatError:
+            pass  # an old format: rebuild below
+    if not DEFAULT_DATA_DIR.is_dir():
+        raise AlphafeatError(f"{DEFAULT_DATA_DIR}: the embedded default sample is missing; pass --cache DIR")
+    if not quiet:
+        console.print(f"building the cache of the embedded sample in {cache} ...")
+    precompute(PrecomputeConfig(inputs=[DEFAULT_DATA_DIR], out=cache, device="cpu"))
+    return cache
+
+
+def _train(args: argparse.Namespace) -> int:
+    from alphamodel.model import ModelConfig
+    from alphamodel.train import TrainConfig, train
+
+    model, tcfg = {}, {}
+    if args.config:
+        p = Path(args.config)
+        try:
+            cfg = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise AlphafeatError(f"{p}: cannot read the config ({e})") from e
+        if not isinstance(cfg, dict):
+            raise AlphafeatError(f"{p}: the config must be a JSON object with 'model' and/or 'train'")
+        model, tcfg = dict(cfg.get("model", {})), dict(cfg.get("train", {}))
+        bad = set(cfg) - {"model", "train"}
+        if bad:
+            raise AlphafeatError(f"{p}: unknown top-level keys {sorted(bad)} (use 'model' and 'train')")
+    for key in ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads"):
+        v = getattr(args, key)
+        if v is not None:
+            tcfg[key] = v
+    if args.compile:
+        tcfg["compile"] = True
+    try:
+        mc, tc = ModelConfig.from_dict(model), TrainConfig.from_dict(tcfg)
+    except (TypeError, ValueError) as e:
+        raise AlphafeatError(f"{args.config or '--config'}: {e}") from e
+    if tc.burn_in >= tc.window:
+        tc.burn_in = tc.window // 4
+    out = Path(args.out)
+    cache = Path(args.cache) if args.cache else _default_cache(out, args.quiet)
+    s = train(cache, out, mc, tc, progress=not args.quiet)
+
+    t = Table(title=f"alphamodel train -> {s['out']}  (test block, {s['rows']['test']:,} rows)")
+    for col in ("horizon", "labels", "base rate", "AUC model", "AUC logistic (OFI/imbalance)"):
+        t.add_column(col, justify="right")
+
+    def f(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.4f}"
+
+    for h in s["horizons"]:
+        t.add_row(str(h["horizon"]), f"{h['n_test']:,}", f(h["base_rate_test"]), f(h["auc_model"]),
+                  f(h["auc_logistic"]))
+    Console().print(t)
+    Console().print(f"best epoch {s['best_epoch']} of {s['epochs_run']}; {s['parameters']:,} parameters; "
+                    f"{s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, auc.png, "
+                    "model.safetensors, config.json written")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``alphamodel`` argument parser."""
+    ap = argparse.ArgumentParser(prog="alphamodel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true", help="info logging")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train on an alphafeat cache")
+    p.add_argument("--cache", help="cache directory (default: build one from the embedded sample under OUT/cache)")
+    p.add_argument("--out", default="out", help="output directory (default: ./out)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--window", type=int, help="K, snapshots per window")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--config", help="JSON file: {\"model\": {...ModelConfig}, \"train\": {...TrainConfig}}")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--batch-size", dest="batch_size", type=int)
+    p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=int)
+    p.add_argument("--threads", type=int, help="CPU threads for torch")
+    p.add_argument("--compile", action="store_true", help="torch.compile the Mamba2 blocks and the CfC cell")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train)
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Say what is coming and exit 2 (nothing is implemented yet)."""
-    print(
-        "alphamodel: not implemented yet. Planned: `alphamodel train --cache DIR` "
-        "(Mamba2 -> CfC -> multi-horizon heads) on caches written by `alphafeat precompute`.",
-        file=sys.stderr,
-    )
-    return 2
+    """Entry point; returns the exit status (1 on a user error, printed as one line)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
+    try:
+        return args.func(args)
+    except AlphafeatError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -1,0 +1,395 @@
+"""Windows of K snapshots read from a memory-mapped alphafeat cache.
+
+Each cache file (one instrument in one trading session: a *segment*) is memory-mapped with
+``pyarrow.memory_map``; its columns are zero-copy numpy views, and a batch of windows is
+gathered from them with fancy indexing — the cache is never materialised as one matrix.
+
+Samples and their spans (for the purged splits of :mod:`alphafeat.splits`, AFML ch. 7): row
+``t`` of a segment is a sample with ``t0 = ts_recv[t]`` (its features are known) and
+``t1 = ts_recv[min(t + h_max, n - 1)]`` (its longest label is known; labels never cross the
+segment's end). When the cache carries ``t1_h{h}`` columns they are used instead.
+
+Model inputs per row (``feature_names``): every feature column of the cache except raw price
+levels, which are replaced by their distance to the mid in ticks (``microprice-mid``,
+``ema_mid_1s-mid`` ...) so that inputs are stationary. Book columns, timestamps, ids and any
+label column are never inputs. Inputs are z-scored with statistics fitted on the training
+rows only (NaN read as 0 after scaling; clipped to +-``clip``). The step fed to the CfC is
+``dt = ts_recv[t] - ts_recv[t-1]`` in seconds (0 at a segment start).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from alphafeat.cache import MANIFEST, read_manifest
+from alphafeat.errors import AlphafeatError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Segment", "CacheData", "Normaliser", "Batch", "BASELINE_PATTERNS"]
+
+#: Columns of the logistic baseline: order-flow imbalance per level and queue/depth imbalance.
+BASELINE_PATTERNS = ("ofi_l", "imbalance_")
+_NOT_INPUT_PREFIX = ("label", "t1", "tb_", "barrier", "bid_", "ask_", "ts_", "instrument_id", "raw_symbol")
+_NOT_INPUT_SOURCE = ("DBN", "DBN symbology", "book")
+DT_MAX_S = 3600.0
+
+
+@dataclass
+class Segment:
+    """One memory-mapped cache file.
+
+    Attributes: ``path``; ``session`` (YYYY-MM-DD); ``n`` rows; ``ts`` int64 ns (n,);
+    ``cols`` name -> zero-copy numpy column (n,); ``labels`` list of float32 (n,) per
+    horizon; ``t1`` list of int64 ns (n,) per horizon (the end time of each label; ``ts`` itself
+    where the label runs past the segment end); ``dt`` float32 seconds (n,).
+    """
+
+    path: Path
+    session: str
+    n: int
+    ts: np.ndarray
+    cols: dict[str, np.ndarray]
+    labels: list[np.ndarray]
+    t1: list[np.ndarray]
+    dt: np.ndarray
+    _keep: object = None  # the pyarrow table that owns the mapped buffers
+
+
+@dataclass
+class Normaliser:
+    """Per-feature ``(x - mean) / std``, NaN -> 0, clipped to +-clip. Fitted on train rows."""
+
+    names: list[str]
+    mean: np.ndarray
+    std: np.ndarray
+    clip: float = 10.0
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """x: (..., F) float64 -> float32 (..., F)."""
+        z = (x - self.mean) / self.std
+        z = np.nan_to_num(z, nan=0.0, posinf=self.clip, neginf=-self.clip)
+        return np.clip(z, -self.clip, self.clip).astype(np.float32)
+
+    def to_dict(self) -> dict:
+        return {"names": self.names, "mean": self.mean.tolist(), "std": self.std.tolist(), "clip": self.clip}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Normaliser:
+        return cls(list(d["names"]), np.asarray(d["mean"], float), np.asarray(d["std"], float), float(d["clip"]))
+
+
+@dataclass
+class Batch:
+    """A batch of windows (numpy; the trainer moves them to torch).
+
+    x (B, K, F) float32; dt (B, K) float32 seconds; y (B, K, H) float32 with NaN;
+    mask (B, K) bool (positions that count in loss/metrics); rows (B, K) int64 global row ids
+    (-1 on left padding).
+    """
+
+    x: np.ndarray
+    dt: np.ndarray
+    y: np.ndarray
+    mask: np.ndarray
+    rows: np.ndarray
+
+
+@dataclass
+class Window:
+    """Rows ``[start, end)`` of segment ``seg``; positions ``[score_from, end-start)`` count."""
+
+    seg: int
+    start: int
+    end: int
+    score_from: int = 0
+
+
+def _zero_copy(col: pa.ChunkedArray, path: Path, name: str) -> np.ndarray:
+    col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if pa.types.is_timestamp(col.type):
+        col = col.cast(pa.int64())
+    if pa.types.is_dictionary(col.type):
+        raise AlphafeatError(f"{path}: column {name!r} is not numeric")
+    try:
+        return col.to_numpy(zero_copy_only=col.null_count == 0)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise AlphafeatError(f"{path}: column {name!r} cannot be read as numbers ({e})") from e
+
+
+@dataclass
+class CacheData:
+    """An alphafeat cache opened for training.
+
+    Parameters
+    ----------
+    root : path of the cache (``alphafeat precompute --out``).
+
+    Attributes
+    ----------
+    horizons : list of int, from the manifest ``params.horizons``.
+    tick : float, tick size in index points (manifest ``params.features.tick_size``).
+    feature_names : list of str, model inputs (see module docstring).
+    baseline_names : list of str, inputs of the logistic baseline (OFI and imbalance columns).
+    segments : list of Segment, in time order (first ``ts_recv``).
+    offsets : np.ndarray int64 (n_segments + 1,): global row id of each segment's first row.
+    label_keep : np.ndarray bool (N, H) or None: labels to keep (see :meth:`set_label_mask`).
+
+    Raises
+    ------
+    AlphafeatError
+        Missing or bad cache: no manifest, no partition, a missing column, an unreadable file.
+    """
+
+    root: Path
+    horizons: list[int] = field(default_factory=list)
+    tick: float = 0.25
+    feature_names: list[str] = field(default_factory=list)
+    baseline_names: list[str] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    manifest: dict = field(default_factory=dict)
+    label_keep: np.ndarray | None = None
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str]) -> CacheData:
+        """Memory-map every partition of the cache at ``root``."""
+        root = Path(root)
+        if not root.is_dir():
+            raise AlphafeatError(f"{root}: no such cache directory (run `alphafeat precompute --out {root}`)")
+        manifest = read_manifest(root)
+        try:
+            horizons = [int(h) for h in manifest["params"]["horizons"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise AlphafeatError(f"{root / MANIFEST}: no params.horizons in the manifest") from e
+        tick = float(manifest.get("params", {}).get("features", {}).get("tick_size", 0.25))
+        parts = manifest.get("partitions") or sorted(
+            str(p.relative_to(root)) for p in root.rglob("*.arrow") if not p.name.startswith((".", "_"))
+        )
+        if not parts:
+            raise AlphafeatError(f"{root}: the cache holds no partition (*.arrow)")
+        specs = {c["name"]: c for c in manifest.get("columns", [])}
+        self = cls(root=root, horizons=horizons, tick=tick, manifest=manifest)
+        segs = [self._open_segment(root / rel, specs) for rel in parts]
+        segs = [s for s in segs if s.n > 0]
+        if not segs:
+            raise AlphafeatError(f"{root}: every partition is empty")
+        segs.sort(key=lambda s: (int(s.ts[0]), s.session, str(s.path)))
+        self.segments = segs
+        self.offsets = np.concatenate([[0], np.cumsum([s.n for s in segs])]).astype(np.int64)
+        cols = segs[0].cols
+        names = []
+        for name in cols:
+            unit = specs.get(name, {}).get("unit", "")
+            names.append(f"{name}-mid" if unit == "index points" and name != "mid" else name)
+        self.feature_names = [n for n in names if n != "mid"]
+        self.baseline_names = [n for n in self.feature_names if n.startswith(BASELINE_PATTERNS)]
+        log.info("cache %s: %d segments, %d rows, %d input features, horizons %s",
+                 root, len(segs), self.n_rows, len(self.feature_names), horizons)
+        return self
+
+    def _open_segment(self, path: Path, specs: dict) -> Segment:
+        if not path.is_file():
+            raise AlphafeatError(f"{path}: partition listed in {MANIFEST} is missing")
+        try:
+            table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise AlphafeatError(f"{path}: not a readable Arrow IPC file ({e})") from e
+        need = ["ts_recv", "mid"] + [f"label_h{h}" for h in self.horizons]
+        missing = [c for c in need if c not in table.column_names]
+        if missing:
+            raise AlphafeatError(f"{path}: missing column(s) {', '.join(missing)}")
+        session = next((p.split("=", 1)[1] for p in path.parts if p.startswith("session=")), "")
+        n = table.num_rows
+        ts = _zero_copy(table.column("ts_recv"), path, "ts_recv").astype(np.int64, copy=False)
+        cols: dict[str, np.ndarray] = {}
+        for name in table.column_names:
+            spec = specs.get(name, {})
+            if name.startswith(_NOT_INPUT_PREFIX) or "label" in name or spec.get("source") in _NOT_INPUT_SOURCE:
+                continue
+            if "label" in str(spec.get("source", "")) or "label" in str(spec.get("unit", "")):
+                continue
+            typ = table.schema.field(name).type
+            if not (pa.types.is_floating(typ) or pa.types.is_integer(typ)):
+                continue
+            cols[name] = _zero_copy(table.column(name), path, name)
+        labels = [_zero_copy(table.column(f"label_h{h}"), path, f"label_h{h}") for h in self.horizons]
+        t1 = [self._t1(table, ts, h) for h in self.horizons]
+        dt = np.zeros(n, np.float32)
+        if n > 1:
+            dt[1:] = np.clip(np.diff(ts) / 1e9, 0.0, DT_MAX_S)
+        return Segment(path, session, n, ts, cols, labels, t1, dt, table)
+
+    @staticmethod
+    def _t1(table: pa.Table, ts: np.ndarray, h: int) -> np.ndarray:
+        """End time of ``label_h{h}``: the ``t1_h{h}`` column when present, else ``ts[t+h]``."""
+        n = len(ts)
+        name = f"t1_h{h}"
+        if name in table.column_names:
+            col = table.column(name)
+            if pa.types.is_timestamp(col.type):
+                col = col.cast(pa.int64())
+            v = col.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            return np.where(v < 0, ts, v)  # -1: past the segment end (no outcome, label NaN)
+        return ts[np.minimum(np.arange(n) + h, n - 1)] if n else ts.copy()
+
+    # ---- global views -------------------------------------------------------------------
+    @property
+    def n_rows(self) -> int:
+        return int(self.offsets[-1])
+
+    def spans(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``(t0, [t1_h per horizon])``: int64 ns arrays of shape (N,), in global row order."""
+        t0 = np.concatenate([s.ts for s in self.segments])
+        t1 = [np.concatenate([s.t1[j] for s in self.segments]) for j in range(len(self.horizons))]
+        return t0, t1
+
+    def set_label_mask(self, keep: np.ndarray | None) -> None:
+        """Hide labels: ``keep`` (N, H) bool over global rows; False entries read as NaN.
+
+        Used to purge single (row, horizon) labels whose span reaches into a later block,
+        while the row stays usable as input context.
+        """
+        self.label_keep = None if keep is None else np.asarray(keep, bool)
+
+    def raw_features(self, seg: int, idx: np.ndarray, names: list[str]) -> np.ndarray:
+        """Raw (un-normalised) inputs of rows ``idx`` (any int shape S) of segment ``seg``: (*S, F) float64."""
+        s = self.segments[seg]
+        out = np.empty(idx.shape + (len(names),), np.float64)
+        mid = s.cols["mid"][idx]
+        for j, name in enumerate(names):
+            if name.endswith("-mid"):
+                out[..., j] = (s.cols[name[:-4]][idx] - mid) / self.tick
+            else:
+                out[..., j] = s.cols[name][idx]
+        return out
+
+    def labels(self, seg: int, idx: np.ndarray) -> np.ndarray:
+        """Labels of rows ``idx`` (shape S): (*S, H) float32 with NaN."""
+        s = self.segments[seg]
+        y = np.stack([lab[idx] for lab in s.labels], axis=-1)
+        if self.label_keep is not None:
+            y = np.where(self.label_keep[idx + self.offsets[seg]], y, np.float32(np.nan))
+        return y
+
+    def rows_by_segment(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Split sorted global row ids into per-segment local indices."""
+        rows = np.sort(np.asarray(rows, np.int64))
+        cut = np.searchsorted(rows, self.offsets)
+        return [rows[cut[k] : cut[k + 1]] - self.offsets[k] for k in range(len(self.segments))]
+
+    def gather(self, rows: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Raw features (M, F) float64 and labels (M, H) float32 of sorted global ``rows``."""
+        xs, ys = [], []
+        for k, local in enumerate(self.rows_by_segment(rows)):
+            if local.size:
+                xs.append(self.raw_features(k, local, names))
+                ys.append(self.labels(k, local))
+        if not xs:
+            return np.zeros((0, len(names))), np.zeros((0, len(self.horizons)), np.float32)
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def fit_normaliser(self, rows: np.ndarray, names: list[str] | None = None, clip: float = 10.0,
+                       max_rows: int = 2_000_000, seed: int = 0) -> Normaliser:
+        """Mean and standard deviation of each input over ``rows`` (the training rows only).
+
+        At most ``max_rows`` rows (a seeded random subset) are used. A feature that is
+        constant or all-NaN there gets mean 0 / std 1 (or its mean / std 1).
+        """
+        names = list(names or self.feature_names)
+        rows = np.asarray(rows, np.int64)
+        if rows.size > max_rows:
+            rows = np.random.default_rng(seed).choice(rows, max_rows, replace=False)
+        x, _ = self.gather(np.sort(rows), names)
+        with np.errstate(all="ignore"):
+            mean = np.nanmean(x, axis=0) if len(x) else np.zeros(len(names))
+            std = np.nanstd(x, axis=0) if len(x) else np.ones(len(names))
+        mean = np.nan_to_num(mean)
+        std = np.where(~np.isfinite(std) | (std < 1e-12), 1.0, std)
+        return Normaliser(names, mean, std, clip)
+
+    # ---- windows ------------------------------------------------------------------------
+    def runs(self, rows: np.ndarray) -> list[tuple[int, int, int]]:
+        """Contiguous runs ``(seg, start, end)`` of the given global rows within one segment."""
+        out = []
+        for k, local in enumerate(self.rows_by_segment(rows)):
+            if local.size == 0:
+                continue
+            brk = np.flatnonzero(np.diff(local) != 1)
+            starts = np.concatenate([[0], brk + 1])
+            ends = np.concatenate([brk + 1, [local.size]])
+            out.extend((k, int(local[a]), int(local[b - 1]) + 1) for a, b in zip(starts, ends))
+        return out
+
+    def eval_windows(self, rows: np.ndarray, window: int, burn_in: int) -> list[Window]:
+        """Windows covering every given row exactly once as a scored position.
+
+        Each run is tiled by windows of length ``window``; the first scores all its positions,
+        the next ones score only positions ``>= burn_in`` (so every scored row after the first
+        window of a run has at least ``burn_in`` rows of context). Shorter runs give shorter
+        windows (left-padded in the batch).
+        """
+        if not 0 <= burn_in < window:
+            raise ValueError(f"burn_in must be in [0, window), got {burn_in} for window {window}")
+        out = []
+        for seg, a, b in self.runs(rows):
+            done = a
+            while done < b:
+                e = min(done + (window if done == a else window - burn_in), b)
+                s = max(a, e - window)
+                out.append(Window(seg, s, e, done - s))
+                done = e
+        return out
+
+    def train_starts(self, rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """All valid training windows: ``(seg, start)`` int64 arrays of windows fully inside runs.
+
+        Raises
+        ------
+        AlphafeatError
+            When no run of training rows is as long as the window.
+        """
+        segs, starts = [], []
+        for seg, a, b in self.runs(rows):
+            if b - a >= window:
+                st = np.arange(a, b - window + 1, dtype=np.int64)
+                segs.append(np.full(st.size, seg, np.int64))
+                starts.append(st)
+        if not starts:
+            raise AlphafeatError(f"{self.root}: no run of {window} consecutive training rows; use a shorter --window")
+        return np.concatenate(segs), np.concatenate(starts)
+
+    def batch(self, windows: list[Window], window: int, norm: Normaliser, score_from: int | None = None) -> Batch:
+        """Gather windows into a left-padded batch of length ``window``.
+
+        ``score_from`` overrides each window's own first scored position (training uses a
+        fixed burn-in).
+        """
+        B, K, F, H = len(windows), window, len(norm.names), len(self.horizons)
+        x = np.zeros((B, K, F), np.float32)
+        dt = np.zeros((B, K), np.float32)
+        y = np.full((B, K, H), np.nan, np.float32)
+        mask = np.zeros((B, K), bool)
+        rows = np.full((B, K), -1, np.int64)
+        by_seg: dict[tuple[int, int], list[int]] = {}
+        for i, w in enumerate(windows):
+            by_seg.setdefault((w.seg, w.end - w.start), []).append(i)
+        for (seg, length), members in by_seg.items():
+            starts = np.array([windows[i].start for i in members], np.int64)
+            idx = starts[:, None] + np.arange(length)[None, :]
+            pad = K - length
+            sel = np.array(members)
+            x[sel, pad:] = norm(self.raw_features(seg, idx, norm.names))
+            dt[sel, pad:] = self.segments[seg].dt[idx]
+            y[sel, pad:] = self.labels(seg, idx)
+            rows[sel, pad:] = idx + self.offsets[seg]
+            for i in members:
+                first = windows[i].score_from if score_from is None else score_from
+                mask[i, pad + first :] = True
+        return Batch(x, dt, y, mask, rows)

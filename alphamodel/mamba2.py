@@ -1,0 +1,234 @@
+"""Mamba2 block in pure PyTorch: chunked SSD (state-space duality), Dao & Gu (2024).
+
+Reference: T. Dao and A. Gu, "Transformers are SSMs: Generalized Models and Efficient
+Algorithms Through Structured State Space Duality", ICML 2024 (arXiv 2405.21060), listing 1
+("SSD minimal") and the ``Mamba2Simple`` module of ``mamba_ssm``.
+
+The selective state-space recurrence, per head (state ``h_t`` of shape (P, N)):
+
+    h_t = exp(a_t) * h_{t-1} + x_t B_t^T          a_t = A * dt_t <= 0 (log decay)
+    y_t = h_t C_t                                 (x_t already multiplied by dt_t)
+
+:func:`ssd_chunked` evaluates it in chunks of ``Q`` positions: a quadratic (attention-like)
+form inside each chunk, a linear recurrence over chunk states between chunks. It is exact
+(no approximation) and equals the sequential loop to rounding. The decay ``A``, the step
+``dt`` and the scan itself are computed in float32 (or float64 when given float64) even
+under bf16 autocast.
+
+An optional fast path (``mamba_ssm``'s Triton kernel) is used by :class:`Mamba2` when that
+package imports and the input is on CUDA; this pure version is what CPU users and CI run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:  # optional fast path; not a dependency
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as _triton_ssd  # type: ignore
+except Exception:  # noqa: BLE001 - any import problem means "no fast path"
+    _triton_ssd = None
+
+__all__ = ["segsum", "ssd_chunked", "RMSNormGated", "Mamba2"]
+
+
+def segsum(a: torch.Tensor) -> torch.Tensor:
+    """Stable segment sums: ``out[..., i, j] = sum_{k=j+1..i} a[..., k]`` for ``j <= i``, else ``-inf``.
+
+    Parameters
+    ----------
+    a : torch.Tensor, shape (..., T)
+
+    Returns
+    -------
+    torch.Tensor, shape (..., T, T); ``exp(out)`` is the lower-triangular decay matrix.
+    """
+    T = a.size(-1)
+    x = a.unsqueeze(-1).expand(*a.shape, T)  # x[..., i, j] = a[..., i]
+    strict = torch.tril(torch.ones(T, T, dtype=torch.bool, device=a.device), diagonal=-1)
+    x = x.masked_fill(~strict, 0.0)
+    out = torch.cumsum(x, dim=-2)
+    lower = torch.tril(torch.ones(T, T, dtype=torch.bool, device=a.device), diagonal=0)
+    return out.masked_fill(~lower, -math.inf)
+
+
+def ssd_chunked(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked SSD scan (Dao & Gu 2024, listing 1), exact, with padding and a carried state.
+
+    Parameters
+    ----------
+    x : torch.Tensor, shape (batch, L, H, P)
+        Inputs already multiplied by the step ``dt`` (float32 or float64).
+    a : torch.Tensor, shape (batch, L, H)
+        Log decays ``A * dt`` (<= 0).
+    B, C : torch.Tensor, shape (batch, L, H, N)
+        Input and output projections of the state, per head.
+    chunk_size : int
+        Chunk length Q; L need not be a multiple (the tail is padded with ``a = 0, x = 0``,
+        which leaves the state unchanged).
+    initial_state : torch.Tensor, shape (batch, H, P, N), optional
+        State before position 0 (e.g. the final state of the previous segment).
+
+    Returns
+    -------
+    y : torch.Tensor, shape (batch, L, H, P)
+    final_state : torch.Tensor, shape (batch, H, P, N), the state after position L-1.
+    """
+    b, L, h, p = x.shape
+    n = B.shape[-1]
+    pad = (-L) % chunk_size
+    if pad:
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        a = F.pad(a, (0, 0, 0, pad))
+        B = F.pad(B, (0, 0, 0, 0, 0, pad))
+        C = F.pad(C, (0, 0, 0, 0, 0, pad))
+    c = (L + pad) // chunk_size
+    x = x.reshape(b, c, chunk_size, h, p)
+    B = B.reshape(b, c, chunk_size, h, n)
+    C = C.reshape(b, c, chunk_size, h, n)
+    a = a.reshape(b, c, chunk_size, h).permute(0, 3, 1, 2)  # (b, h, c, l)
+    a_cs = torch.cumsum(a, dim=-1)
+
+    # 1. within chunks: y_l = sum_{s<=l} (C_l . B_s) exp(a_{s+1..l}) x_s
+    decay = torch.exp(segsum(a))  # (b, h, c, l, s)
+    cb = torch.einsum("bclhn,bcshn->bchls", C, B)
+    y_diag = torch.einsum("bchls,bcshp->bclhp", cb * decay.permute(0, 2, 1, 3, 4), x)
+
+    # 2. state at the end of each chunk, from that chunk's inputs
+    decay_states = torch.exp(a_cs[..., -1:] - a_cs)  # (b, h, c, l)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_states, x)
+
+    # 3. recurrence over chunks
+    if initial_state is None:
+        init = torch.zeros(b, 1, h, p, n, dtype=x.dtype, device=x.device)
+    else:
+        init = initial_state.to(x.dtype).unsqueeze(1)
+    states = torch.cat([init, states], dim=1)  # (b, c+1, h, p, n)
+    decay_chunk = torch.exp(segsum(F.pad(a_cs[..., -1], (1, 0))))  # (b, h, c+1, c+1)
+    new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    states, final_state = new_states[:, :-1], new_states[:, -1]
+
+    # 4. contribution of the state entering each chunk
+    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(a_cs))
+    y = (y_diag + y_off).reshape(b, c * chunk_size, h, p)[:, :L]
+    return y, final_state
+
+
+class RMSNormGated(nn.Module):
+    """Gated RMSNorm of Mamba2: ``rmsnorm(y * silu(z)) * weight`` (norm after the gate).
+
+    Input shapes (..., D); computed in float32 (float64 for float64 input), returned in ``y``'s dtype.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = y.dtype
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        y = y.to(work)
+        if z is not None:
+            y = y * F.silu(z.to(work))
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(work)).to(dtype)
+
+
+class Mamba2(nn.Module):
+    """One Mamba2 mixer (Dao & Gu 2024, fig. 6 "Mamba-2 block"), causal, pure PyTorch.
+
+    in-projection -> [z | x B C | dt]; causal depthwise conv + SiLU on (x, B, C); selective
+    SSD scan with ``A = -exp(A_log)``, ``dt = softplus(dt + dt_bias)`` in float32; skip ``D x``;
+    gated RMSNorm with ``z``; out-projection.
+
+    Parameters
+    ----------
+    d_model : int
+        Width of the residual stream.
+    d_state : int
+        State size N per head.
+    headdim : int
+        Head width P; ``d_inner = expand * d_model`` must be a multiple of it.
+    expand, d_conv, ngroups : int
+        Inner expansion, conv kernel width, groups sharing B and C.
+    chunk_size : int
+        SSD chunk length Q.
+    dt_min, dt_max : float
+        Range of the initial step ``softplus(dt_bias)`` (log-uniform), as in ``mamba_ssm``.
+
+    Shapes: ``forward(u)`` takes (batch, L, d_model) and returns (batch, L, d_model); with
+    ``return_state=True`` also the final SSM state (batch, H, P, N) in float32.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        headdim: int = 32,
+        expand: int = 2,
+        d_conv: int = 4,
+        ngroups: int = 1,
+        chunk_size: int = 64,
+        dt_min: float = 1e-3,
+        dt_max: float = 0.1,
+        use_triton: bool = True,
+    ) -> None:
+        super().__init__()
+        self.d_model, self.d_state, self.headdim = d_model, d_state, headdim
+        self.d_inner = expand * d_model
+        if self.d_inner % headdim:
+            raise ValueError(f"expand * d_model = {self.d_inner} is not a multiple of headdim = {headdim}")
+        self.nheads = self.d_inner // headdim
+        if self.nheads % ngroups:
+            raise ValueError(f"nheads = {self.nheads} is not a multiple of ngroups = {ngroups}")
+        self.ngroups, self.chunk_size, self.use_triton = ngroups, chunk_size, use_triton
+        self.conv_dim = self.d_inner + 2 * ngroups * d_state
+        self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, padding=d_conv - 1)
+        dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.nheads).uniform_(1.0, 16.0)))
+        self.D = nn.Parameter(torch.ones(self.nheads))
+        self.norm = RMSNormGated(self.d_inner)
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+
+    def forward(
+        self, u: torch.Tensor, initial_state: torch.Tensor | None = None, return_state: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        bsz, L, _ = u.shape
+        zxbcdt = self.in_proj(u)
+        z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        xbc = F.silu(self.conv1d(xbc.transpose(1, 2))[..., :L].transpose(1, 2))
+        x, Bm, Cm = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
+        with torch.autocast(device_type=u.device.type, enabled=False):
+            scan_dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
+            dt = F.softplus(dt.to(scan_dtype) + self.dt_bias.to(scan_dtype))  # (b, L, H), float32
+            A = -torch.exp(self.A_log.to(scan_dtype))  # (H,)
+            xh = x.to(scan_dtype).reshape(bsz, L, self.nheads, self.headdim)
+            rep = self.nheads // self.ngroups
+            Bh = Bm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
+            Ch = Cm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
+            if (self.use_triton and _triton_ssd is not None and u.is_cuda and initial_state is None
+                    and not return_state and scan_dtype == torch.float32):
+                y = _triton_ssd(xh, dt, A, Bm.float().reshape(bsz, L, self.ngroups, self.d_state),
+                                Cm.float().reshape(bsz, L, self.ngroups, self.d_state), self.chunk_size)
+                state = None
+            else:
+                y, state = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bh, Ch, self.chunk_size, initial_state)
+            y = y + xh * self.D.to(scan_dtype).unsqueeze(-1)
+            y = y.reshape(bsz, L, self.d_inner)
+        out = self.out_proj(self.norm(y, z))  # under autocast the projection runs in bf16
+        if return_state:
+            return out, state
+        return out

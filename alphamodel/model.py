@@ -1,0 +1,153 @@
+"""The model: input projection -> Mamba2 stack -> CfC -> multi-horizon direction heads.
+
+Shapes: features (B, K, F) float32 (normalised, NaN-free), time steps (B, K) float32 seconds
+since the previous snapshot; output logits (B, K, H), one per label horizon, causal (the
+logit at position k sees positions <= k only).
+
+Sources: Mamba2 / SSD — Dao & Gu (2024); CfC — Hasani et al. (2022); pre-norm residual
+blocks as in the Mamba2 reference language model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from alphamodel.cfc import CfC
+from alphamodel.mamba2 import Mamba2, RMSNormGated
+
+__all__ = ["ModelConfig", "AlphaModel", "masked_bce_loss", "horizon_weights"]
+
+
+@dataclass
+class ModelConfig:
+    """Model sizes (all ints unless said).
+
+    n_features : input width F (set from the data).
+    n_horizons : number of label horizons H (set from the cache metadata).
+    d_model, n_layers : residual width and number of Mamba2 blocks.
+    d_state, headdim, expand, d_conv, chunk_size : Mamba2 parameters.
+    cfc_hidden : CfC units.
+    dropout : float, on the residual stream.
+    """
+
+    n_features: int = 0
+    n_horizons: int = 5
+    d_model: int = 32
+    n_layers: int = 2
+    d_state: int = 16
+    headdim: int = 16
+    expand: int = 2
+    d_conv: int = 4
+    chunk_size: int = 32
+    cfc_hidden: int = 32
+    dropout: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        """Build from a dict, rejecting unknown keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        bad = set(d) - names
+        if bad:
+            raise ValueError(f"unknown model config keys: {sorted(bad)}")
+        return cls(**d)
+
+
+class _Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm = RMSNormGated(cfg.d_model)
+        self.mixer = Mamba2(cfg.d_model, d_state=cfg.d_state, headdim=cfg.headdim, expand=cfg.expand,
+                            d_conv=cfg.d_conv, chunk_size=cfg.chunk_size)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.mixer(self.norm(x)))
+
+
+class AlphaModel(nn.Module):
+    """Mamba2 -> CfC -> heads. ``forward(x (B,K,F), dt (B,K)) -> logits (B,K,H)`` float32.
+
+    The heads are linear in the CfC state, the encoder output and the position's own inputs
+    (so a per-row logistic regression is a special case of the model).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.n_features <= 0:
+            raise ValueError("ModelConfig.n_features must be set (the number of input features)")
+        self.cfg = cfg
+        self.embed = nn.Linear(cfg.n_features, cfg.d_model)
+        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = RMSNormGated(cfg.d_model)
+        self.cfc = CfC(cfg.d_model, cfg.cfc_hidden)
+        # heads read the CfC state, the encoder output and (a linear "wide" path) the row's inputs
+        self.heads = nn.Linear(cfg.cfc_hidden + cfg.d_model + cfg.n_features, cfg.n_horizons)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The Mamba2 stack: (B, K, F) -> (B, K, d_model)."""
+        h = self.embed(x)
+        for blk in self.blocks:
+            h = blk(h)
+        return self.norm_f(h)
+
+    def forward(self, x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+        h = self.encode(x)
+        s = self.cfc(h, dt)
+        return self.heads(torch.cat([s.to(h.dtype), h, x.to(h.dtype)], dim=-1)).float()
+
+
+def horizon_weights(horizons: Sequence[int], window: int, scheme: str = "window") -> torch.Tensor:
+    """Per-horizon loss weights, float32 shape (H,).
+
+    ``"window"``: ``w_h = min(1, K / h)`` for window length K (a horizon far beyond the window
+    counts less); ``"equal"``: all ones.
+    """
+    if scheme == "equal":
+        return torch.ones(len(horizons))
+    if scheme == "window":
+        return torch.tensor([min(1.0, window / h) for h in horizons], dtype=torch.float32)
+    raise ValueError(f"unknown horizon weighting {scheme!r} (use 'window' or 'equal')")
+
+
+def masked_bce_loss(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Binary cross-entropy over horizons, ignoring NaN labels.
+
+    ``l = BCEWithLogits(reduction="none")`` on every entry; entries with a NaN label (or
+    ``mask`` False) are removed with ``torch.where`` (NaN * 0 would be NaN). Each horizon's
+    loss is the mean over its valid entries; the result is the ``weights``-weighted mean of
+    those, over horizons that have at least one valid entry (0 when none has).
+
+    Parameters
+    ----------
+    logits : torch.Tensor, shape (..., H)
+    labels : torch.Tensor, shape (..., H), values 1, 0 or NaN
+    weights : torch.Tensor, shape (H,), optional (default ones)
+    mask : torch.Tensor of bool, shape (...) (without H), optional: positions that count.
+
+    Returns
+    -------
+    torch.Tensor, scalar float32.
+    """
+    logits = logits.float()
+    labels = labels.float()
+    valid = ~torch.isnan(labels)
+    if mask is not None:
+        valid = valid & mask.unsqueeze(-1)
+    target = torch.where(valid, labels, torch.zeros_like(labels))
+    loss = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+    loss = torch.where(valid, loss, torch.zeros_like(loss))
+    dims = tuple(range(loss.dim() - 1))
+    count = valid.sum(dim=dims)
+    per_h = loss.sum(dim=dims) / count.clamp_min(1)
+    w = torch.ones_like(per_h) if weights is None else weights.to(per_h)
+    w = w * (count > 0)
+    return (w * per_h).sum() / w.sum().clamp_min(1e-12)

@@ -1,0 +1,96 @@
+"""Training throughput of the alphamodel network (Mamba2 -> CfC -> heads), eager and compiled.
+
+Measures optimizer steps on random inputs already on the device (the model's own speed, not
+the data loader's): windows/s and tokens/s (= windows/s * K), and peak GPU memory. Prints a
+table and one JSON line.
+
+    python bench/train.py [--device cuda] [--batch 64] [--window 512] [--d-model 128]
+                          [--layers 4] [--steps 20] [--modes eager,compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from alphamodel.model import AlphaModel, ModelConfig, masked_bce_loss
+from alphamodel.train import compile_model
+
+
+def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_features=args.features, n_horizons=5, d_model=args.d_model, n_layers=args.layers,
+                      d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk, cfc_hidden=args.cfc)
+    model = AlphaModel(cfg).to(device)
+    fwd = compile_model(model) if mode == "compile" else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    B, K = args.batch, args.window
+    x = torch.randn(B, K, args.features, device=device)
+    dt = torch.rand(B, K, device=device) * 0.01
+    y = (torch.rand(B, K, 5, device=device) < 0.5).float()
+    y[:, :, 4] = float("nan")
+    amp = device.type == "cuda"
+
+    def step() -> float:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = fwd(x, dt)
+        loss = masked_bce_loss(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    float(loss)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    s = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    return {"mode": mode, "windows_per_s": B * args.steps / s, "tokens_per_s": B * K * args.steps / s,
+            "step_ms": 1000 * s / args.steps, "warmup_s": warm_s, "peak_gib": peak,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--features", type=int, default=28)
+    ap.add_argument("--d-model", dest="d_model", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-state", dest="d_state", type=int, default=64)
+    ap.add_argument("--headdim", type=int, default=32)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--cfc", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--modes", default="eager,compile")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    rows = [run(m, args, device) for m in args.modes.split(",")]
+    size = {k: getattr(args, k) for k in ("batch", "window", "features", "d_model", "layers", "d_state",
+                                          "headdim", "chunk", "cfc")}
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    print(f"alphamodel training throughput on {name} (torch {torch.__version__}), size {size}")
+    print(f"{'mode':>8} {'windows/s':>11} {'tokens/s':>12} {'step ms':>9} {'warm-up s':>10} {'peak GiB':>9}")
+    for r in rows:
+        print(f"{r['mode']:>8} {r['windows_per_s']:>11.1f} {r['tokens_per_s']:>12.0f} {r['step_ms']:>9.1f} "
+              f"{r['warmup_s']:>10.1f} {r['peak_gib'] or float('nan'):>9.2f}")
+    print(json.dumps({"device": name, "torch": torch.__version__, "size": size, "results": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Masked loss, AUC, data windows and a tiny end-to-end training run on a hand-made cache."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from scipy.stats import mannwhitneyu, rankdata
+
+from alphafeat.cache import FORMAT_VERSION, MANIFEST
+from alphafeat.errors import AlphafeatError
+from alphamodel.data import CacheData
+from alphamodel.metrics import auc, average_ranks, base_rate
+from alphamodel.model import horizon_weights, masked_bce_loss
+from alphamodel.train import TrainConfig, load_model, purged_blocks, train
+from cli.alphamodel import main as cli_main
+
+HORIZONS = [2, 5]
+
+
+# ---- loss ----------------------------------------------------------------------------------
+def test_masked_loss_ignores_nan_and_matches_hand_value():
+    logits = torch.tensor([[0.0, 2.0], [1.0, -1.0], [-3.0, 0.5]])
+    labels = torch.tensor([[1.0, math.nan], [0.0, 1.0], [math.nan, math.nan]])
+
+    def bce(z, y):
+        p = 1 / (1 + math.exp(-z))
+        return -(y * math.log(p) + (1 - y) * math.log(1 - p))
+
+    h0 = (bce(0.0, 1) + bce(1.0, 0)) / 2  # horizon 0: rows 0 and 1
+    h1 = bce(-1.0, 1)  # horizon 1: row 1 only
+    assert float(masked_bce_loss(logits, labels)) == pytest.approx((h0 + h1) / 2, rel=1e-6)
+    w = torch.tensor([1.0, 0.25])
+    assert float(masked_bce_loss(logits, labels, w)) == pytest.approx((h0 + 0.25 * h1) / 1.25, rel=1e-6)
+    # a position mask removes row 1 entirely: horizon 1 has no label left and drops out
+    mask = torch.tensor([True, False, True])
+    assert float(masked_bce_loss(logits, labels, w, mask)) == pytest.approx(bce(0.0, 1), rel=1e-6)
+    # gradients are finite and zero on NaN entries (torch.where, not NaN * 0)
+    z = logits.clone().requires_grad_(True)
+    masked_bce_loss(z, labels, w).backward()
+    assert torch.isfinite(z.grad).all()
+    assert float(z.grad[0, 1]) == 0.0 and float(z.grad[2].abs().sum()) == 0.0
+
+
+def test_horizon_weights():
+    assert horizon_weights([30, 100, 300], 100).tolist() == pytest.approx([1.0, 1.0, 1 / 3])
+    assert horizon_weights([30, 100], 10, "equal").tolist() == [1.0, 1.0]
+
+
+# ---- AUC -----------------------------------------------------------------------------------
+def test_auc_matches_scipy_mannwhitney_with_ties():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, 500).astype(float)  # many ties
+    labels = (rng.random(500) < 0.3 + 0.08 * scores).astype(float)
+    labels[::17] = np.nan
+    ok = ~np.isnan(labels)
+    pos, neg = scores[ok][labels[ok] == 1], scores[ok][labels[ok] == 0]
+    ref = mannwhitneyu(pos, neg, alternative="two-sided").statistic / (len(pos) * len(neg))
+    assert auc(scores, labels) == pytest.approx(ref, abs=1e-12)
+    assert np.allclose(average_ranks(scores), rankdata(scores, method="average"))
+    assert math.isnan(auc(scores[:3], np.ones(3)))
+    assert base_rate(np.array([1, 0, np.nan, 1])) == pytest.approx(2 / 3)
+
+
+# ---- a hand-made cache with a planted signal ------------------------------------------------
+def _write_cache(root, sessions=3, n=900, seed=0):
+    """mid moves one tick per row; direction at t+1 is up with prob 0.5 + 0.4 * imbalance[t]."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for s in range(sessions):
+        imb = rng.uniform(-1, 1, n)
+        step = np.where(rng.random(n) < 0.5 + 0.4 * imb, 1.0, -1.0)
+        mid = 5000 + 0.25 * np.concatenate([[0.0], np.cumsum(step[:-1])])
+        ts = (np.datetime64(f"2024-03-0{s + 4}T14:00:00", "ns").astype(np.int64)
+              + np.cumsum(rng.integers(1_000_000, 50_000_000, n)))
+        cols = {
+            "ts_recv": pa.array(ts, pa.timestamp("ns", tz="UTC")),
+            "mid": pa.array(mid),
+            "microprice": pa.array(mid + 0.125 * imb),
+            "imbalance_l1": pa.array(imb),
+            "ofi_l01": pa.array(rng.normal(size=n)),
+            "log_dt": pa.array(np.log(np.r_[1.0, np.diff(ts) / 1e9])),
+        }
+        for h in HORIZONS:
+            y = np.full(n, np.nan, np.float32)
+            d = mid[h:] - mid[:-h]
+            y[: n - h] = np.where(d > 0, 1.0, np.where(d < 0, 0.0, np.nan))
+            cols[f"label_h{h}"] = pa.array(y)
+        rel = f"root=ES/session=2024-03-0{s + 4}/ESH4.arrow"
+        (root / rel).parent.mkdir(parents=True)
+        with pa.OSFile(str(root / rel), "wb") as f, pa.ipc.new_file(f, pa.table(cols).schema) as w:
+            w.write_table(pa.table(cols))
+        parts.append(rel)
+    columns = [{"name": "mid", "unit": "index points", "source": "standard"},
+               {"name": "microprice", "unit": "index points", "source": "Stoikov"},
+               {"name": "imbalance_l1", "unit": "", "source": ""},
+               {"name": "ofi_l01", "unit": "contracts", "source": ""},
+               {"name": "log_dt", "unit": "log seconds", "source": ""}]
+    columns += [{"name": f"label_h{h}", "unit": "1 up / 0 down / NaN", "source": "alphafeat.labels"}
+                for h in HORIZONS]
+    manifest = {"format_version": FORMAT_VERSION, "params": {"horizons": HORIZONS, "features": {"tick_size": 0.25}},
+                "columns": columns, "partitions": parts}
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return _write_cache(tmp_path_factory.mktemp("c") / "cache")
+
+
+def test_cache_data_spans_features_windows(cache):
+    d = CacheData.open(cache)
+    assert d.horizons == HORIZONS and d.n_rows == 2700
+    assert d.feature_names == ["microprice-mid", "imbalance_l1", "ofi_l01", "log_dt"]
+    assert d.baseline_names == ["imbalance_l1", "ofi_l01"]
+    t0, t1 = d.spans()
+    seg = d.segments[1]
+    n = seg.n
+    k = 100
+    assert t1[1][d.offsets[1] + k] == seg.ts[k + 5]  # t1 = ts[t + h]
+    assert t1[1][d.offsets[2] - 1] == seg.ts[n - 1]  # clipped at the segment end (label NaN)
+    x = d.raw_features(0, np.arange(5), d.feature_names)
+    assert np.allclose(x[:, 0], d.segments[0].cols["imbalance_l1"][:5] * 0.5)  # (micro - mid) / tick
+    rows = np.r_[10:400, 900:1500]  # crosses the segment break at 900
+    wins = d.eval_windows(rows, window=64, burn_in=16)
+    norm = d.fit_normaliser(rows)
+    b = d.batch(wins, 64, norm)
+    scored = np.sort(b.rows[b.mask])
+    assert scored.tolist() == sorted(rows.tolist())  # every row scored exactly once
+    for w in wins:  # no window crosses a segment
+        assert 0 <= w.start < w.end <= d.segments[w.seg].n
+    # normalisation uses only the given rows
+    xr = np.concatenate([d.raw_features(0, np.arange(10, 400), norm.names),
+                         d.raw_features(1, np.arange(0, 600), norm.names)])
+    assert np.allclose(norm.mean, xr.mean(0)) and np.allclose(norm.std, xr.std(0))
+
+
+def test_purged_blocks_hide_labels_reaching_into_later_blocks(cache):
+    d = CacheData.open(cache)
+    tr, va, te, keep = purged_blocks(d, 0.2, 0.2)
+    t0, t1 = d.spans()
+    assert tr.max() < va.min() and va.max() < te.min()
+    for j in range(len(HORIZONS)):
+        assert np.all(t1[j][tr[keep[tr, j]]] <= t0[va[0]])
+        assert np.all(t1[j][va[keep[va, j]]] <= t0[te[0]])
+        assert keep[te, j].all()
+        # exactly the last h - 1 training rows (the label of row T0 - h ends at T0: touching is kept)
+        assert (~keep[tr, j]).sum() == HORIZONS[j] - 1
+
+
+def test_tiny_training_run_end_to_end_and_repeatable(cache, tmp_path):
+    tc = TrainConfig(window=32, burn_in=8, batch_size=16, epochs=3, steps_per_epoch=15, lr=1e-2,
+                     warmup_steps=5, device="cpu", seed=3)
+    from alphamodel.model import ModelConfig
+
+    mc = ModelConfig(d_model=16, n_layers=1, d_state=8, headdim=8, chunk_size=16, cfc_hidden=8)
+    s1 = train(cache, tmp_path / "a", mc, tc, progress=False)
+    s2 = train(cache, tmp_path / "b", mc, tc, progress=False)
+    assert [h["train_loss"] for h in s1["history"]] == [h["train_loss"] for h in s2["history"]]
+    for name in ("summary.json", "loss.png", "auc.png", "model.safetensors", "config.json"):
+        assert (tmp_path / "a" / name).is_file()
+    h2 = s1["horizons"][0]
+    # the planted signal (next move vs imbalance) is learnt: well above chance, like the baseline
+    assert h2["auc_model"] > 0.6 and h2["auc_logistic"] > 0.6
+    assert 0.3 < h2["base_rate_test"] < 0.7
+    model, norm, meta = load_model(tmp_path / "a")
+    assert meta["features"] == norm.names and meta["horizons"] == HORIZONS
+    saved = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert saved["horizons"][0]["auc_model"] == pytest.approx(h2["auc_model"])
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert cli_main(["train", "--cache", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "no such cache directory" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "bad").mkdir()
+    assert cli_main(["train", "--cache", str(tmp_path / "bad"), "--out", str(tmp_path / "o")]) == 1
+    assert "not an alphafeat cache" in capsys.readouterr().err
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"train": {"no_such_key": 1}}')
+    assert cli_main(["train", "--cache", str(tmp_path / "bad"), "--config", str(cfg)]) == 1
+    assert "no_such_key" in capsys.readouterr().err
+
+
+def test_missing_label_column_is_a_clear_error(tmp_path):
+    root = _write_cache(tmp_path / "c", sessions=1, n=50)
+    m = json.loads((root / MANIFEST).read_text())
+    m["params"]["horizons"] = [2, 7]
+    (root / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(AlphafeatError, match="missing column.*label_h7"):
+        CacheData.open(root)
