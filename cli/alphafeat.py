@@ -1,8 +1,11 @@
 """``alphafeat``: the data-engineering command line.
 
 Subcommands
-    precompute   DBN files -> features and labels -> Arrow cache (the main job)
-    synth        write synthetic ES DBN files (the embedded default sample and test data)
+    precompute     DBN files -> features and labels -> Arrow cache (the main job)
+    roll-schedule  the front-month contract per CME Globex session
+    synth          synthetic ES DBN files (the embedded default sample, test data, benchmarks)
+    features       the feature registry: name, unit, formula, source, parameters
+    inspect        rows, NaN rates, label balance and PNG plots of a cache
 """
 
 from __future__ import annotations
