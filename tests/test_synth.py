@@ -15,6 +15,7 @@ from alphafeat import synth
 UNDEF = 2**63 - 1
 CT = ZoneInfo("America/Chicago")
 IDS = {"ESH4": 17077, "ESM4": 5602, "ESH4-ESM4": 17684}
+ALL_SYMBOLS = {"ESH4", "ESM4", "ESU4", "ESH4-ESM4", "ESM4-ESU4"}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def dst_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return synth.generate(
         tmp_path_factory.mktemp("dst"), start=datetime.date(2024, 3, 11), sessions=1, seed=3,
-        schemas=("mbp-10", "trades", "definition"),
+        schemas=("mbp-10", "trades", "definition", "mbo"), report=False,
     )
 
 
@@ -58,15 +59,17 @@ def test_metadata_and_prices(sample: list[Path], dst_files: list[Path]) -> None:
         assert md.stype_in == db.SType.PARENT
         assert md.symbols == ["ES.FUT"]
         mapped = {m["raw_symbol"] if isinstance(m, dict) else m for m in md.mappings}
-        assert set(IDS) <= mapped
+        assert mapped == ALL_SYMBOLS
         for sym, iid in IDS.items():
             assert md.mappings[sym][0]["symbol"] == str(iid)
         assert len(a) > 0
-        assert set(np.unique(a["instrument_id"]).tolist()) == set(IDS.values())
-        if "definition" in p.name:
+        ids = set(np.unique(a["instrument_id"]).tolist())
+        assert set(IDS.values()) <= ids <= {int(md.mappings[s][0]["symbol"]) for s in ALL_SYMBOLS}
+        if "definition" in p.name or "mbo" in p.name:
             continue
-        out = a[a["instrument_id"] != IDS["ESH4-ESM4"]]
-        spr = a[a["instrument_id"] == IDS["ESH4-ESM4"]]
+        spread_ids = [int(md.mappings[s][0]["symbol"]) for s in ALL_SYMBOLS if "-" in s]
+        is_spread = np.isin(a["instrument_id"], spread_ids)
+        out, spr = a[~is_spread], a[is_spread]
         assert np.all((out["price"] > 1000e9) & (out["price"] < 10000e9))
         assert np.all(np.abs(spr["price"]) < 200e9)
         if "mbp-10" in p.name:
@@ -79,7 +82,9 @@ def test_metadata_and_prices(sample: list[Path], dst_files: list[Path]) -> None:
 def test_definitions(dst_files: list[Path]) -> None:
     _, d = _read(dst_files[2])
     by = {r["raw_symbol"].decode(): r for r in d}
-    assert set(by) == set(IDS)
+    assert set(by) == ALL_SYMBOLS
+    assert by["ESU4"]["instrument_id"] == 118
+    assert by["ESM4-ESU4"]["instrument_class"] == b"S"
     assert by["ESH4"]["instrument_class"] == b"F" and by["ESH4-ESM4"]["instrument_class"] == b"S"
     assert by["ESH4"]["instrument_id"] == 17077 and by["ESM4"]["instrument_id"] == 5602
     assert by["ESH4"]["min_price_increment"] == 250_000_000
@@ -92,10 +97,10 @@ def test_definitions(dst_files: list[Path]) -> None:
 
 def test_deterministic(sample: list[Path], tmp_path: Path) -> None:
     again = synth.generate(tmp_path / "same", start=datetime.date(2024, 3, 6), sessions=1,
-                           seed=synth.DEFAULT_SAMPLE["seed"])
+                           seed=synth.DEFAULT_SAMPLE["seed"], report=False)
     assert [p.read_bytes() for p in again] == [p.read_bytes() for p in sample[:2]]
     other = synth.generate(tmp_path / "other", start=datetime.date(2024, 3, 6), sessions=1,
-                           seed=synth.DEFAULT_SAMPLE["seed"] + 1)
+                           seed=synth.DEFAULT_SAMPLE["seed"] + 1, report=False)
     for a, b in zip(other, again, strict=True):
         assert a.read_bytes() != b.read_bytes()
 
@@ -116,9 +121,10 @@ def test_book_consistency(sample: list[Path]) -> None:
     for p in sample[::2]:
         _, a = _read(p)
         assert set(np.unique(a["action"]).tolist()) == {b"A", b"C", b"M", b"T"}
-        last = a[(a["flags"] & 0x80) != 0]
+        last = a[((a["flags"] & 0x80) != 0) & (a["bid_px_00"] != UNDEF) & (a["ask_px_00"] != UNDEF)]
         assert len(last) > 0.5 * len(a)
-        assert np.all(last["bid_px_00"] < last["ask_px_00"])  # no crossed/locked books planted
+        # locked / crossed books are rare (planted at stated rates, see test_rare_cases)
+        assert np.mean(last["bid_px_00"] >= last["ask_px_00"]) < 0.002
         for s, sign in (("bid", -1), ("ask", 1)):
             px = np.stack([last[f"{s}_px_{k:02d}"] for k in range(10)], axis=1)
             sz = np.stack([last[f"{s}_sz_{k:02d}"] for k in range(10)], axis=1)
@@ -131,13 +137,15 @@ def test_book_consistency(sample: list[Path]) -> None:
             assert np.all(step[both] > 0)  # strictly ordered
         # some UNDEF tails exist (the spread shows 5 levels) and outrights show 10
         assert np.any(last["bid_px_09"] == UNDEF) and np.any(last["bid_px_09"] != UNDEF)
+        last = a[(a["flags"] & 0x80) != 0]
         # each instrument's ts_event is non-decreasing in file order; ts_recv sorted
         assert np.all(np.diff(a["ts_recv"].astype(np.int64)) >= 0)
         for iid in IDS.values():
             te = a["ts_event"][a["instrument_id"] == iid].astype(np.int64)
             assert np.all(np.diff(te) >= 0)
         lat = (a["ts_recv"].astype(np.int64) - a["ts_event"].astype(np.int64)) / 1e3
-        assert np.all(lat > 0) and 80 < np.median(lat) < 150
+        snap = (a["flags"] & 0x20) != 0  # the opening snapshot: ts_recv = ts_event = the open
+        assert np.all(lat[snap] == 0) and np.all(lat[~snap] > 0) and 80 < np.median(lat) < 150
 
 
 def _bounds(day: datetime.date) -> tuple[int, int]:
@@ -197,9 +205,9 @@ def test_roll_switches_front(sample: list[Path]) -> None:
 
 def test_contract_choice_generalises() -> None:
     cons = synth.contracts_for(datetime.date(2024, 3, 18))  # after the March expiry
-    assert [c.symbol for c in cons] == ["ESM4", "ESU4", "ESM4-ESU4"]
-    assert cons[1].instrument_id == 118
-    assert len({c.instrument_id for c in cons}) == 3
+    assert [c.symbol for c in cons] == ["ESM4", "ESU4", "ESZ4", "ESM4-ESU4", "ESU4-ESZ4"]
+    assert cons[1].instrument_id == 118 and cons[2].instrument_id == 183748
+    assert len({c.instrument_id for c in cons}) == 5
     cons = synth.contracts_for(datetime.date(2024, 3, 15))  # expiry day: ESH4 still listed
     assert cons[0].symbol == "ESH4"
 
@@ -208,5 +216,79 @@ def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         synth.generate(tmp_path, start=datetime.date(2024, 3, 6), sessions=1, scale="loud")
     with pytest.raises(ValueError):
-        synth.generate(tmp_path, start=datetime.date(2024, 3, 6), sessions=1, schemas=("mbo",))
+        synth.generate(tmp_path, start=datetime.date(2024, 3, 6), sessions=1, schemas=("ohlcv-1s",))
     assert not list(tmp_path.iterdir())
+
+
+def _by_instrument(a: np.ndarray, iid: int) -> np.ndarray:
+    return a[a["instrument_id"] == iid]
+
+
+def test_mbo_and_mbp10_agree(dst_files: list[Path]) -> None:
+    """Rebuilding the book from the MBO file gives the MBP-10 file's top 10 at every F_LAST."""
+    from alphafeat.book import mbp_snapshots, rebuild_mbo
+
+    _, m = _read(dst_files[0])
+    _, t = _read(dst_files[1])
+    _, o = _read(dst_files[3])
+    for iid in np.unique(o["instrument_id"]):
+        book, trades, unknown = rebuild_mbo(_by_instrument(o, iid))
+        mb, _ = mbp_snapshots(_by_instrument(m, iid))
+        assert unknown == 0 and len(book) == len(mb) > 10
+        for f in ("ts_event", "ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
+            np.testing.assert_array_equal(getattr(book, f), getattr(mb, f), err_msg=f)
+        # trades from the MBO 'T' records (aggressor side) equal the trades file's
+        tt = _by_instrument(t, iid)
+        np.testing.assert_array_equal(trades.price, tt["price"])
+        np.testing.assert_array_equal(trades.size, tt["size"])
+        assert np.all(trades.aggressor == np.where(tt["side"] == b"B", 1, -1))
+    assert set(np.unique(o["action"]).tolist()) == {b"A", b"C", b"M", b"T", b"F"}
+
+
+def test_rare_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Crossed pre-open (then uncrossed), locked books, F_BAD_TS_RECV and thin books occur."""
+    from alphafeat.book import rebuild_mbo
+
+    monkeypatch.setattr(synth, "P_CROSSED_PREOPEN", 1.0)
+    monkeypatch.setattr(synth, "P_LOCK", 0.01)
+    monkeypatch.setattr(synth, "P_BAD_TS", 0.01)
+    monkeypatch.setattr(synth, "P_REPLENISH", 0.5)
+    paths = synth.generate(tmp_path, start=datetime.date(2024, 1, 9), sessions=1, seed=5,
+                           schemas=("mbo", "mbp-10"), report=False)
+    _, o = _read(paths[0])
+    _, m = _read(paths[1])
+    t0, _ = synth.session_bounds(datetime.date(2024, 1, 9))
+    book, _, _ = rebuild_mbo(_by_instrument(o, IDS["ESH4"]))
+    ok = (book.bid_px[:, 0] != UNDEF) & (book.ask_px[:, 0] != UNDEF)
+    pre = book.ts_event < t0 + synth.OPEN_DELAY_NS
+    crossed = ok & (book.bid_px[:, 0] > book.ask_px[:, 0])
+    locked = ok & (book.bid_px[:, 0] == book.ask_px[:, 0])
+    assert np.any(crossed & pre) and not np.any(crossed & ~pre)
+    assert 0.002 < np.mean(locked[~pre]) < 0.03
+    flags = m["flags"]
+    assert np.all((flags[(flags & 0x20) != 0] & 0x08) != 0)  # snapshot records
+    bad = ((flags & 0x08) != 0) & ((flags & 0x20) == 0)
+    assert 0.002 < np.mean(bad) < 0.03
+    last = _by_instrument(m, IDS["ESH4"])
+    last = last[(last["flags"] & 0x80) != 0]
+    thin = (last["bid_px_09"] == UNDEF) | (last["ask_px_09"] == UNDEF)
+    assert 0.001 < np.mean(thin[last["ts_event"] > t0 + synth.OPEN_DELAY_NS]) < 0.5
+
+
+def test_report_and_auc_ceiling(sample: list[Path]) -> None:
+    import json
+
+    rep = json.loads((sample[0].parent / synth.REPORT_NAME).read_text())
+    auc = rep["auc_ceiling"]["auc"]
+    assert list(auc) == [str(h) for h in synth.AUC_HORIZONS]
+    assert all(0.55 < v <= 1.0 for v in auc.values())
+    assert rep["mbp10_records"] == sum(len(_read(p)[1]) for p in sample if "mbp-10" in p.name)
+    assert rep["model"]["ofi_strength_kappa"] == synth.OFI_STRENGTH
+
+
+def test_soft_auc() -> None:
+    score = np.array([0.1, 0.4, 0.35, 0.8])
+    pos = np.array([0.0, 0.0, 1.0, 1.0])
+    # hard labels: of the 4 (positive, negative) pairs 3 are ranked right
+    assert synth._soft_auc(score, pos, 1 - pos) == pytest.approx(0.75)
+    assert synth._soft_auc(np.zeros(4), pos, 1 - pos) == pytest.approx(0.5)
