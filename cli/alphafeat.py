@@ -16,13 +16,11 @@ import logging
 from pathlib import Path
 
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from alphafeat.errors import AlphafeatError
-
-console = Console(stderr=True)
+from cli import console, run
 
 
 def _precompute(args: argparse.Namespace) -> int:
@@ -285,20 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (1 on a user error, printed as one line)."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
-    try:
-        return args.func(args)
-    except AlphafeatError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        return 1
-    except KeyboardInterrupt:
-        console.print("interrupted; no partial cache was left behind")
-        return 130
+    return run(build_parser(), argv, verbose_level=logging.DEBUG)
 
 
 if __name__ == "__main__":

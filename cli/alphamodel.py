@@ -16,12 +16,10 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
 from alphafeat.errors import AlphafeatError
-
-console = Console(stderr=True)
+from cli import console, run
 
 
 def _default_cache(out: Path, quiet: bool) -> Path:
@@ -120,17 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (1 on a user error, printed as one line)."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s",
-                        handlers=[RichHandler(console=console, show_path=False)])
-    try:
-        return args.func(args)
-    except AlphafeatError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        return 1
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        return 130
+    return run(build_parser(), argv, verbose_level=logging.INFO)
 
 
 if __name__ == "__main__":
