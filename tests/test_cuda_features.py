@@ -30,7 +30,7 @@ REAL_GPU = HAVE_DEVICE and not IN_SIM
 needs_device = pytest.mark.skipif(
     not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
 )
-N_INPROCESS = 8  # number of test_inprocess_* test items below (checked by the runner)
+N_INPROCESS = 9  # number of test_inprocess_* test items below (checked by the runner)
 
 
 def assert_same(cpu: dict[str, np.ndarray], gpu: dict[str, np.ndarray]) -> None:
@@ -59,6 +59,38 @@ def test_inprocess_deep_scan_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "CHUNK", 3)
     book = random_book(200, 22)
     assert_same(compute_features(book), compute_features(book, device="cuda"))
+
+
+@needs_device
+def test_inprocess_pipeline_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rows go through the copy/compute pipeline in steps of 37 (then 64): the recurrences,
+    # the last-finite carries and the fracdiff window cross the step boundaries exactly;
+    # a long one-sided run spans several steps
+    from alphafeat.cuda import kernels
+
+    book = random_book(150, 27)
+    book.bid_px[40:120, 0] = np.nan
+    p = FeatureParams(fracdiff_threshold=0.01)
+    cpu = compute_features(book, p)
+    monkeypatch.setattr(kernels, "PIPE_ROWS", 37)
+    monkeypatch.setattr(kernels, "CHUNK", 4)
+    first = compute_features(book, p, device="cuda")
+    assert_same(cpu, first)
+    monkeypatch.setattr(kernels, "PIPE_ROWS", 64)
+    again = compute_features(book, p, device="cuda")  # `first` is alive: a new result buffer
+    assert_same(cpu, again)
+    assert_same(cpu, first)
+    assert np.isfinite(cpu["fracdiff_log_mid"]).sum() > 50
+    # the pinned result matrix is reused only once no view of the previous one is alive
+    ptr = first["mid"].__array_interface__["data"][0]
+    del first, again
+    r1 = compute_features(book, p, device="cuda")
+    p1 = r1["mid"].__array_interface__["data"][0]
+    r2 = compute_features(book, p, device="cuda")
+    assert r2["mid"].__array_interface__["data"][0] != p1  # r1 alive: not overwritten
+    assert_same(cpu, r1)
+    del r1, r2
+    assert compute_features(book, p, device="cuda")["mid"].__array_interface__["data"][0] in (ptr, p1)
 
 
 @needs_device

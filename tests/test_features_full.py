@@ -271,3 +271,20 @@ def test_registry_table() -> None:
     for bad in (dict(vol_taus_s=(60.0, 10.0, 600.0)), dict(fracdiff_d=1.5), dict(depth_levels=0)):
         with pytest.raises(ValueError):
             feature_specs(FeatureParams(**bad))
+
+
+def test_result_matrix_reused_only_when_released() -> None:
+    # the CPU result matrix is recycled by the next call only once no view of it is alive
+    book = random_book(500, 9)
+    a = compute_features(book)
+    ref = {k: v.copy() for k, v in a.items()}
+    b = compute_features(book, n_chunks=3)
+    assert not np.shares_memory(a["mid"], b["mid"])
+    for k in ref:
+        np.testing.assert_array_equal(a[k], ref[k], err_msg=k)
+    ptr = b["mid"].__array_interface__["data"][0]  # the pool keeps the latest matrix
+    del a, b
+    c = compute_features(book)
+    assert c["mid"].__array_interface__["data"][0] == ptr
+    for k in ref:
+        np.testing.assert_array_equal(c[k], ref[k], err_msg=k)

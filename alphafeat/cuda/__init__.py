@@ -36,7 +36,9 @@ def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None)
         float64 arrays of shape (n,) (views of one pinned host matrix), keys in
         :func:`alphafeat.features.feature_specs` order; same values as the CPU path up to
         libdevice rounding and the association of the chunked scans (tests: 1e-9).
-        Input columns go to the device once, results come back once.
+        Input columns go to the device once, results come back once, overlapped in steps
+        (:func:`alphafeat.cuda.kernels.run_features`). The pinned matrix is reused by a later
+        call only once no view of it is alive, so kept results are never overwritten.
     """
     from alphafeat.cuda import kernels
     from alphafeat.features import FeatureParams, _prepare, feature_specs

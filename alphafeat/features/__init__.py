@@ -6,9 +6,9 @@ so state restarts at session breaks and rolls because the caller calls once per 
 
 Modules: :mod:`~alphafeat.features.registry` (parameters, one spec per column with formula,
 unit, source, parameters, minimum depth and implementations; the integer plan),
-:mod:`~alphafeat.features._rows` (the per-row code, compiled both with ``numba.njit`` and
-``numba.cuda.jit``), :mod:`~alphafeat.features.cpu` (sequential / chunked CPU drivers,
-joblib processes), :mod:`~alphafeat.features.scalar` (scalar helpers and reference-scale
+:mod:`~alphafeat.features._rows` (the per-row code of the CUDA kernels, also compilable with
+``numba.njit``), :mod:`~alphafeat.features.cpu` (block-wise CPU kernels, sequential or
+in exact chunks on joblib threads), :mod:`~alphafeat.features.scalar` (scalar helpers and reference-scale
 functions). The CUDA drivers live in :mod:`alphafeat.cuda`; tests hold all paths equal.
 ``alphafeat features`` prints the table.
 
@@ -157,8 +157,8 @@ def compute_features(
         CPU only: split the segment into this many contiguous chunks with exact carries
         (results equal the sequential ones to rounding, 1e-12 relative).
     n_jobs : int or None
-        CPU only: joblib worker processes for the chunks (1: in-process; None or -1: all
-        cores).
+        CPU only: worker threads for the chunks (joblib threading backend; the kernels
+        release the GIL; 1: in-process; None or -1: all cores).
 
     Returns
     -------
@@ -190,7 +190,7 @@ def compute_features_chunked(
     n_jobs: int | None = None,
 ) -> dict[str, np.ndarray]:
     """CPU features of one segment split into ``n_chunks`` exact chunks over ``n_jobs``
-    joblib processes (defaults: one chunk per core, all cores). Same result as
+    threads (defaults: one chunk per core, all cores). Same result as
     :func:`compute_features` on the CPU, within 1e-12 relative."""
     import os
 

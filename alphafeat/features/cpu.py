@@ -1,19 +1,37 @@
-"""CPU back end: numba ``njit`` drivers, sequential or split into exact chunks.
+"""CPU back end: numba ``njit`` kernels over blocks of rows, sequential or split into exact chunks.
 
-A segment of n rows is cut into ``n_chunks`` contiguous chunks and processed in four
-phases; each phase runs the chunks independently (in-process or in joblib worker processes
-sharing memory-mapped arrays), and the parent combines small carries in between:
+Layout of the work
+------------------
+Rows are processed in blocks of :data:`BLOCK` rows. Within a block every feature is a loop
+over a contiguous run of one output column (``out[c, b0:b1]``), the recurrences are loops
+over contiguous coefficient rows, and the per-level book columns are read once into small
+block-local arrays (empty levels masked once). Nothing is materialised at full size except
+the output matrix itself.
 
-A. row-wise features of the chunk (rows i and i-1 only); per skip-NaN input, the chunk's
-   last row with a finite value.
-   Parent: for each chunk, the last finite row *before* it (``jprev``) -- the carry of the
-   skip-NaN rule (the previous finite observation and its time are read at that row).
+Transcendental calls are shared where the operands are bit-identical, so every value equals
+the one the per-row formulas give (no reassociation, no ``fastmath``):
+
+* ``exp(-dt/tau)`` (and the 'linear' ``-expm1(-x)/x``) is computed once per row and
+  distinct time constant for the common step ``dt = t_i - t_{i-1}``; a Zumbach–Müller series
+  whose last finite observation is row ``i - 1`` uses it, one after a gap computes its own;
+* ``log1p`` of integer-valued sizes / counts / flows and ``log`` of integer spreads come from
+  tables filled with the same ``math.log1p`` / ``math.log``; ``log(mid)`` is reused while the
+  mid does not change;
+* fractional differencing accumulates ``w_k y_{i-k}`` for a block of rows at once (the sum
+  of each row still runs k = 0, 1, ... as in the formula, so results are bit-identical).
+
+Sequential (one chunk): one pass, block by block (row-wise features, recurrences, post
+transforms, fractional differencing). Chunked (k chunks, threads sharing the arrays; the
+kernels release the GIL):
+
+A. row-wise features of each chunk; per skip-NaN input, the chunk's last row with a finite
+   value. Parent: for each chunk, the last finite row *before* it (``jprev``) -- the carry of
+   the skip-NaN rule (the previous finite observation and its time are read at that row).
 B. each recurrence ``x_i = a_i x_{i-1} + b_i`` composed over the chunk into ``(A, B)``.
    Parent: exact carries ``X_c = A_{c-1} X_{c-1} + B_{c-1}``, ``X_0 = 0``.
 C. replay of the recurrences from ``X_c``, post-transforms (EMA masks, sqrt, z-scores,
-   trend, logs) and the forward-filled log mid (scratch row).
-D. fixed-window fractional differencing; each chunk reads the ``W - 1`` rows before it,
-   written in phase C (the window overlap).
+   trend, logs) and fractional differencing; each chunk rebuilds the forward-filled log mid
+   of the ``W - 1`` rows before it (the window overlap) from the mids of phase A.
 
 With one chunk this is the sequential computation; with k chunks the only difference is the
 association of the carries in B, so results agree to rounding (tests: 1e-12 relative).
@@ -23,103 +41,688 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
-from pathlib import Path
+import sys
+import threading
 
 import numba
 import numpy as np
 
-from alphafeat.features import _twin
-from alphafeat.features.registry import N_LF, Plan
+from alphafeat.features.registry import (
+    K_DECAY,
+    K_DEV,
+    K_FFILL,
+    K_ZM,
+    L_AGGR,
+    L_IMBW,
+    L_LDA,
+    L_LDB,
+    L_LOGDT,
+    L_LTC,
+    L_NDEP,
+    L_NOFI,
+    L_OFI,
+    L_OFI_INT,
+    L_RET,
+    L_SLOG_OFI1,
+    L_SLOG_SV,
+    L_SLOPE_A,
+    L_SLOPE_B,
+    L_SV,
+    N_LF,
+    Plan,
+)
 
-R = _twin.load("cpu")
+#: Rows per block of the CPU kernels.
+BLOCK = 512
+#: Size of the log tables (integer arguments 0 .. LUT_N - 1).
+LUT_N = 4096
+#: Input codes of the recurrences (registry.Z_*): 9 codes, the first N_LF tracked (skip-NaN).
+N_CODES = 9
 
-_INPUTS = ("bid_px", "ask_px", "bid_sz", "ask_sz", "ts_recv", "buy_volume", "sell_volume", "trade_count")
+_MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------------------------
+# scalar helpers
+# --------------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True)
+def _make_luts(n):
+    l1p = np.empty(n)
+    lg = np.empty(n)
+    for k in range(n):
+        l1p[k] = math.log1p(float(k))
+        lg[k] = math.log(float(k)) if k > 0 else -math.inf
+    return l1p, lg
+
+
+@numba.njit(cache=True, inline="always")
+def _log1p(q, lut):
+    """``math.log1p(q)``, from the table when q is a small non-negative integer."""
+    if q >= 0.0 and q < lut.shape[0]:
+        k = int(q)
+        if k == q:
+            return lut[k]
+    return math.log1p(q)
+
+
+@numba.njit(cache=True, inline="always")
+def _slog(x, lut):
+    """Signed log ``sign(x) log(1 + |x|)`` (NaN stays NaN)."""
+    if x < 0.0:
+        return -_log1p(-x, lut)
+    return _log1p(x, lut)
+
+
+@numba.njit(cache=True, inline="always")
+def _log_pos(s, lutlog):
+    """``math.log(s)`` for s > 0 (table for small integers)."""
+    if s < lutlog.shape[0]:
+        k = int(s)
+        if k == s:
+            return lutlog[k]
+    return math.log(s)
+
+
+@numba.njit(cache=True, inline="always")
+def _isfinite(x):
+    return x - x == 0.0
+
+
+@numba.njit(cache=True)
+def _z_at(code, i, out, L, buy, sell, cnt, lutlog):
+    """Observation of recurrence input ``code`` at row ``i`` (registry.Z_*), from the row-wise
+    columns already in ``out``."""
+    if code == 0:
+        return out[0, i]
+    if code == 1:
+        r = out[L[L_RET], i]
+        return r * r
+    if code == 2:
+        return out[1, i]
+    if code == 3:
+        s = out[1, i]
+        return _log_pos(s, lutlog) if s > 0.0 else math.nan
+    if code == 4:
+        m = out[0, i]
+        return math.log(m) if m > 0.0 else math.nan
+    if code == 5:
+        return cnt[i]
+    if code == 6:
+        return 1.0 if buy[i] > 0.0 else 0.0
+    if code == 7:
+        return 1.0 if sell[i] > 0.0 else 0.0
+    return out[L[L_SV], i]
+
+
+# --------------------------------------------------------------------------------------------
+# row-wise features of one block
+# --------------------------------------------------------------------------------------------
 
 
 @numba.njit(cache=True, nogil=True)
-def _phase_a(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, lo, hi, lastf):
-    for i in range(lo, hi):
-        R.rowwise_row(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, i)
-    for k in range(N_LF):
-        lastf[k] = -1
-        for i in range(hi - 1, lo - 1, -1):
-            if math.isfinite(R.z_input(k, i, out, L, buy, sell, cnt)):
-                lastf[k] = i
-                break
+def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, b0, b1,
+                   PB, PA, QB, QA, TWO, S1, S2, lut1p):  # fmt: skip
+    """Every row-wise feature of rows ``[b0, b1)`` into ``out[:, b0:b1]``.
+
+    Local arrays (index ``t = i - b0 + 1``; ``t = 0`` is row ``b0 - 1``): ``PB, PA`` prices
+    with empty levels at ``-inf`` / ``+inf``, ``QB, QA`` sizes with empty levels at 0,
+    ``TWO`` both best levels present; ``S1, S2`` scratch.
+    """
+    nan = math.nan
+    inf = math.inf
+    n_lv = bid_px.shape[1]
+    n_ofi = L[L_NOFI]
+    n_dep = L[L_NDEP]
+    start = b0 - 1 if b0 > 0 else b0
+    t0 = b0 - start  # first t of the block's own rows (1, or 0 at row 0)
+    nb = b1 - b0
+    t1 = t0 + nb
+    for i in range(start, b1):
+        t = i - start
+        for m in range(n_lv):
+            p = bid_px[i, m]
+            if p != p:
+                PB[m, t] = -inf
+                QB[m, t] = 0.0
+            else:
+                PB[m, t] = p
+                QB[m, t] = bid_sz[i, m]
+            p = ask_px[i, m]
+            if p != p:
+                PA[m, t] = inf
+                QA[m, t] = 0.0
+            else:
+                PA[m, t] = p
+                QA[m, t] = ask_sz[i, m]
+        TWO[t] = not (math.isnan(bid_px[i, 0]) or math.isnan(ask_px[i, 0]))
+    # ---- level-1 features --------------------------------------------------------------
+    for t in range(t0, t1):
+        i = start + t
+        if TWO[t]:
+            out[0, i] = 0.5 * (PB[0, t] + PA[0, t])
+        else:
+            out[0, i] = nan
+    for t in range(t0, t1):
+        i = start + t
+        if TWO[t]:
+            out[1, i] = (PA[0, t] - PB[0, t]) / tick
+        else:
+            out[1, i] = nan
+    for t in range(t0, t1):
+        i = start + t
+        v2 = nan
+        v3 = nan
+        if TWO[t]:
+            qb = QB[0, t]
+            qa = QA[0, t]
+            tot = qb + qa
+            if tot > 0.0:
+                w = qb / tot
+                v2 = w * PA[0, t] + (1.0 - w) * PB[0, t]
+                v3 = (qb - qa) / tot
+        out[2, i] = v2
+        out[3, i] = v3
+    # ---- imbalance over levels 1-10 ------------------------------------------------------
+    for t in range(t0, t1):
+        S1[t] = 0.0
+        S2[t] = 0.0
+    for m in range(min(n_lv, 10)):
+        for t in range(t0, t1):
+            S1[t] += QB[m, t]
+            S2[t] += QA[m, t]
+    for t in range(t0, t1):
+        i = start + t
+        tot = S1[t] + S2[t]
+        out[4, i] = (S1[t] - S2[t]) / tot if (TWO[t] and tot > 0.0) else nan
+    # ---- depth-weighted imbalance --------------------------------------------------------
+    for t in range(t0, t1):
+        S1[t] = 0.0
+        S2[t] = 0.0
+    for m in range(n_dep):
+        wm = depth_w[m]
+        for t in range(t0, t1):
+            qbm = QB[m, t]
+            qam = QA[m, t]
+            S1[t] += wm * (qbm - qam)
+            S2[t] += wm * (qbm + qam)
+    c = L[L_IMBW]
+    for t in range(t0, t1):
+        den = S2[t]
+        out[c, start + t] = S1[t] / den if (TWO[t] and den > 0.0) else nan
+    # ---- book slope per side -------------------------------------------------------------
+    for side in range(2):
+        P = PB if side == 0 else PA
+        Q = QB if side == 0 else QA
+        lim = -inf if side == 0 else inf
+        c = L[L_SLOPE_B] if side == 0 else L[L_SLOPE_A]
+        for t in range(t0, t1):
+            p1 = P[0, t]
+            if p1 == lim:
+                out[c, start + t] = nan
+            else:
+                q = 0.0
+                plast = p1
+                for m in range(n_dep):
+                    pm = P[m, t]
+                    if pm != lim:
+                        q += Q[m, t]
+                        plast = pm
+                out[c, start + t] = q / (1.0 + abs(p1 - plast) / tick)
+    # ---- log depth -----------------------------------------------------------------------
+    for m in range(n_dep):
+        cb = L[L_LDB] + m
+        ca = L[L_LDA] + m
+        for t in range(t0, t1):
+            out[cb, start + t] = _log1p(QB[m, t], lut1p)
+        for t in range(t0, t1):
+            out[ca, start + t] = _log1p(QA[m, t], lut1p)
+    # ---- OFI per level and integrated ----------------------------------------------------
+    c_ofi = L[L_OFI]
+    c_int = L[L_OFI_INT]
+    tt0 = t0
+    if b0 == 0:
+        for m in range(n_ofi):
+            out[c_ofi + m, 0] = nan
+        out[c_int, 0] = nan
+        tt0 = t0 + 1
+    for t in range(tt0, t1):
+        S1[t] = 0.0
+        S2[t] = 0.0
+    for m in range(n_ofi):
+        cm = c_ofi + m
+        for t in range(tt0, t1):
+            pb0 = PB[m, t - 1]
+            qb0 = QB[m, t - 1]
+            pa0 = PA[m, t - 1]
+            qa0 = QA[m, t - 1]
+            pb1 = PB[m, t]
+            qb1 = QB[m, t]
+            pa1 = PA[m, t]
+            qa1 = QA[m, t]
+            e = 0.0
+            if pb1 >= pb0:
+                e += qb1
+            if pb1 <= pb0:
+                e -= qb0
+            if pa1 <= pa0:
+                e -= qa1
+            if pa1 >= pa0:
+                e += qa0
+            out[cm, start + t] = e
+            S1[t] += e
+            S2[t] = (S2[t] + (qb1 + qa1)) + (qb0 + qa0)
+    four_m = 4.0 * n_ofi
+    for t in range(tt0, t1):
+        dep = S2[t] / four_m
+        out[c_int, start + t] = S1[t] / dep if dep > 0.0 else nan
+    c = L[L_SLOG_OFI1]
+    for t in range(t0, t1):
+        i = start + t
+        out[c, i] = _slog(out[c_ofi, i], lut1p)
+    # ---- trade flow ----------------------------------------------------------------------
+    c_sv = L[L_SV]
+    c_ssv = L[L_SLOG_SV]
+    c_ag = L[L_AGGR]
+    c_tc = L[L_LTC]
+    for i in range(b0, b1):
+        sv = buy[i] - sell[i]
+        out[c_sv, i] = sv
+        out[c_ssv, i] = _slog(sv, lut1p)
+        vol = buy[i] + sell[i]
+        out[c_ag, i] = sv / vol if vol > 0.0 else 0.0
+        out[c_tc, i] = _log1p(cnt[i], lut1p)
+    # ---- time step and tick return -------------------------------------------------------
+    c_dt = L[L_LOGDT]
+    c_r = L[L_RET]
+    for t in range(t0, t1):
+        i = start + t
+        if i == 0:
+            out[c_dt, i] = nan
+            out[c_r, i] = nan
+        else:
+            dt = (ts[i] - ts[i - 1]) / 1e9
+            out[c_dt, i] = math.log(max(dt, 1e-9))
+            if TWO[t] and TWO[t - 1]:
+                out[c_r, i] = (0.5 * (PB[0, t] + PA[0, t]) - 0.5 * (PB[0, t - 1] + PA[0, t - 1])) / tick
+            else:
+                out[c_r, i] = nan
+
+
+# --------------------------------------------------------------------------------------------
+# recurrences, post transforms and fractional differencing of one block
+# --------------------------------------------------------------------------------------------
 
 
 @numba.njit(cache=True, nogil=True)
-def _phase_scan(
-    mode, ts, buy, sell, cnt, L, out, lo, hi, jprev, x0,
-    s_kind, s_code, s_tau, s_scale, interp, p_int, p_tau, tick, h_mu, h_alpha, ab,
-):  # fmt: skip
-    """mode 0: compose the chunk into ab[0] = A, ab[1] = B; mode 1: replay from x0 + post."""
+def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
+                s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp,
+                p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w,
+                cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, lut1p, lutlog, memo):  # fmt: skip
+    """Recurrences over rows ``[b0, b1)``.
+
+    ``mode`` 1: compose into ``A, B``; 2: replay from ``X`` (updated in place), post
+    transforms into ``out`` and fractional differencing (``Y``: forward-filled log mid,
+    ``Y[W - 1 + t]`` = row ``b0 + t``, the ``W - 1`` rows before already in place). Skip-NaN
+    carries per input code (updated): ``cj`` last finite row, ``cz`` its value, ``ct`` its time.
+    """
+    nan = math.nan
+    nb = b1 - b0
     S = s_kind.shape[0]
-    j = jprev.copy()
-    x = x0.copy()
+    # ---- inputs ----------------------------------------------------------------------------
+    c_ret = L[L_RET]
+    c_sv = L[L_SV]
+    last_m = memo[0]
+    last_lm = memo[1]
+    for t in range(nb):
+        i = b0 + t
+        m = out[0, i]
+        s = out[1, i]
+        r = out[c_ret, i]
+        Z[0, t] = m
+        Z[1, t] = r * r
+        Z[2, t] = s
+        Z[3, t] = _log_pos(s, lutlog) if s > 0.0 else nan
+        if m > 0.0:
+            if m != last_m:
+                last_m = m
+                last_lm = math.log(m)
+            Z[4, t] = last_lm
+        else:
+            Z[4, t] = nan
+        Z[5, t] = cnt[i]
+        Z[6, t] = 1.0 if buy[i] > 0.0 else 0.0
+        Z[7, t] = 1.0 if sell[i] > 0.0 else 0.0
+        Z[8, t] = out[c_sv, i]
+    memo[0] = last_m
+    memo[1] = last_lm
+    # ---- shared decay factors of the common step t_i - t_{i-1} ----------------------------
+    for k in range(taus.shape[0]):
+        tau = taus[k]
+        need_nu = tau_nu[k]
+        for t in range(nb):
+            i = b0 + t
+            dt = max(ts[i] - ts[i - 1], 0) / 1e9 if i > 0 else 0.0
+            if dt == 0.0:
+                E[k, t] = 1.0
+                NU[k, t] = 1.0
+            else:
+                E[k, t] = math.exp(-dt / tau)
+                if need_nu:
+                    x = dt / tau
+                    NU[k, t] = -math.expm1(-x) / x if x > 0.0 else 1.0
+    # ---- started flags per tracked code (rows <= i hold a finite value) -------------------
+    if mode == _MODE_REPLAY:
+        for c in range(N_LF):
+            j = cj[c]
+            for t in range(nb):
+                if _isfinite(Z[c, t]):
+                    j = b0 + t
+                ST[c, t] = j >= 0
+    # ---- one recurrence at a time ------------------------------------------------------------
+    for s in range(S):
+        kind = s_kind[s]
+        code = s_code[s]
+        k = s_tix[s]
+        tau = s_tau[s]
+        if mode == _MODE_REPLAY:
+            x = X[s]
+        else:
+            x = 0.0
+        Aa = A[s]
+        Bb = B[s]
+        if kind == K_DECAY:
+            scale = s_scale[s]
+            for t in range(nb):
+                z = Z[code, t]
+                b = scale * z if _isfinite(z) else 0.0
+                a = E[k, t]
+                if mode == _MODE_REPLAY:
+                    x = a * x + b
+                    XS[s, t] = x
+                else:
+                    Aa = a * Aa
+                    Bb = a * Bb + b
+        elif kind == K_FFILL:
+            for t in range(nb):
+                z = Z[code, t]
+                if _isfinite(z):
+                    if mode == _MODE_REPLAY:
+                        x = 0.0 * x + z
+                    else:
+                        Aa = 0.0 * Aa
+                        Bb = 0.0 * Bb + z
+                if mode == _MODE_REPLAY:
+                    XS[s, t] = x
+        else:  # Zumbach–Müller level (K_ZM) or deviation (K_DEV)
+            j = cj[code]
+            zp = cz[code]
+            tj = ct[code]
+            for t in range(nb):
+                z = Z[code, t]
+                i = b0 + t
+                if _isfinite(z):
+                    if j < 0:
+                        a = 0.0
+                        b = z if kind == K_ZM else 0.0
+                    else:
+                        if j == i - 1:
+                            mu = E[k, t]
+                            if interp == 0:
+                                nu = 1.0
+                            elif interp == 1:
+                                nu = NU[k, t]
+                            else:
+                                nu = mu
+                        else:
+                            xx = (max(ts[i] - tj, 0) / 1e9) / tau
+                            mu = math.exp(-xx)
+                            if interp == 0:
+                                nu = 1.0
+                            elif interp == 1:
+                                nu = -math.expm1(-xx) / xx if xx > 0.0 else 1.0
+                            else:
+                                nu = mu
+                        a = mu
+                        if kind == K_ZM:
+                            b = (nu - mu) * zp + (1.0 - nu) * z
+                        else:
+                            b = nu * (z - zp)
+                    j = i
+                    zp = z
+                    tj = ts[i]
+                    if mode == _MODE_REPLAY:
+                        x = a * x + b
+                    else:
+                        Aa = a * Aa
+                        Bb = a * Bb + b
+                if mode == _MODE_REPLAY:
+                    XS[s, t] = x
+        if mode == _MODE_REPLAY:
+            X[s] = x
+        else:
+            A[s] = Aa
+            B[s] = Bb
+    # ---- advance the skip-NaN carries ----------------------------------------------------------
+    for c in range(N_LF):
+        for t in range(nb - 1, -1, -1):
+            if _isfinite(Z[c, t]):
+                cj[c] = b0 + t
+                cz[c] = Z[c, t]
+                ct[c] = ts[b0 + t]
+                break
+    if mode != _MODE_REPLAY:
+        return
+    # ---- post transforms ---------------------------------------------------------------------
+    W = fd_w.shape[0]
+    for r in range(p_int.shape[0]):
+        typ = p_int[r, 0]
+        col = p_int[r, 1]
+        s1 = p_int[r, 2]
+        s2 = p_int[r, 3]
+        s3 = p_int[r, 4]
+        always = s_kind[s1] == K_DECAY
+        c1 = s_code[s1] if not always else 0
+        if col >= n_out:  # scratch: forward-filled log mid, into Y
+            for t in range(nb):
+                Y[W - 1 + t] = XS[s1, t] if (always or ST[c1, t]) else nan
+            continue
+        if typ == 0:
+            for t in range(nb):
+                out[col, b0 + t] = XS[s1, t] if (always or ST[c1, t]) else nan
+        elif typ == 1:
+            for t in range(nb):
+                out[col, b0 + t] = XS[s1, t]
+        elif typ == 2:
+            for t in range(nb):
+                out[col, b0 + t] = h_mu + h_alpha * XS[s1, t]
+        elif typ == 3:
+            for t in range(nb):
+                out[col, b0 + t] = math.sqrt(XS[s1, t])
+        elif typ == 4:
+            pt = p_tau[r]
+            for t in range(nb):
+                var = XS[s2, t] * pt
+                st = always or ST[c1, t]
+                out[col, b0 + t] = XS[s1, t] / tick / math.sqrt(var) if (st and var > 0.0) else nan
+        elif typ == 5:
+            pt = p_tau[r]
+            for t in range(nb):
+                var = XS[s3, t] * pt
+                d = XS[s1, t] - XS[s2, t]
+                st = always or ST[c1, t]
+                out[col, b0 + t] = d / tick / math.sqrt(var) if (st and var > 0.0) else nan
+        elif typ == 6:
+            for t in range(nb):
+                out[col, b0 + t] = math.log1p(XS[s1, t])
+        else:
+            for t in range(nb):
+                out[col, b0 + t] = _slog(XS[s1, t], lut1p)
+    # ---- fractional differencing: ACC[t] = sum_k w_k Y[W - 1 + t - k], k = 0, 1, ... ----------
+    acc = ACC[:nb]
+    acc[:] = 0.0
+    for kk in range(W):
+        wk = fd_w[kk]
+        y = Y[W - 1 - kk : W - 1 - kk + nb]
+        for t in range(nb):
+            acc[t] += wk * y[t]
+    o = out[fd_col, b0:b1]
+    for t in range(nb):
+        o[t] = acc[t] if b0 + t >= W - 1 else nan
+    # slide the window: keep the last W - 1 values in front
+    for q in range(W - 1):
+        Y[q] = Y[nb + q]
+
+
+@numba.njit(cache=True, nogil=True)
+def _fd_prefix(out, lo, W, Y):
+    """``Y[0 : W - 1]`` = forward-filled log mid of rows ``[lo - W + 1, lo)`` (NaN before the
+    first positive finite mid and for rows < 0), from the mids in ``out[0]``."""
+    r0 = lo - (W - 1)
+    first = max(r0, 0)
+    val = math.nan
+    # the last valid mid at or before ``first - 1``
+    for j in range(first - 1, -1, -1):
+        m = out[0, j]
+        if m > 0.0 and m < math.inf:
+            val = math.log(m)
+            break
+    for r in range(r0, lo):
+        if r >= 0:
+            m = out[0, r]
+            if m > 0.0 and m < math.inf:
+                val = math.log(m)
+            Y[r - r0] = val
+        else:
+            Y[r - r0] = math.nan
+
+
+@numba.njit(cache=True, nogil=True)
+def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, lo, hi, n_out,
+               s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp, p_int, p_tau, h_mu, h_alpha,
+               fd_col, fd_w, jprev, x0, lastf, ab, lut1p, lutlog):  # fmt: skip
+    """One chunk ``[lo, hi)``: mode 0 row-wise (+ ``lastf``), 1 compose (``ab``), 2 replay +
+    post + fractional differencing from ``x0``, 3 all of it from the segment start."""
+    S = s_kind.shape[0]
+    n_lv = bid_px.shape[1]
+    Bk = BLOCK
+    T = taus.shape[0]
+    W = fd_w.shape[0]
+    PB = np.empty((n_lv, Bk + 1))
+    PA = np.empty((n_lv, Bk + 1))
+    QB = np.empty((n_lv, Bk + 1))
+    QA = np.empty((n_lv, Bk + 1))
+    TWO = np.empty(Bk + 1, dtype=np.bool_)
+    S1 = np.empty(Bk + 1)
+    S2 = np.empty(Bk + 1)
+    Z = np.empty((N_CODES, Bk))
+    ST = np.empty((N_LF, Bk), dtype=np.bool_)
+    E = np.empty((T, Bk))
+    NU = np.ones((T, Bk))
+    XS = np.empty((S, Bk))
+    Y = np.empty(W - 1 + Bk)
+    ACC = np.empty(Bk)
+    X = x0.copy()
     A = np.ones(S)
     B = np.zeros(S)
-    st = np.zeros(S, dtype=np.bool_)
-    for i in range(lo, hi):
-        for s in range(S):
-            c = s_code[s]
-            jj = j[c] if c < N_LF else -1
-            a, b = R.coef(s_kind[s], c, s_tau[s], s_scale[s], interp, i, jj, out, L, ts, buy, sell, cnt)
-            if mode == 0:
-                A[s] = a * A[s]
-                B[s] = a * B[s] + b
-            else:
-                x[s] = a * x[s] + b
+    cj = jprev.copy()
+    cz = np.zeros(N_LF)
+    ct = np.zeros(N_LF, dtype=np.int64)
+    memo = np.array([math.nan, math.nan])
+    L_ = L
+    smode = _MODE_COMPOSE if mode == _MODE_COMPOSE else _MODE_REPLAY
+    if mode != _MODE_ROWWISE:
         for c in range(N_LF):
-            if math.isfinite(R.z_input(c, i, out, L, buy, sell, cnt)):
-                j[c] = i
-        if mode == 1:
-            for s in range(S):
-                st[s] = s_kind[s] == 3 or j[s_code[s]] >= 0
-            R.post_row(x, st, p_int, p_tau, tick, h_mu, h_alpha, out, i)
-    if mode == 0:
+            if cj[c] >= 0:
+                cz[c] = _z_at(c, cj[c], out, L_, buy, sell, cnt, lutlog)
+                ct[c] = ts[cj[c]]
+        if mode != _MODE_COMPOSE:
+            _fd_prefix(out, lo, W, Y)
+    for b0 in range(lo, hi, Bk):
+        b1 = min(b0 + Bk, hi)
+        if mode == _MODE_ROWWISE or mode == _MODE_FUSED:
+            _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L_, depth_w, out, b0, b1,
+                           PB, PA, QB, QA, TWO, S1, S2, lut1p)  # fmt: skip
+        if mode != _MODE_ROWWISE:
+            _scan_block(smode, ts, buy, sell, cnt, L_, out, b0,
+                        b1, n_out, s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp, p_int, p_tau, tick,
+                        h_mu, h_alpha, fd_col, fd_w, cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, lut1p, lutlog,
+                        memo)  # fmt: skip
+    if mode == _MODE_ROWWISE:
+        for c in range(N_LF):
+            lastf[c] = -1
+            for i in range(hi - 1, lo - 1, -1):
+                if _isfinite(_z_at(c, i, out, L_, buy, sell, cnt, lutlog)):
+                    lastf[c] = i
+                    break
+    if mode == _MODE_COMPOSE:
         ab[0, :] = A
         ab[1, :] = B
 
 
-@numba.njit(cache=True, nogil=True)
-def _phase_d(out, scratch, fd_col, w, lo, hi):
-    y = out[scratch]
-    for i in range(lo, hi):
-        out[fd_col, i] = R.fracdiff_row(y, w, i)
-
-
 # --------------------------------------------------------------------------------------------
-# chunk tasks (run in-process or in a joblib worker)
+# driver
 # --------------------------------------------------------------------------------------------
 
-
-def _open(arrs: dict) -> dict[str, np.ndarray]:
-    """Materialise a task's arrays: in-process arrays pass through, paths are memory-mapped."""
-    return {k: (np.load(v, mmap_mode="r+") if isinstance(v, str) else v) for k, v in arrs.items()}
+_LUTS: tuple[np.ndarray, np.ndarray] | None = None
 
 
-def _task(phase: str, arrs: dict, plan: Plan, lo: int, hi: int, jprev=None, x0=None):
-    a = _open(arrs)
-    out = a["out"]
-    L = plan.layout
-    if phase == "A":
-        lastf = np.empty(N_LF, dtype=np.int64)
-        _phase_a(a["bid_px"], a["ask_px"], a["bid_sz"], a["ask_sz"], a["ts_recv"], a["buy_volume"],
-                 a["sell_volume"], a["trade_count"], plan.tick, L, plan.depth_w, out, lo, hi, lastf)  # fmt: skip
-        return lastf
-    if phase in ("B", "C"):
-        S = plan.s_kind.shape[0]
-        ab = np.empty((2, S))
-        _phase_scan(0 if phase == "B" else 1, a["ts_recv"], a["buy_volume"], a["sell_volume"], a["trade_count"],
-                    L, out, lo, hi, jprev, x0 if x0 is not None else np.zeros(S), plan.s_kind, plan.s_code,
-                    plan.s_tau, plan.s_scale, plan.interp, plan.p_int, plan.p_tau, plan.tick, plan.hawkes_mu,
-                    plan.hawkes_alpha, ab)  # fmt: skip
-        return ab
-    _phase_d(out, plan.n_out, plan.fd_col, plan.fd_w, lo, hi)
-    return None
+def _luts() -> tuple[np.ndarray, np.ndarray]:
+    global _LUTS
+    if _LUTS is None:
+        _LUTS = _make_luts(LUT_N)
+    return _LUTS
+
+
+def _tau_tables(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct time constants of the plan, each series' index into them, and whether the
+    'linear' weight is needed for each (a Zumbach–Müller series uses it)."""
+    taus: list[float] = []
+    tix = np.empty(plan.s_kind.shape[0], dtype=np.int64)
+    for s, tau in enumerate(plan.s_tau):
+        if plan.s_kind[s] == K_FFILL:  # no decay factor
+            tix[s] = 0
+            continue
+        if float(tau) not in taus:
+            taus.append(float(tau))
+        tix[s] = taus.index(float(tau))
+    nu = np.zeros(max(len(taus), 1), dtype=np.bool_)
+    for s in range(plan.s_kind.shape[0]):
+        if plan.s_kind[s] in (K_ZM, K_DEV) and plan.interp == 1:
+            nu[tix[s]] = True
+    return np.asarray(taus or [1.0], dtype=np.float64), tix, nu
+
+
+#: Result matrices (flat) of earlier calls; one is reused when no view of it is alive.
+_OUT_POOL: list[np.ndarray] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _out_buffer(shape: tuple[int, int]) -> np.ndarray:
+    """float64 result matrix of ``shape``.
+
+    The matrix of an earlier call is reused only when nothing refers to it any more (its
+    reference count is back to the pool's own), so results the caller keeps are never
+    overwritten; fresh memory is paid for in page faults on first touch (a large part of the
+    time on some hosts). At most one matrix is kept; :func:`release_buffers` drops it.
+    """
+    size = int(np.prod(shape))
+    with _POOL_LOCK:
+        for buf in _OUT_POOL:
+            # references: the pool list, the loop variable, getrefcount's argument
+            if sys.getrefcount(buf) <= 3 and buf.size >= size:
+                return buf[:size].reshape(shape)
+        _OUT_POOL.clear()
+        buf = np.empty(size)
+        _OUT_POOL.append(buf)
+        return buf.reshape(shape)
+
+
+def release_buffers() -> None:
+    """Drop the result matrix kept for reuse."""
+    with _POOL_LOCK:
+        _OUT_POOL.clear()
 
 
 def _bounds(n: int, k: int) -> list[tuple[int, int]]:
@@ -127,71 +730,58 @@ def _bounds(n: int, k: int) -> list[tuple[int, int]]:
     return [(int(edges[c]), int(edges[c + 1])) for c in range(k) if edges[c + 1] > edges[c]]
 
 
-def _tmpdir(nbytes: int) -> str:
-    """A temp directory for shared arrays: /dev/shm when it has room, else the system one."""
-    shm = Path("/dev/shm")
-    try:
-        if shm.is_dir() and shutil.disk_usage(shm).free > 1.2 * nbytes:
-            return tempfile.mkdtemp(prefix="alphafeat-", dir=shm)
-    except OSError:
-        pass
-    return tempfile.mkdtemp(prefix="alphafeat-")
-
-
 def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jobs: int | None = 1) -> np.ndarray:
-    """All features as a float64 matrix ``(n_out + 1, n)`` (last row: scratch).
+    """All features as a float64 matrix ``(n_out, n)``.
 
     ``cols``: contiguous input columns (:func:`alphafeat.features._prepare`). ``n_chunks``:
-    number of contiguous chunks (>= 1); ``n_jobs``: joblib worker processes (1: in-process,
-    None or -1: all cores). Results equal the sequential ones to rounding, on any split.
+    number of contiguous chunks (>= 1); ``n_jobs``: worker threads for the chunks (1:
+    in-process, None or -1: all cores; joblib's threading backend, the kernels release the
+    GIL). Results equal the sequential ones to rounding, on any split.
     """
     n = int(cols["ts_recv"].shape[0])
     n_chunks = max(1, min(int(n_chunks), max(n, 1)))
     if n_jobs is None or n_jobs < 0:
         n_jobs = os.cpu_count() or 1
     n_jobs = max(1, min(int(n_jobs), n_chunks))
-    shape = (plan.n_out + 1, n)
     if n == 0:
-        return np.empty(shape)
+        return np.empty((plan.n_out, 0))
+    out = _out_buffer((plan.n_out, n))
+    lut1p, lutlog = _luts()
+    taus, tix, tau_nu = _tau_tables(plan)
+    S = plan.s_kind.shape[0]
+    args_in = (cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"], cols["buy_volume"],
+               cols["sell_volume"], cols["trade_count"], plan.tick, plan.layout, plan.depth_w, out)  # fmt: skip
+    args_plan = (plan.n_out, plan.s_kind, plan.s_code, plan.s_tau, plan.s_scale, tix, taus, tau_nu, plan.interp,
+                 plan.p_int, plan.p_tau, plan.hawkes_mu, plan.hawkes_alpha, plan.fd_col, plan.fd_w)  # fmt: skip
+
+    def chunk(mode: int, lo: int, hi: int, jprev: np.ndarray, x0: np.ndarray):
+        lastf = np.full(N_LF, -1, dtype=np.int64)
+        ab = np.empty((2, S))
+        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut1p, lutlog)
+        return lastf if mode == _MODE_ROWWISE else ab
+
+    none = np.full(N_LF, -1, dtype=np.int64)
+    if n_chunks == 1:
+        chunk(_MODE_FUSED, 0, n, none, np.zeros(S))
+        return out
     bounds = _bounds(n, n_chunks)
-    tmp = None
     if n_jobs == 1:
-        arrs: dict = {**cols, "out": np.empty(shape)}
-        run = lambda tasks: [_task(*t) for t in tasks]  # noqa: E731
+        run = lambda tasks: [chunk(*t) for t in tasks]  # noqa: E731
     else:
         from joblib import Parallel, delayed
 
-        nbytes = 8 * shape[0] * n + sum(v.nbytes for v in cols.values())
-        tmp = _tmpdir(nbytes)
-        arrs = {}
-        for k, v in cols.items():
-            path = os.path.join(tmp, f"{k}.npy")
-            m = np.lib.format.open_memmap(path, mode="w+", dtype=v.dtype, shape=v.shape)
-            m[...] = v
-            del m
-            arrs[k] = path
-        arrs["out"] = os.path.join(tmp, "out.npy")
-        np.lib.format.open_memmap(arrs["out"], mode="w+", dtype=np.float64, shape=shape)
-        par = Parallel(n_jobs=n_jobs, backend="loky")
-        run = lambda tasks: par(delayed(_task)(*t) for t in tasks)  # noqa: E731
-    try:
-        lastf = run([("A", arrs, plan, lo, hi) for lo, hi in bounds])
-        jprev = np.full((len(bounds), N_LF), -1, dtype=np.int64)
+        par = Parallel(n_jobs=n_jobs, backend="threading")
+        run = lambda tasks: par(delayed(chunk)(*t) for t in tasks)  # noqa: E731
+    zero = np.zeros(S)
+    lastf = run([(_MODE_ROWWISE, lo, hi, none, zero) for lo, hi in bounds])
+    jprev = np.full((len(bounds), N_LF), -1, dtype=np.int64)
+    for c in range(1, len(bounds)):
+        jprev[c] = np.where(lastf[c - 1] >= 0, lastf[c - 1], jprev[c - 1])
+    x0 = np.zeros((len(bounds), S))
+    if len(bounds) > 1:
+        abs_ = run([(_MODE_COMPOSE, lo, hi, jprev[c], zero) for c, (lo, hi) in enumerate(bounds[:-1])])
         for c in range(1, len(bounds)):
-            jprev[c] = np.where(lastf[c - 1] >= 0, lastf[c - 1], jprev[c - 1])
-        S = plan.s_kind.shape[0]
-        x0 = np.zeros((len(bounds), S))
-        if len(bounds) > 1:
-            abs_ = run([("B", arrs, plan, lo, hi, jprev[c]) for c, (lo, hi) in enumerate(bounds[:-1])])
-            for c in range(1, len(bounds)):
-                A, B = abs_[c - 1]
-                x0[c] = A * x0[c - 1] + B
-        run([("C", arrs, plan, lo, hi, jprev[c], x0[c]) for c, (lo, hi) in enumerate(bounds)])
-        run([("D", arrs, plan, lo, hi) for lo, hi in bounds])
-        out = arrs["out"]
-        if isinstance(out, str):
-            out = np.load(out, mmap_mode="r+").view(np.ndarray)  # the mapping outlives the unlink
-        return out
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            A, B = abs_[c - 1]
+            x0[c] = A * x0[c - 1] + B
+    run([(_MODE_REPLAY, lo, hi, jprev[c], x0[c]) for c, (lo, hi) in enumerate(bounds)])
+    return out

@@ -3,12 +3,13 @@ integer plan (column layout, recurrences, post-transforms) that both back ends e
 
 Each spec names its formula, unit, literature source, the parameters it uses, the minimum
 book depth it needs and its CPU (``@njit``) and CUDA (``@cuda.jit``) implementations. The
-CPU and CUDA implementations are the same source (:mod:`alphafeat.features._rows`) compiled
-for the two targets, plus the scan/fracdiff drivers named in ``cpu`` / ``cuda``.
+CPU implementations are the block-wise kernels of :mod:`alphafeat.features.cpu`; the CUDA
+ones compile the per-row source :mod:`alphafeat.features._rows` (tests hold them equal).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -132,7 +133,7 @@ class FeatureSpec:
     formula: str = ""
     parameters: dict = field(default_factory=dict)
     min_depth: int = 1
-    cpu: str = "alphafeat.features._rows.rowwise_row (njit)"
+    cpu: str = "alphafeat.features.cpu._rowwise_block (njit)"
     cuda: str = "alphafeat.cuda.kernels.rowwise_kernel"
 
 
@@ -226,7 +227,7 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
     zm = f"Zumbach & Müller (2001), irregular EMA, '{p.ema_interpolation}' interpolation"
     specs: list[FeatureSpec] = []
     lay = np.zeros(N_LAYOUT, dtype=np.int64)
-    scan_cpu = "alphafeat.features._rows.coef + post_row (njit, chunked linear scan)"
+    scan_cpu = "alphafeat.features.cpu._scan_block (njit, chunked linear scan with exact carries)"
     scan_cuda = "alphafeat.cuda.kernels.coef_kernel + device_linear_scan + post_kernel"
 
     def add(name, unit, desc, source, formula="", params=None, min_depth=1, scan=False) -> int:
@@ -391,8 +392,9 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
                  "López de Prado (2018), AFML ch. 5, fixed-width window fractional differentiation",
                  "sum_{k<W} w_k log(mid)_{i-k}", {"fracdiff_d": p.fracdiff_d, "fracdiff_threshold":
                                                   p.fracdiff_threshold, "window": int(fd_w.size)})
-    specs[fd_col] = FeatureSpec(**{**specs[fd_col].__dict__, "cpu": "alphafeat.features._rows.fracdiff_row (njit)",
-                                   "cuda": "alphafeat.cuda.kernels.fracdiff_kernel"})
+    specs[fd_col] = dataclasses.replace(specs[fd_col],
+                                        cpu="alphafeat.features.cpu._scan_block (njit, block-wise window sums)",
+                                        cuda="alphafeat.cuda.kernels.fracdiff_kernel")
     slog_src = "signed log sign(x) log(1 + |x|)"
     lay[L_SLOG_OFI1] = add("slog_ofi_l01", "log contracts", "sign(ofi_l01) log(1 + |ofi_l01|)", slog_src,
                            "sign(x) log1p(|x|)")
