@@ -33,7 +33,12 @@ class ModelConfig:
     d_model, n_layers : residual width and number of Mamba2 blocks.
     d_state, headdim, expand, d_conv, chunk_size : Mamba2 parameters.
     cfc_hidden : CfC units.
-    dropout : float, on the residual stream.
+    The defaults are the small model of ``alphamodel train`` without ``--cache`` (the embedded
+    sample: ~16k training rows, which this model starts to memorise within 40 steps, hence the
+    dropout); other caches pass sizes with ``--config`` (examples in ``alphamodel/configs/``).
+    dropout : float, on the residual stream of each block and on the sequence features (CfC
+        state and encoder output) that the heads read; the heads' direct ("wide") path on the
+        row's own inputs is never dropped, so the per-row linear model is always available.
     """
 
     n_features: int = 0
@@ -46,7 +51,7 @@ class ModelConfig:
     d_conv: int = 4
     chunk_size: int = 32
     cfc_hidden: int = 32
-    dropout: float = 0.0
+    dropout: float = 0.3
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -88,6 +93,7 @@ class AlphaModel(nn.Module):
         self.cfc = CfC(cfg.d_model, cfg.cfc_hidden)
         # heads read the CfC state, the encoder output and (a linear "wide" path) the row's inputs
         self.heads = nn.Linear(cfg.cfc_hidden + cfg.d_model + cfg.n_features, cfg.n_horizons)
+        self.drop_seq = nn.Dropout(cfg.dropout)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The Mamba2 stack: (B, K, F) -> (B, K, d_model)."""
@@ -99,7 +105,8 @@ class AlphaModel(nn.Module):
     def forward(self, x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
         h = self.encode(x)
         s = self.cfc(h, dt)
-        return self.heads(torch.cat([s.to(h.dtype), h, x.to(h.dtype)], dim=-1)).float()
+        seq = self.drop_seq(torch.cat([s.to(h.dtype), h], dim=-1))
+        return self.heads(torch.cat([seq, x.to(h.dtype)], dim=-1)).float()
 
 
 def horizon_weights(horizons: Sequence[int], window: int, scheme: str = "window") -> torch.Tensor:

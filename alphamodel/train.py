@@ -54,19 +54,21 @@ class TrainConfig:
     val_frac, test_frac : block sizes of the walk-forward split.  horizon_weighting :
     ``window`` (w_h = min(1, K/h)) or ``equal``.  seed, device (auto|cpu|cuda), compile
     (torch.compile the blocks), grad_clip, eval_batch_size, threads (CPU threads; None =
-    1 on CPU), baseline_max_rows (logistic-regression training rows).
+    1 on CPU), baseline_max_rows (logistic-regression training rows), val_max_windows (at
+    most this many validation windows, evenly spaced over the block, are scored after each
+    epoch for early stopping; None = all; the test block is always scored in full).
     """
 
     window: int = 64
     burn_in: int = 16
     batch_size: int = 32
-    epochs: int = 8
-    steps_per_epoch: int = 40
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 25
+    epochs: int = 12
+    steps_per_epoch: int = 20
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 10
     min_lr_frac: float = 0.05
-    patience: int = 3
+    patience: int = 4
     val_frac: float = 0.2
     test_frac: float = 0.2
     horizon_weighting: str = "window"
@@ -77,6 +79,7 @@ class TrainConfig:
     eval_batch_size: int = 128
     threads: int | None = None
     baseline_max_rows: int = 200_000
+    val_max_windows: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -247,6 +250,11 @@ def _plots(out: Path, history: list[dict], horizons: list[int]) -> list[str]:
     return ["loss.png", "auc.png"]
 
 
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p.astype(np.float64), 1e-12, 1 - 1e-12)
+    return np.log(p / (1 - p))
+
+
 def _nan_none(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
@@ -299,6 +307,9 @@ def train(
     weights = horizon_weights(data.horizons, tc.window, tc.horizon_weighting).to(device)
     seg_ids, starts = data.train_starts(tr_rows, tc.window)
     val_windows = data.eval_windows(va_rows, tc.window, tc.burn_in)
+    if tc.val_max_windows and len(val_windows) > tc.val_max_windows:
+        pick = np.linspace(0, len(val_windows) - 1, tc.val_max_windows).round().astype(np.int64)
+        val_windows = [val_windows[i] for i in np.unique(pick)]
     test_windows = data.eval_windows(te_rows, tc.window, tc.burn_in)
     log.info("rows: train %d, val %d, test %d; %d training windows; %d parameters; device %s",
              tr_rows.size, va_rows.size, te_rows.size, starts.size, n_params, device)
@@ -342,7 +353,12 @@ def train(
             _, vp, vy, vloss = evaluate(fwd, data, val_windows, norm, tc.window, weights, device, tc.eval_batch_size)
             vauc = [auc(vp[:, j], vy[:, j]) if len(vy) else float("nan") for j in range(H)]
             train_loss = float(np.mean(losses))
+            vloss_h = [float(masked_bce_loss(torch.from_numpy(_logit(vp[:, j : j + 1])),
+                                             torch.from_numpy(vy[:, j : j + 1]))) if len(vy) else float("nan")
+                       for j in range(H)]
             history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": _nan_none(vloss),
+                            "val_loss_per_horizon": [_nan_none(v) if (~np.isnan(vy[:, j])).any() else None
+                                                     for j, v in enumerate(vloss_h)],
                             "val_auc": [_nan_none(a) for a in vauc], "lr": sched.get_last_lr()[0],
                             "seconds": time.perf_counter() - t_ep})
             crit = vloss if math.isfinite(vloss) else train_loss
@@ -367,10 +383,18 @@ def train(
                        norm.std[[norm.names.index(n) for n in bnames]], norm.clip)
     xb_tr, yb_tr = data.gather(tr_rows, bnames)
     xb_te, _ = data.gather(rows, bnames)
+    # the validation rows scored by the best model (model selection reads these, never the test)
+    vrows, vprobs, vylab, _ = evaluate(model, data, val_windows, norm, tc.window, weights, device,
+                                       tc.eval_batch_size)
+    xb_va, _ = data.gather(vrows, bnames)
     per_h = []
     for j, h in enumerate(data.horizons):
-        lr_scores = (fit_logistic_baseline(bnorm(xb_tr), yb_tr[:, j], bnorm(xb_te), tc.baseline_max_rows, tc.seed)
-                     if bnames else np.full(len(rows), np.nan))
+        if bnames:
+            both = fit_logistic_baseline(bnorm(xb_tr), yb_tr[:, j], bnorm(np.concatenate([xb_te, xb_va])),
+                                         tc.baseline_max_rows, tc.seed)
+            lr_scores, lr_val = both[: len(rows)], both[len(rows):]
+        else:
+            lr_scores, lr_val = np.full(len(rows), np.nan), np.full(len(vrows), np.nan)
         per_h.append({
             "horizon": h,
             "n_test": int((~np.isnan(ylab[:, j])).sum()),
@@ -378,6 +402,8 @@ def train(
             "base_rate_train": _nan_none(base_rate(yb_tr[:, j])),
             "auc_model": _nan_none(auc(probs[:, j], ylab[:, j])),
             "auc_logistic": _nan_none(auc(lr_scores, ylab[:, j])),
+            "auc_model_val": _nan_none(auc(vprobs[:, j], vylab[:, j])) if len(vylab) else None,
+            "auc_logistic_val": _nan_none(auc(lr_val, vylab[:, j])) if len(vylab) else None,
             "weight": float(weights[j]),
         })
 
@@ -393,7 +419,7 @@ def train(
         "cache": str(Path(cache).resolve()), "out": str(out.resolve()), "device": str(device),
         "seconds": time.perf_counter() - t_start, "parameters": n_params,
         "rows": {"total": data.n_rows, "train": int(tr_rows.size), "val": int(va_rows.size),
-                 "test": int(te_rows.size)},
+                 "test": int(te_rows.size), "val_scored_per_epoch": int(len(vrows))},
         "labels_kept_after_purge": {f"h{h}": int(keep[:, j].sum()) for j, h in enumerate(data.horizons)},
         "best_epoch": best[1], "epochs_run": len(history), "test_loss": _nan_none(test_loss),
         "horizons": per_h, "history": history, "plots": plots,

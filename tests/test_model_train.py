@@ -194,3 +194,48 @@ def test_missing_label_column_is_a_clear_error(tmp_path):
     (root / MANIFEST).write_text(json.dumps(m))
     with pytest.raises(AlphafeatError, match="missing column.*label_h7"):
         CacheData.open(root)
+
+
+def test_fracdiff_level_is_removed_from_the_inputs(tmp_path):
+    """A fixed-window fracdiff of log(mid) carries c * log(mid) (c = sum of its weights): it
+    enters as ``fracdiff_log_mid-level`` = fracdiff - c log(mid), which is 0 on a flat mid."""
+    from alphamodel.data import fracdiff_weight_sum
+
+    d, W = 0.4, 6
+    w = [1.0]
+    for k in range(1, W):
+        w.append(-w[-1] * (d - k + 1) / k)
+    assert fracdiff_weight_sum(d, W) == pytest.approx(sum(w))
+    root = _write_cache(tmp_path / "c", sessions=1, n=60)
+    rel = json.loads((root / MANIFEST).read_text())["partitions"][0]
+    t = pa.ipc.open_file(pa.BufferReader((root / rel).read_bytes())).read_all()  # not mapped: rewritten below
+    lm = np.log(t.column("mid").to_numpy())
+    fd = np.full(lm.size, np.nan)
+    for i in range(W - 1, lm.size):
+        fd[i] = sum(w[k] * lm[i - k] for k in range(W))
+    t = t.append_column("fracdiff_log_mid", pa.array(fd))
+    with pa.OSFile(str(root / rel), "wb") as f, pa.ipc.new_file(f, t.schema) as wr:
+        wr.write_table(t)
+    m = json.loads((root / MANIFEST).read_text())
+    m["columns"].append({"name": "fracdiff_log_mid", "unit": "log points", "source": "AFML ch. 5",
+                         "parameters": {"fracdiff_d": d, "window": W}})
+    (root / MANIFEST).write_text(json.dumps(m))
+    data = CacheData.open(root)
+    assert "fracdiff_log_mid" not in data.feature_names and "fracdiff_log_mid-level" in data.feature_names
+    x = data.raw_features(0, np.arange(60), ["fracdiff_log_mid-level"])[:, 0]
+    ref = np.array([sum(w[k] * (lm[i - k] - lm[i]) for k in range(W)) if i >= W - 1 else np.nan
+                    for i in range(60)])
+    assert np.allclose(x, ref, equal_nan=True, atol=1e-12)  # a sum of past log returns, no level
+    assert np.nanmax(np.abs(x)) < 1e-3 < abs(sum(w) * lm[0])
+
+
+def test_heads_keep_the_per_row_linear_path_under_dropout():
+    """With every sequence feature dropped, the logits are the linear model of the row's inputs."""
+    from alphamodel.model import AlphaModel, ModelConfig
+
+    torch.manual_seed(0)
+    m = AlphaModel(ModelConfig(n_features=5, n_horizons=3, d_model=8, n_layers=1, d_state=4, headdim=4,
+                               chunk_size=8, cfc_hidden=4, dropout=1.0)).train()
+    x, dt = torch.randn(2, 7, 5), torch.rand(2, 7)
+    W, b = m.heads.weight[:, -5:], m.heads.bias
+    assert torch.allclose(m(x, dt), x @ W.T + b, atol=1e-6)
