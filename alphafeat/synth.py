@@ -101,9 +101,10 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,6 +116,9 @@ import joblib
 import numba
 import numpy as np
 import zstandard
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 __all__ = [
     "ACTIVITY_PROFILE",
@@ -256,6 +260,7 @@ _EXPECTED_OFFSETS = {
     "ask_ct_00": 76, "bid_px_01": 80,
 }
 assert _MBP_SIZE == 368 and TRADE_DTYPE.itemsize == 48 and _MBO_SIZE == 56
+assert sys.byteorder == "little"  # the kernel writes records as little-endian int64 words
 assert [MBO_DTYPE.fields[k][1] for k in ("ts_event", "order_id", "price", "size", "flags", "action", "side",
         "ts_recv", "ts_in_delta", "sequence")] == [8, 16, 24, 32, 36, 38, 39, 40, 48, 52]
 assert all(MBP10_DTYPE.fields[k][1] == v for k, v in _EXPECTED_OFFSETS.items())
@@ -520,16 +525,68 @@ QMAX = 64
 #: Records reserved per event when checking buffer room.
 _RESERVE = 1024
 
-# scalar-state indices (int64 array ``ist``)
-_IB, _IA, _INB, _INA, _IOID, _ILOCK = 0, 1, 2, 3, 4, 5
+# Packed int64 state ``st`` of one instrument's book: scalars, event context, record counters,
+# then per side and level the order count, the level size and the FIFO queue (order ids and
+# sizes). One array instead of many, because numba reference-counts every array argument of
+# every call between the kernel's helpers (atomic increments that dominated the run time).
+_IB, _IA, _INB, _INA, _IOID, _ILOCK, _HMBO, _HMBP = range(8)
+# event context: ts_event, ts_recv, sequence, ts_in_delta, flags, write switch
+_ET, _ERC, _ESEQ, _ETID, _EFLAGS, _EWRITE = 8, 9, 10, 11, 12, 13
+# records written so far (MBO, MBP-10); MBP-10 rows with F_LAST, those of them with an UNDEF
+# level 10 on either side (a thin book), the volume and the number of the MBP-10 'T' records
+_CMBO, _CMBP, _CLAST, _CTHIN, _CTVOL, _CTN = 14, 15, 16, 17, 18, 19
+# MBO records are written (else only counted)
+_WMBO = 20
+#: Level stride per side in the packed state (>= LMAX_OUTRIGHT).
+_LS = 16
+_QN = 24  # orders at level k of side s: st[_QN + s * _LS + k]
+_LSZ = _QN + 2 * _LS  # contracts at level k of side s
+_QID = _LSZ + 2 * _LS  # id of order j at level k of side s: st[_QID + (s * _LS + k) * QMAX + j]
+_QD = 2 * _LS * QMAX  # offset from an order's id to its size
+_NST = _QID + 2 * _QD
 # float-state indices (float64 array ``fst``)
 _FFLOW, _FLAT = 0, 1
-# event-context indices (int64 array ``ev``)
-_ET, _ERC, _ESEQ, _ETID, _EFLAGS, _EWRITE = 0, 1, 2, 3, 4, 5
+#: int64 words per MBO / MBP-10 record (the kernel writes whole records as words).
+_MBO_W, _MBP_W = _MBO_SIZE // 8, _MBP_SIZE // 8
+_M32 = 0xFFFFFFFF
+_UNDEF = UNDEF_PRICE
 # parameter-vector indices (float64 array ``params``), see :func:`_params`
 (_PKAPPA, _PWI, _PWF, _PWR, _PF0, _PDECAY, _PTRADE, _PFILL, _PT0, _PTD, _PSIGMA, _PSW0, _PSW1,
  _PLOCK, _PBADTS, _PREPL, _PLMAX, _PNMIN, _PTICK, _PMODUP, _PMODDN, _PL0, _PFLICK) = range(23)
 _NPARAMS = 23
+assert LMAX_OUTRIGHT <= _LS and LMAX_SPREAD <= _LS
+
+
+@intrinsic
+def _borrow(typingctx, obj):
+    """``obj`` (an array or a numpy ``Generator``) without its reference-counted owner
+    (meminfo = NULL).
+
+    numba increments and decrements (atomically) the owner's count of every array or generator
+    passed to a function, ``rng.random()`` included; with no owner these become a null check.
+    Only for objects that the caller keeps alive while the borrowed one is used."""
+    if isinstance(obj, types.Array):
+
+        def codegen(context, builder, sig, args):
+            src = context.make_array(sig.args[0])(context, builder, args[0])
+            out = context.make_array(sig.return_type)(context, builder)
+            populate_array(out, data=src.data, shape=src.shape, strides=src.strides,
+                           itemsize=src.itemsize, meminfo=None)
+            return out._getvalue()
+
+        return obj(obj), codegen
+    if isinstance(obj, types.NumPyRandomGeneratorType):
+
+        def codegen_rng(context, builder, sig, args):
+            src = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=args[0])
+            out = cgutils.create_struct_proxy(sig.return_type)(context, builder)
+            out.bit_generator = src.bit_generator
+            out.parent = src.parent
+            out.meminfo = cgutils.get_null_value(out.meminfo.type)
+            return out._getvalue()
+
+        return obj(obj), codegen_rng
+    return None
 
 
 @numba.njit(cache=True)
@@ -591,186 +648,205 @@ def _event_times(rng, seg_start, seg_end, seg_rate, mean_burst, p_short, short_n
 
 
 @numba.njit(cache=True)
-def _put_mbo(o8, o4, o1, n, ev, oid, px, size, action, side):
-    """Write one MBOMsg body (header fields are filled later for the whole array)."""
-    o8[n, 1] = ev[_ET]
-    o8[n, 2] = oid
-    o8[n, 3] = px
-    o4[n, 8] = size
-    o1[n, 36] = ev[_EFLAGS]
-    o1[n, 38] = action
-    o1[n, 39] = side
-    o8[n, 5] = ev[_ERC]
-    o4[n, 12] = ev[_ETID]
-    o4[n, 13] = ev[_ESEQ]
+def _put_mbo(om, st, oid, px, size, action, side):
+    """Append one whole MBOMsg (7 little-endian int64 words) to ``om`` (or only count it)."""
+    n = st[_CMBO]
+    st[_CMBO] = n + 1
+    if st[_WMBO] == 0:
+        return
+    om[n, 0] = st[_HMBO]
+    om[n, 1] = st[_ET]
+    om[n, 2] = oid
+    om[n, 3] = px
+    # size u32 | flags u8 | channel_id u8 (0) | action u8 | side u8
+    om[n, 4] = (size & _M32) | (st[_EFLAGS] << 32) | (np.int64(action) << 48) | (np.int64(side) << 56)
+    om[n, 5] = st[_ERC]
+    om[n, 6] = (st[_ETID] & _M32) | (st[_ESEQ] << 32)  # ts_in_delta i32 | sequence u32
 
 
 @numba.njit(cache=True)
-def _put_mbp(i8, u4, u1, n, ev, px, size, action, side, depth, ist, qn, lsz, tick):
-    """Write one MBP10Msg: the update fields and the top-10 book of the current state."""
-    i8[n, 1] = ev[_ET]
-    i8[n, 2] = px
-    i8[n, 4] = ev[_ERC]
-    u4[n, 6] = size
-    u4[n, 10] = ev[_ETID]
-    u4[n, 11] = ev[_ESEQ]
-    u1[n, 28] = action
-    u1[n, 29] = side
-    u1[n, 30] = ev[_EFLAGS]
-    u1[n, 31] = depth
-    undef = np.int64(9223372036854775807)
-    b = ist[_IB]
-    a = ist[_IA]
-    nb = ist[_INB]
-    na = ist[_INA]
+def _put_mbp(op, st, px, size, action, side, depth, tick):
+    """Append one whole MBP10Msg (46 int64 words): the update and the current top-10 book."""
+    n = st[_CMBP]
+    op[n, 0] = st[_HMBP]
+    op[n, 1] = st[_ET]
+    op[n, 2] = px
+    # size u32 | action u8 | side u8 | flags u8 | depth u8
+    op[n, 3] = ((size & _M32) | (np.int64(action) << 32) | (np.int64(side) << 40) | (st[_EFLAGS] << 48)
+                | (np.int64(depth) << 56))
+    op[n, 4] = st[_ERC]
+    op[n, 5] = (st[_ETID] & _M32) | (st[_ESEQ] << 32)
+    undef = np.int64(_UNDEF)
+    b = st[_IB]
+    a = st[_IA]
+    nb = st[_INB]
+    na = st[_INA]
     for k in range(10):
+        w = 6 + 4 * k
         if k < nb:
-            i8[n, 6 + 4 * k] = (b - k) * tick
-            u4[n, 16 + 8 * k] = lsz[0, k]
-            u4[n, 18 + 8 * k] = qn[0, k]
+            op[n, w] = (b - k) * tick
+            bsz = st[_LSZ + k]
+            bct = st[_QN + k]
         else:
-            i8[n, 6 + 4 * k] = undef
-            u4[n, 16 + 8 * k] = 0
-            u4[n, 18 + 8 * k] = 0
+            op[n, w] = undef
+            bsz = np.int64(0)
+            bct = np.int64(0)
         if k < na:
-            i8[n, 7 + 4 * k] = (a + k) * tick
-            u4[n, 17 + 8 * k] = lsz[1, k]
-            u4[n, 19 + 8 * k] = qn[1, k]
+            op[n, w + 1] = (a + k) * tick
+            asz = st[_LSZ + _LS + k]
+            act = st[_QN + _LS + k]
         else:
-            i8[n, 7 + 4 * k] = undef
-            u4[n, 17 + 8 * k] = 0
-            u4[n, 19 + 8 * k] = 0
+            op[n, w + 1] = undef
+            asz = np.int64(0)
+            act = np.int64(0)
+        op[n, w + 2] = (bsz & _M32) | (asz << 32)  # bid_sz u32 | ask_sz u32
+        op[n, w + 3] = (bct & _M32) | (act << 32)  # bid_ct u32 | ask_ct u32
+    st[_CMBP] = n + 1
 
 
 @numba.njit(cache=True)
-def _emit(s, k, px, oid, q, action, ist, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _emit(st, om, op, s, k, px, oid, q, action, tick):
     """Emit a book-changing MBO record and, when level ``k`` is in the top 10, its MBP-10
     record (the MBP-10 book is the state after the change)."""
-    if ev[_EWRITE] == 0:
+    if st[_EWRITE] == 0:
         return
     side = np.uint8(66) if s == 0 else np.uint8(65)
-    _put_mbo(o8, o4, o1, cnt[0], ev, oid, px, q, action, side)
-    cnt[0] += 1
+    _put_mbo(om, st, oid, px, q, action, side)
     if k < 10:
-        _put_mbp(i8, u4, u1, cnt[1], ev, px, q, action, side, k, ist, qn, lsz, tick)
-        cnt[1] += 1
+        _put_mbp(op, st, px, q, action, side, k, tick)
 
 
 @numba.njit(cache=True)
-def _lvl_px(ist, s, k, tick):
-    return (ist[_IB] - k) * tick if s == 0 else (ist[_IA] + k) * tick
+def _lvl_px(st, s, k, tick):
+    return (st[_IB] - k) * tick if s == 0 else (st[_IA] + k) * tick
 
 
 @numba.njit(cache=True)
-def _insert_level0(s, ist, qid, qsz, qn, lsz):
+def _insert_level0(st, s):
     """Shift side ``s`` one level deeper and open an empty level 0 one tick better.
 
     The side must hold fewer than its maximum number of levels."""
-    n = ist[_INB + s]
+    n = st[_INB + s]
+    base = s * _LS
     for k in range(n, 0, -1):
-        qn[s, k] = qn[s, k - 1]
-        lsz[s, k] = lsz[s, k - 1]
-        for j in range(qn[s, k]):
-            qid[s, k, j] = qid[s, k - 1, j]
-            qsz[s, k, j] = qsz[s, k - 1, j]
-    qn[s, 0] = 0
-    lsz[s, 0] = 0
-    ist[_INB + s] = n + 1
+        m = st[_QN + base + k - 1]
+        st[_QN + base + k] = m
+        st[_LSZ + base + k] = st[_LSZ + base + k - 1]
+        src = _QID + (base + k - 1) * QMAX
+        dst = src + QMAX
+        for j in range(m):
+            st[dst + j] = st[src + j]
+            st[_QD + dst + j] = st[_QD + src + j]
+    st[_QN + base] = 0
+    st[_LSZ + base] = 0
+    st[_INB + s] = n + 1
     if s == 0:
-        ist[_IB] += 1
+        st[_IB] += 1
     else:
-        ist[_IA] -= 1
+        st[_IA] -= 1
 
 
 @numba.njit(cache=True)
-def _remove_level0(s, ist, qid, qsz, qn, lsz):
+def _remove_level0(st, s):
     """Drop the (empty) level 0 of side ``s``; the next level becomes the best."""
-    n = ist[_INB + s]
+    n = st[_INB + s]
+    base = s * _LS
     for k in range(n - 1):
-        qn[s, k] = qn[s, k + 1]
-        lsz[s, k] = lsz[s, k + 1]
-        for j in range(qn[s, k]):
-            qid[s, k, j] = qid[s, k + 1, j]
-            qsz[s, k, j] = qsz[s, k + 1, j]
-    qn[s, n - 1] = 0
-    lsz[s, n - 1] = 0
-    ist[_INB + s] = n - 1
+        m = st[_QN + base + k + 1]
+        st[_QN + base + k] = m
+        st[_LSZ + base + k] = st[_LSZ + base + k + 1]
+        dst = _QID + (base + k) * QMAX
+        src = dst + QMAX
+        for j in range(m):
+            st[dst + j] = st[src + j]
+            st[_QD + dst + j] = st[_QD + src + j]
+    st[_QN + base + n - 1] = 0
+    st[_LSZ + base + n - 1] = 0
+    st[_INB + s] = n - 1
     if s == 0:
-        ist[_IB] -= 1
+        st[_IB] -= 1
     else:
-        ist[_IA] += 1
+        st[_IA] += 1
 
 
 @numba.njit(cache=True)
-def _add(s, k, q, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _add(st, om, op, s, k, q, tick):
     """Add an order of ``q`` contracts at level ``k`` (``k`` = level count opens a new tail)."""
-    n = ist[_INB + s]
+    n = st[_INB + s]
     if k == n:
-        ist[_INB + s] = n + 1
-    px = _lvl_px(ist, s, k, tick)
-    j = qn[s, k]
+        st[_INB + s] = n + 1
+    px = _lvl_px(st, s, k, tick)
+    lv = s * _LS + k
+    qo = _QID + lv * QMAX
+    j = st[_QN + lv]
     if j == QMAX:  # full queue: grow the last order instead
-        qsz[s, k, j - 1] += q
-        lsz[s, k] += q
-        _emit(s, k, px, qid[s, k, j - 1], qsz[s, k, j - 1], np.uint8(77), ist, qn, lsz, tick, ev,
-              cnt, o8, o4, o1, i8, u4, u1)
+        st[_QD + qo + j - 1] += q
+        st[_LSZ + lv] += q
+        _emit(st, om, op, s, k, px, st[qo + j - 1], st[_QD + qo + j - 1], np.uint8(77), tick)
         return
-    oid = ist[_IOID]
-    ist[_IOID] += 1
-    qid[s, k, j] = oid
-    qsz[s, k, j] = q
-    qn[s, k] = j + 1
-    lsz[s, k] += q
-    _emit(s, k, px, oid, q, np.uint8(65), ist, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+    oid = st[_IOID]
+    st[_IOID] += 1
+    st[qo + j] = oid
+    st[_QD + qo + j] = q
+    st[_QN + lv] = j + 1
+    st[_LSZ + lv] += q
+    _emit(st, om, op, s, k, px, oid, q, np.uint8(65), tick)
 
 
 @numba.njit(cache=True)
-def _cancel(s, k, j, q, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _cancel(st, om, op, s, k, j, q, tick):
     """Cancel ``q`` contracts of order ``j`` at level ``k`` (the whole order when that is all it
     has); an emptied level 0 is removed (the side shifts), an emptied tail level dropped."""
-    px = _lvl_px(ist, s, k, tick)
-    oid = qid[s, k, j]
-    qsz[s, k, j] -= q
-    lsz[s, k] -= q
-    if qsz[s, k, j] <= 0:
-        m = qn[s, k]
+    px = _lvl_px(st, s, k, tick)
+    lv = s * _LS + k
+    qo = _QID + lv * QMAX
+    oid = st[qo + j]
+    st[_QD + qo + j] -= q
+    st[_LSZ + lv] -= q
+    if st[_QD + qo + j] <= 0:
+        m = st[_QN + lv]
         for jj in range(j, m - 1):
-            qid[s, k, jj] = qid[s, k, jj + 1]
-            qsz[s, k, jj] = qsz[s, k, jj + 1]
-        qn[s, k] = m - 1
-    if qn[s, k] == 0:
+            st[qo + jj] = st[qo + jj + 1]
+            st[_QD + qo + jj] = st[_QD + qo + jj + 1]
+        st[_QN + lv] = m - 1
+    if st[_QN + lv] == 0:
         if k == 0:
-            _remove_level0(s, ist, qid, qsz, qn, lsz)
+            _remove_level0(st, s)
         else:
-            ist[_INB + s] -= 1
-    _emit(s, k, px, oid, q, np.uint8(67), ist, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+            st[_INB + s] -= 1
+    _emit(st, om, op, s, k, px, oid, q, np.uint8(67), tick)
 
 
 @numba.njit(cache=True)
-def _modify(s, k, j, new, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _modify(st, om, op, s, k, j, new, tick):
     """Change order ``j``'s size to ``new`` > 0; a size increase loses queue priority."""
-    px = _lvl_px(ist, s, k, tick)
-    oid = qid[s, k, j]
-    lsz[s, k] += new - qsz[s, k, j]
-    if new > qsz[s, k, j]:
-        m = qn[s, k]
+    px = _lvl_px(st, s, k, tick)
+    lv = s * _LS + k
+    qo = _QID + lv * QMAX
+    oid = st[qo + j]
+    old = st[_QD + qo + j]
+    st[_LSZ + lv] += new - old
+    if new > old:
+        m = st[_QN + lv]
         for jj in range(j, m - 1):
-            qid[s, k, jj] = qid[s, k, jj + 1]
-            qsz[s, k, jj] = qsz[s, k, jj + 1]
-        qid[s, k, m - 1] = oid
-        qsz[s, k, m - 1] = new
+            st[qo + jj] = st[qo + jj + 1]
+            st[_QD + qo + jj] = st[_QD + qo + jj + 1]
+        st[qo + m - 1] = oid
+        st[_QD + qo + m - 1] = new
     else:
-        qsz[s, k, j] = new
-    _emit(s, k, px, oid, new, np.uint8(77), ist, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+        st[_QD + qo + j] = new
+    _emit(st, om, op, s, k, px, oid, new, np.uint8(77), tick)
 
 
 @numba.njit(cache=True)
-def _drop_tail(s, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _drop_tail(st, om, op, s, tick):
     """Cancel every order of side ``s``'s deepest level (it leaves the simulated depth)."""
-    k = ist[_INB + s] - 1
-    while ist[_INB + s] == k + 1 and qn[s, k] > 0:
-        _cancel(s, k, qn[s, k] - 1, qsz[s, k, qn[s, k] - 1], ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                o8, o4, o1, i8, u4, u1)
+    k = st[_INB + s] - 1
+    lv = s * _LS + k
+    qo = _QID + lv * QMAX
+    while st[_INB + s] == k + 1 and st[_QN + lv] > 0:
+        m = st[_QN + lv]
+        _cancel(st, om, op, s, k, m - 1, st[_QD + qo + m - 1], tick)
 
 
 @numba.njit(cache=True)
@@ -782,100 +858,100 @@ def _order_size(rng):
 
 
 @numba.njit(cache=True)
-def _new_level(rng, s, k, target, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _new_level(rng, st, om, op, s, k, target, tick):
     """Open level ``k`` (a new tail) with orders summing to about ``target`` contracts."""
     goal = max(1, np.int64(target * (0.3 + 1.0 * rng.random())))
-    while lsz[s, k] < goal or qn[s, k] == 0:
-        _add(s, k, _order_size(rng), ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
-        if qn[s, k] >= QMAX:
+    lv = s * _LS + k
+    while st[_LSZ + lv] < goal or st[_QN + lv] == 0:
+        _add(st, om, op, s, k, _order_size(rng), tick)
+        if st[_QN + lv] >= QMAX:
             break
 
 
 @numba.njit(cache=True)
-def _trade(rng, buy, qty, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _trade(st, om, op, buy, qty, tick):
     """A marketable order of ``qty`` contracts (capped below the resting depth).
 
     MBO: one 'T' per price level traded (side = aggressor, order id 0), one 'F' per resting
     order filled (side = resting), then one 'C' per fill removing the filled quantity. MBP-10:
     the 'T' records (book before the trade) and the 'C' records. Returns the quantity traded."""
     s = 1 if buy else 0
-    n = ist[_INB + s]
+    base = s * _LS
+    n = st[_INB + s]
     total = 0
     for k in range(n):
-        total += lsz[s, k]
+        total += st[_LSZ + base + k]
     qty = min(qty, total - 1)
     if qty <= 0:
         return 0
     aggr = np.uint8(66) if buy else np.uint8(65)
     rest = np.uint8(65) if buy else np.uint8(66)
-    write = ev[_EWRITE] != 0
-    if write:
+    if st[_EWRITE] != 0:
         rem = qty
         k = 0
         while rem > 0:
-            f = min(rem, lsz[s, k])
-            px = _lvl_px(ist, s, k, tick)
-            _put_mbo(o8, o4, o1, cnt[0], ev, 0, px, f, np.uint8(84), aggr)
-            cnt[0] += 1
+            f = min(rem, st[_LSZ + base + k])
+            px = _lvl_px(st, s, k, tick)
+            _put_mbo(om, st, 0, px, f, np.uint8(84), aggr)
             if k < 10:
-                _put_mbp(i8, u4, u1, cnt[1], ev, px, f, np.uint8(84), aggr, k, ist, qn, lsz, tick)
-                cnt[1] += 1
+                _put_mbp(op, st, px, f, np.uint8(84), aggr, k, tick)
+                st[_CTVOL] += f
+                st[_CTN] += 1
             rem -= f
             k += 1
         rem = qty
         k = 0
         j = 0
         while rem > 0:
-            f = min(rem, qsz[s, k, j])
-            _put_mbo(o8, o4, o1, cnt[0], ev, qid[s, k, j], _lvl_px(ist, s, k, tick), f,
-                     np.uint8(70), rest)
-            cnt[0] += 1
+            qo = _QID + (base + k) * QMAX
+            f = min(rem, st[_QD + qo + j])
+            _put_mbo(om, st, st[qo + j], _lvl_px(st, s, k, tick), f, np.uint8(70), rest)
             rem -= f
             j += 1
-            if j == qn[s, k]:
+            if j == st[_QN + base + k]:
                 k += 1
                 j = 0
     rem = qty
+    q0 = _QD + _QID + base * QMAX
     while rem > 0:
-        f = min(rem, qsz[s, 0, 0])
-        _cancel(s, 0, 0, f, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+        f = min(rem, st[q0])
+        _cancel(st, om, op, s, 0, 0, f, tick)
         rem -= f
     return qty
 
 
 @numba.njit(cache=True)
-def _replenish(rng, p, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _replenish(rng, p, st, om, op, tick):
     """Refill sides thinner than ``nmin`` levels: each missing tail level with probability
     ``p_repl`` (an empty side always gets one level)."""
     nmin = np.int64(p[_PNMIN])
     for s in range(2):
-        while ist[_INB + s] < nmin:
-            if ist[_INB + s] > 0 and rng.random() >= p[_PREPL]:
+        while st[_INB + s] < nmin:
+            if st[_INB + s] > 0 and rng.random() >= p[_PREPL]:
                 break
-            _new_level(rng, s, ist[_INB + s], p[_PTD], ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                       o8, o4, o1, i8, u4, u1)
+            _new_level(rng, st, om, op, s, st[_INB + s], p[_PTD], tick)
 
 
 @numba.njit(cache=True)
-def _open_inside(rng, s, q, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1, lmax):
+def _open_inside(st, om, op, s, q, tick, lmax):
     """A new best level one tick better on side ``s`` (the deepest level leaves if full)."""
-    if ist[_INB + s] >= lmax:
-        _drop_tail(s, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
-    _insert_level0(s, ist, qid, qsz, qn, lsz)
-    _add(s, 0, q, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+    if st[_INB + s] >= lmax:
+        _drop_tail(st, om, op, s, tick)
+    _insert_level0(st, s)
+    _add(st, om, op, s, 0, q, tick)
 
 
 @numba.njit(cache=True)
-def _step(rng, p, ref, ref_t0, ist, fst, qid, qsz, qn, lsz, ev, cnt, o8, o4, o1, i8, u4, u1):
+def _step(rng, p, ref, ref_t0, st, fst, om, op):
     """One event of the book model (see the module docstring). Returns an event code:
     0 liquidity, 1 inside-spread level, 2 trade, 3 lock, 4 unlock."""
     tick = np.int64(p[_PTICK])
     lmax = np.int64(p[_PLMAX])
-    b = ist[_IB]
-    a = ist[_IA]
+    b = st[_IB]
+    a = st[_IA]
     fst[_FFLOW] *= p[_PDECAY]
-    l0b = lsz[0, 0] if ist[_INB] > 0 else 0
-    l0a = lsz[1, 0] if ist[_INA] > 0 else 0
+    l0b = st[_LSZ] if st[_INB] > 0 else 0
+    l0a = st[_LSZ + _LS] if st[_INA] > 0 else 0
     imb = (l0b - l0a) / max(1, l0b + l0a)
     sig = p[_PWI] * imb + p[_PWF] * math.tanh(fst[_FFLOW] / p[_PF0])
     gap = 0.0
@@ -883,42 +959,40 @@ def _step(rng, p, ref, ref_t0, ist, fst, qid, qsz, qn, lsz, ev, cnt, o8, o4, o1,
         fst[_FLAT] += p[_PSIGMA] * rng.standard_normal()
         gap = min(max((fst[_FLAT] - 0.5 * (a + b)) / 4.0, -1.0), 1.0)
     elif p[_PWR] != 0.0:
-        gi = (ev[_ET] - ref_t0) // 1_000_000_000
+        gi = (st[_ET] - ref_t0) // 1_000_000_000
         gi = min(max(gi, 0), ref.shape[0] - 1)
         gap = min(max((ref[gi] - 0.5 * (a + b)) / 4.0, -1.0), 1.0)
     sig = min(max(sig + p[_PWR] * gap, -1.0), 1.0)
     u = 0.5 + 0.5 * p[_PKAPPA] * sig
     code = 0
-    if ist[_ILOCK] != 0:  # a locked book lasts one event: the locking order is cancelled
-        s = ist[_ILOCK] - 1
-        _cancel(s, 0, 0, qsz[s, 0, 0], ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
-        ist[_ILOCK] = 0
+    if st[_ILOCK] != 0:  # a locked book lasts one event: the locking order is cancelled
+        s = st[_ILOCK] - 1
+        _cancel(st, om, op, s, 0, 0, st[_QD + _QID + s * _LS * QMAX], tick)
+        st[_ILOCK] = 0
         code = 4
     elif a - b > 1 and rng.random() < p[_PFILL]:
         s = 0 if rng.random() < u else 1
-        _open_inside(rng, s, _order_size(rng), ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                     o8, o4, o1, i8, u4, u1, lmax)
+        _open_inside(st, om, op, s, _order_size(rng), tick, lmax)
         code = 1
     elif rng.random() < p[_PTRADE]:
         buy = rng.random() < u
         s = 1 if buy else 0
         if rng.random() < p[_PSW0] + p[_PSW1] * abs(gap):
-            qty = lsz[s, 0]  # clears the best level
+            qty = st[_LSZ + s * _LS]  # clears the best level
         elif rng.random() < 0.6:
             qty = np.int64(1)
         else:
             qty = np.int64(min(1 + _geometric(rng, 1.0 / 4.5), 200))
-        qty = _trade(rng, buy, qty, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+        qty = _trade(st, om, op, buy, qty, tick)
         if qty > 0:
             fst[_FFLOW] += qty if buy else -qty
             code = 2
         else:
-            _add(s, 0, _order_size(rng), ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+            _add(st, om, op, s, 0, _order_size(rng), tick)
     elif a - b == 1 and rng.random() < p[_PLOCK]:
         s = 0 if rng.random() < 0.5 else 1
-        _open_inside(rng, s, _order_size(rng), ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                     o8, o4, o1, i8, u4, u1, lmax)
-        ist[_ILOCK] = s + 1
+        _open_inside(st, om, op, s, _order_size(rng), tick, lmax)
+        st[_ILOCK] = s + 1
         code = 3
     else:
         x = rng.random()
@@ -928,23 +1002,23 @@ def _step(rng, p, ref, ref_t0, ist, fst, qid, qsz, qn, lsz, ev, cnt, o8, o4, o1,
             k += 1
             acc += (1.0 - p[_PL0]) * (1.0 - 0.8) * 0.8 ** (k - 1) / (1.0 - 0.8 ** 9)
         s = 0 if rng.random() < 0.5 else 1
-        n = ist[_INB + s]
+        n = st[_INB + s]
         if k >= n:  # thin side: the event opens a new tail level
             if n < lmax:
-                _add(s, n, _order_size(rng), ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                     o8, o4, o1, i8, u4, u1)
+                _add(st, om, op, s, n, _order_size(rng), tick)
             else:
-                _add(s, n - 1, _order_size(rng), ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                     o8, o4, o1, i8, u4, u1)
+                _add(st, om, op, s, n - 1, _order_size(rng), tick)
         else:
-            sz = lsz[s, k]
+            lv = s * _LS + k
+            qo = _QID + lv * QMAX
+            sz = st[_LSZ + lv]
             tgt = p[_PT0] if k == 0 else p[_PTD]
             p_add = tgt / (tgt + sz)
             if k == 0:
                 p_add *= 2.0 * u if s == 0 else 2.0 * (1.0 - u)
             p_add = min(max(p_add, 0.02), 0.98)
-            m = qn[s, k]
-            if qn[s, k] <= 1 and 0 < k < n - 1:
+            m = st[_QN + lv]
+            if m <= 1 and 0 < k < n - 1:
                 p_add = 1.0  # inner levels never empty (no holes in the book)
             elif k == 0 and m == 1 and n > 1 and rng.random() < p[_PFLICK]:
                 p_add = 0.0  # a lone best order (typically just placed) is pulled: flicker
@@ -952,160 +1026,173 @@ def _step(rng, p, ref, ref_t0, ist, fst, qid, qsz, qn, lsz, ev, cnt, o8, o4, o1,
                 q = _order_size(rng)
                 if m > 0 and rng.random() < p[_PMODUP]:
                     j = np.int64(rng.random() * m)
-                    _modify(s, k, j, qsz[s, k, j] + q, ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                            o8, o4, o1, i8, u4, u1)
+                    _modify(st, om, op, s, k, j, st[_QD + qo + j] + q, tick)
                 else:
-                    _add(s, k, q, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+                    _add(st, om, op, s, k, q, tick)
             else:
                 j = np.int64(rng.random() * m)
-                osz = qsz[s, k, j]
+                osz = st[_QD + qo + j]
                 if osz > 1 and rng.random() < p[_PMODDN]:
                     new = osz - min(_order_size(rng), osz - 1)
-                    _modify(s, k, j, new, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+                    _modify(st, om, op, s, k, j, new, tick)
                 else:
-                    _cancel(s, k, j, osz, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+                    _cancel(st, om, op, s, k, j, osz, tick)
     if code != 3 and code != 4:
-        _replenish(rng, p, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+        _replenish(rng, p, st, om, op, tick)
     return code
 
 
 @numba.njit(cache=True)
-def _mark_last(cnt, c0, c1, o1, u1):
-    if cnt[0] > c0:
-        o1[cnt[0] - 1, 36] |= 0x80
-    if cnt[1] > c1:
-        u1[cnt[1] - 1, 30] |= 0x80
+def _mark_last(st, c0, c1, om, op):
+    """Set F_LAST on the last MBO and MBP-10 record written since counts ``c0``, ``c1``."""
+    if st[_CMBO] > c0 and st[_WMBO] != 0:
+        om[st[_CMBO] - 1, 4] |= np.int64(F_LAST) << 32
+    if st[_CMBP] > c1:
+        r = st[_CMBP] - 1
+        op[r, 3] |= np.int64(F_LAST) << 48
+        st[_CLAST] += 1
+        if op[r, 42] == _UNDEF or op[r, 43] == _UNDEF:  # bid_px_09, ask_px_09
+            st[_CTHIN] += 1
 
 
 @numba.njit(cache=True)
-def _simulate(rng, times, t_open, b0, p, ref, ref_t0, seq0, oid0, cross, nlev0,
-              o8, o4, o1, i8, u4, u1, sample_at, s_ist, s_fst, s_qsz, s_qn, s_lsz, stats):
+def _simulate(rng_own, times, t_open, b0, p, ref, ref_t0, seq0, oid0, cross, nlev0, hdr_mbo, hdr_mbp,
+              om, op, sample_at, s_st, s_fst, stats):
     """Run one instrument's session: opening snapshot, optional crossed pre-open and its
     uncrossing trade, then one :func:`_step` per event time.
 
-    Writes MBO records through the int64 / uint32 / uint8 views ``o8, o4, o1`` of a zeroed
-    MBOMsg buffer and MBP-10 records through ``i8, u4, u1``. ``cross`` = -1 (no crossed
-    pre-open), 0 (bids cross the ask) or 1 (asks cross the bid). States at the event indices
-    ``sample_at`` (sorted) are copied into ``s_*`` for the Monte-Carlo AUC ceiling.
-    ``stats`` (int64[8]) receives: events, locks, bad-ts events, trade events.
+    Writes whole MBO records as int64 words into ``om`` (rows of 7) and MBP-10 records into
+    ``op`` (rows of 46); ``hdr_mbo`` / ``hdr_mbp`` are the records' first words (length, rtype,
+    publisher and instrument id); with no rows in ``om`` MBO records are only counted.
+    ``cross`` = -1 (no crossed pre-open), 0 (bids cross the ask) or 1 (asks cross the bid).
+    States at the event indices ``sample_at`` (sorted) are copied into ``s_st``, ``s_fst`` for
+    the Monte-Carlo AUC ceiling. ``stats`` (int64[8]) receives:
+    events, locks, bad-ts events, trade events, MBP-10 rows with F_LAST, those of them with an
+    UNDEF level 10 on either side (thin book), volume and number of the MBP-10 'T' records.
     Returns (n_mbo, n_mbp), or (-1, -1) when a buffer is too small.
     """
     tick = np.int64(p[_PTICK])
     lmax = np.int64(p[_PLMAX])
-    capm = o8.shape[0]
-    capp = i8.shape[0]
-    ist = np.zeros(8, np.int64)
-    fst = np.zeros(4, np.float64)
-    qid = np.zeros((2, lmax, QMAX), np.int64)
-    qsz = np.zeros((2, lmax, QMAX), np.int64)
-    qn = np.zeros((2, lmax), np.int64)
-    lsz = np.zeros((2, lmax), np.int64)
-    cnt = np.zeros(2, np.int64)
-    ev = np.zeros(6, np.int64)
-    ist[_IB] = b0
-    ist[_IA] = b0 + 1
-    ist[_IOID] = oid0
+    capm = om.shape[0]
+    capp = op.shape[0]
+    st_own = np.zeros(_NST, np.int64)
+    fst_own = np.zeros(4, np.float64)
+    st = _borrow(st_own)
+    fst = _borrow(fst_own)
+    om = _borrow(om)
+    op = _borrow(op)
+    p = _borrow(p)
+    ref = _borrow(ref)
+    rng = _borrow(rng_own)
+    st[_IB] = b0
+    st[_IA] = b0 + 1
+    st[_IOID] = oid0
+    st[_HMBO] = hdr_mbo
+    st[_HMBP] = hdr_mbp
+    st[_WMBO] = 1 if capm > 0 else 0
     fst[_FLAT] = b0 + 0.5
     # opening snapshot: every resting order, flags F_SNAPSHOT | F_BAD_TS_RECV as Databento's
-    ev[_ET] = t_open
-    ev[_ERC] = t_open
-    ev[_ESEQ] = seq0
-    ev[_EFLAGS] = 0x28
-    ev[_EWRITE] = 1
+    st[_ET] = t_open
+    st[_ERC] = t_open
+    st[_ESEQ] = seq0
+    st[_EFLAGS] = 0x28
+    st[_EWRITE] = 1
     for k in range(nlev0):
         for s in range(2):
-            _new_level(rng, s, k, p[_PT0] if k == 0 else p[_PTD], ist, qid, qsz, qn, lsz, tick,
-                       ev, cnt, o8, o4, o1, i8, u4, u1)
-    _mark_last(cnt, 0, 0, o1, u1)
-    ev[_EFLAGS] = 0
+            _new_level(rng, st, om, op, s, k, p[_PT0] if k == 0 else p[_PTD], tick)
+    _mark_last(st, 0, 0, om, op)
+    st[_EFLAGS] = 0
     if cross >= 0:  # crossed pre-open: two crossing orders, then the uncrossing trade
         s = cross
+        q0 = _QID + s * _LS * QMAX
         for i in range(3):
-            ev[_ET] = t_open + (5 + 10 * i) * 1_000_000_000
-            ev[_ERC] = ev[_ET] + 90_000
-            ev[_ESEQ] = seq0 + 1 + i
-            c0 = cnt[0]
-            c1 = cnt[1]
+            st[_ET] = t_open + (5 + 10 * i) * 1_000_000_000
+            st[_ERC] = st[_ET] + 90_000
+            st[_ESEQ] = seq0 + 1 + i
+            c0 = st[_CMBO]
+            c1 = st[_CMBP]
             if i < 2:
-                _open_inside(rng, s, 1 + np.int64(3 * rng.random()), ist, qid, qsz, qn, lsz, tick,
-                             ev, cnt, o8, o4, o1, i8, u4, u1, lmax)
+                _open_inside(st, om, op, s, 1 + np.int64(3 * rng.random()), tick, lmax)
             else:
-                q = lsz[s, 0] + lsz[s, 1]
-                _trade(rng, s == 0, q, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
+                q = st[_LSZ + s * _LS] + st[_LSZ + s * _LS + 1]
+                _trade(st, om, op, s == 0, q, tick)
                 for _ in range(2):  # the two crossing orders (one per level) are filled
-                    _put_mbo(o8, o4, o1, cnt[0], ev, qid[s, 0, 0], _lvl_px(ist, s, 0, tick),
-                             qsz[s, 0, 0], np.uint8(70), np.uint8(66) if s == 0 else np.uint8(65))
-                    cnt[0] += 1
-                    _cancel(s, 0, 0, qsz[s, 0, 0], ist, qid, qsz, qn, lsz, tick, ev, cnt,
-                            o8, o4, o1, i8, u4, u1)
-                _replenish(rng, p, ist, qid, qsz, qn, lsz, tick, ev, cnt, o8, o4, o1, i8, u4, u1)
-            _mark_last(cnt, c0, c1, o1, u1)
-    last_rc = ev[_ERC]
+                    _put_mbo(om, st, st[q0], _lvl_px(st, s, 0, tick), st[_QD + q0], np.uint8(70),
+                             np.uint8(66) if s == 0 else np.uint8(65))
+                    _cancel(st, om, op, s, 0, 0, st[_QD + q0], tick)
+                _replenish(rng, p, st, om, op, tick)
+            _mark_last(st, c0, c1, om, op)
+    last_rc = st[_ERC]
     si = 0
     ns = sample_at.shape[0]
     for e in range(times.shape[0]):
-        if cnt[0] + _RESERVE > capm or cnt[1] + _RESERVE > capp:
+        if (st[_WMBO] != 0 and st[_CMBO] + _RESERVE > capm) or st[_CMBP] + _RESERVE > capp:
             return -1, -1
         while si < ns and sample_at[si] == e:
-            s_ist[si, :] = ist
+            s_st[si, :] = st
             s_fst[si, :] = fst
-            s_qsz[si] = qsz
-            s_qn[si] = qn
-            s_lsz[si] = lsz
             si += 1
         t = times[e]
         lat = np.int64(80_000 + min(rng.standard_exponential() * 25_000.0, 5_000_000.0))
         rc = max(t + lat, last_rc)
         last_rc = rc
-        ev[_ET] = t
-        ev[_ERC] = rc
-        ev[_ESEQ] = seq0 + 4 + e
-        ev[_ETID] = np.int64(15_000 + 15_000.0 * rng.random())
-        ev[_EFLAGS] = 0x08 if rng.random() < p[_PBADTS] else 0
-        c0 = cnt[0]
-        c1 = cnt[1]
-        code = _step(rng, p, ref, ref_t0, ist, fst, qid, qsz, qn, lsz, ev, cnt, o8, o4, o1, i8, u4, u1)
-        _mark_last(cnt, c0, c1, o1, u1)
+        st[_ET] = t
+        st[_ERC] = rc
+        st[_ESEQ] = seq0 + 4 + e
+        st[_ETID] = np.int64(15_000 + 15_000.0 * rng.random())
+        st[_EFLAGS] = 0x08 if rng.random() < p[_PBADTS] else 0
+        c0 = st[_CMBO]
+        c1 = st[_CMBP]
+        code = _step(rng, p, ref, ref_t0, st, fst, om, op)
+        _mark_last(st, c0, c1, om, op)
         stats[0] += 1
         if code == 3:
             stats[1] += 1
-        if ev[_EFLAGS] != 0:
+        if st[_EFLAGS] != 0:
             stats[2] += 1
         if code == 2:
             stats[3] += 1
-    return cnt[0], cnt[1]
+    stats[4] = st[_CLAST]
+    stats[5] = st[_CTHIN]
+    stats[6] = st[_CTVOL]
+    stats[7] = st[_CTN]
+    # the local owners stay alive to here (the views do not hold them; the caller holds the
+    # arguments)
+    fst_own[_FFLOW] = fst[_FFLOW]
+    return st_own[_CMBO], st_own[_CMBP]
 
 
 @numba.njit(cache=True)
-def _mc_outcomes(rng, p, s_ist, s_fst, s_qsz, s_qn, s_lsz, horizons, n_paths, out):
+def _mc_outcomes(rng_own, p, s_st, s_fst, horizons, n_paths, out):
     """Monte-Carlo continuations of saved states under the true model (nothing written).
 
     ``out[i, r, h]`` = sign of the mid change (ticks x 2) after ``horizons[h]`` events on path
     ``r`` from saved state ``i`` (every event changes the book, so events = snapshots)."""
-    lmax = np.int64(p[_PLMAX])
-    ref = np.zeros(1)
-    ev = np.zeros(6, np.int64)
-    cnt = np.zeros(2, np.int64)
-    d8 = np.zeros((1, 1), np.int64)
-    d4 = np.zeros((1, 1), np.uint32)
-    d1 = np.zeros((1, 1), np.uint8)
-    qid = np.zeros((2, lmax, QMAX), np.int64)
+    ref_own = np.zeros(1)
+    dm_own = np.zeros((1, _MBO_W), np.int64)
+    dp_own = np.zeros((1, _MBP_W), np.int64)
+    st_own = np.zeros(_NST, np.int64)
+    fst_own = np.zeros(4)
+    ref, dm, dp, st, fst, p = _borrow(ref_own), _borrow(dm_own), _borrow(dp_own), _borrow(st_own), \
+        _borrow(fst_own), _borrow(p)
+    rng = _borrow(rng_own)
     hmax = horizons[horizons.shape[0] - 1]
-    for i in range(s_ist.shape[0]):
+    for i in range(s_st.shape[0]):
         for r in range(n_paths):
-            ist = s_ist[i].copy()
-            fst = s_fst[i].copy()
-            qsz = s_qsz[i].copy()
-            qn = s_qn[i].copy()
-            lsz = s_lsz[i].copy()
-            m0 = ist[_IB] + ist[_IA]
+            st[:] = s_st[i]
+            fst[:] = s_fst[i]
+            for x in range(_ET, _CMBP + 1):  # no event context, nothing written
+                st[x] = 0
+            m0 = st[_IB] + st[_IA]
             h = 0
             for e in range(1, hmax + 1):
-                _step(rng, p, ref, 0, ist, fst, qid, qsz, qn, lsz, ev, cnt, d8, d4, d1, d8, d4, d1)
+                _step(rng, p, ref, 0, st, fst, dm, dp)
                 if e == horizons[h]:
-                    d = ist[_IB] + ist[_IA] - m0
+                    d = st[_IB] + st[_IA] - m0
                     out[i, r, h] = 1 if d > 0 else (-1 if d < 0 else 0)
                     h += 1
+    # the owners stay alive to here (the borrowed views do not hold them)
+    st_own[0] = ref_own[0] + dm_own[0, 0] + dp_own[0, 0] + fst_own[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1141,8 +1228,34 @@ def _params(c: Contract, sigma: float) -> np.ndarray:
     return p
 
 
+class _Buffers:
+    """Grow-only record buffers reused by the sessions one process simulates: first touches of
+    fresh memory (page faults, huge-page compaction) cost about as much as the simulation."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[Any, np.ndarray] = {}
+
+    def get(self, key: Any, dtype: np.dtype, n: int) -> np.ndarray:
+        """An uninitialised array of ``n`` records of ``dtype`` (reuses the buffer of ``key``)."""
+        nbytes = n * dtype.itemsize
+        buf = self._bufs.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            self._bufs.pop(key, None)
+            buf = np.empty(nbytes, np.uint8)
+            self._bufs[key] = buf
+        return buf[:nbytes].view(dtype)
+
+    def clear(self) -> None:
+        self._bufs.clear()
+
+
+#: The pool of the sessions simulated by this process through :func:`_session_job`.
+_POOL = _Buffers()
+
+
 @dataclass
 class _InstrumentRun:
+    n_mbo: int  # MBO records (``mbo`` holds them when they were written, else none)
     mbo: np.ndarray
     mbp: np.ndarray
     stats: np.ndarray
@@ -1161,12 +1274,17 @@ def _simulate_instrument(
     t0: int,
     t1: int,
     n_samples: int = 0,
+    bufs: _Buffers | None = None,
+    slot: int = 0,
+    write_mbo: bool = True,
 ) -> _InstrumentRun:
     """MBO and MBP-10 records (time order) of one instrument in one session.
 
     ``ref`` is the reference mid (ticks, 1 s grid from ``t0``); None for the leading outright,
     which tracks its own latent random walk instead (daily s.d. :data:`DAILY_VOL` of its price).
-    ``rate`` is the book-event rate (events/s) at profile multiplier 1.
+    ``rate`` is the book-event rate (events/s) at profile multiplier 1. With ``bufs`` the
+    records live in that pool's buffers of ``slot`` (valid until the slot is served again).
+    Without ``write_mbo`` the MBO records are only counted (``mbo`` is empty).
     """
     starts, ends, mults = _profile_segments(day)
     stop = min(t1 - 10_000_000, c.expiration_ns)
@@ -1192,70 +1310,146 @@ def _simulate_instrument(
     sample_at = np.unique(np.linspace(0, max(n - 1, 0), n_samples).astype(np.int64)) if n_samples else \
         np.zeros(0, np.int64)
     ns = sample_at.shape[0]
-    s_ist = np.zeros((ns, 8), np.int64)
+    s_st = np.zeros((ns, _NST), np.int64)
     s_fst = np.zeros((ns, 4))
-    s_qsz = np.zeros((ns, 2, lmax, QMAX), np.int64)
-    s_qn = np.zeros((ns, 2, lmax), np.int64)
-    s_lsz = np.zeros((ns, 2, lmax), np.int64)
-    cap_m = int(1.6 * n) + 8 * _RESERVE
+    hdr_mbo = (_MBO_SIZE // 4) | (0xA0 << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
+    hdr_mbp = (_MBP_SIZE // 4) | (0x0A << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
+    cap_m = int(1.6 * n) + 8 * _RESERVE if write_mbo else 0
     cap_p = int(1.4 * n) + 8 * _RESERVE
     while True:
-        # every byte of a record is written by the kernel or below, so no zeroing is needed
-        mbo = np.empty(cap_m, MBO_DTYPE)
-        mbp = np.empty(cap_p, MBP10_DTYPE)
-        rm = mbo.view(np.uint8).reshape(cap_m, _MBO_SIZE)
-        rp = mbp.view(np.uint8).reshape(cap_p, _MBP_SIZE)
+        # the kernel writes every byte of every record (header included): no zeroing needed
+        if bufs is None:
+            mbo = np.empty(cap_m, MBO_DTYPE)
+            mbp = np.empty(cap_p, MBP10_DTYPE)
+        else:
+            mbo = bufs.get(("mbo", slot), MBO_DTYPE, cap_m)
+            mbp = bufs.get(("mbp", slot), MBP10_DTYPE, cap_p)
         stats = np.zeros(8, np.int64)
         tk = time.perf_counter()
         nm, npp = _simulate(_rng(seed, day, c.instrument_id, 2), times, t0, b0, p, ref, t0, seq0, oid0,
-                            cross, lmax, rm.view(np.int64), rm.view(np.uint32), rm,
-                            rp.view(np.int64), rp.view(np.uint32), rp,
-                            sample_at, s_ist, s_fst, s_qsz, s_qn, s_lsz, stats)
+                            cross, lmax, hdr_mbo, hdr_mbp, mbo.view(np.int64).reshape(cap_m, _MBO_W),
+                            mbp.view(np.int64).reshape(cap_p, _MBP_W), sample_at, s_st, s_fst, stats)
         logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp,
                      time.perf_counter() - tk)
         if nm >= 0:
             break
         cap_m *= 2
         cap_p *= 2
-    mbo = mbo[:nm]
+    mbo = mbo[: nm if write_mbo else 0]
     mbp = mbp[:npp]
-    for arr, size, rtype in ((mbo, _MBO_SIZE, 0xA0), (mbp, _MBP_SIZE, 0x0A)):
-        arr["length"] = size // 4
-        arr["rtype"] = rtype
-        arr["publisher_id"] = PUBLISHER_ID
-        arr["instrument_id"] = c.instrument_id
-    mbo["channel_id"] = 0
-    saved = (s_ist, s_fst, s_qsz, s_qn, s_lsz) if ns else None
-    return _InstrumentRun(mbo, mbp, stats, cross >= 0, saved, p)
+    saved = (s_st, s_fst) if ns else None
+    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p)
+
+
+@numba.njit(cache=True)
+def _mid_grid_kernel(op, n, t0, step, tick, initial, out):
+    """``out[g]`` = mid (ticks) of the last F_LAST row of the MBP-10 words ``op[:n]`` (ts_event
+    order) with both best prices defined and ``ts_event <= t0 + g * step``; else ``initial``."""
+    g = 0
+    ng = out.shape[0]
+    mid = initial
+    for r in range(n):
+        ts = op[r, 1]
+        while g < ng and t0 + g * step < ts:
+            out[g] = mid
+            g += 1
+        if (op[r, 3] >> 48) & F_LAST and op[r, 6] != _UNDEF and op[r, 7] != _UNDEF:
+            mid = (np.float64(op[r, 6]) + np.float64(op[r, 7])) / 2.0 / tick
+    while g < ng:
+        out[g] = mid
+        g += 1
 
 
 def _mid_grid(buf: np.ndarray, t0: int, t1: int, tick: int, initial: float) -> np.ndarray:
     """Mid (in ticks) at the end of every 1 s step from ``t0``: last F_LAST book before it."""
-    grid = t0 + 1_000_000_000 * np.arange((t1 - t0) // 1_000_000_000 + 1, dtype=np.int64)
-    bid, ask = buf["bid_px_00"], buf["ask_px_00"]  # column views: no structured gather
-    sel = ((buf["flags"] & F_LAST) != 0) & (bid != UNDEF_PRICE) & (ask != UNDEF_PRICE)
-    mid = (bid[sel].astype(np.float64) + ask[sel]) / 2.0 / tick
-    idx = np.searchsorted(buf["ts_event"][sel].astype(np.int64), grid, side="right") - 1
-    out = np.where(idx >= 0, mid[np.maximum(idx, 0)], initial)
-    return out.astype(np.float64)
+    out = np.empty((t1 - t0) // 1_000_000_000 + 1, np.float64)
+    words = buf.view(np.int64).reshape(buf.shape[0], _MBP_W)
+    _mid_grid_kernel(words, buf.shape[0], t0, 1_000_000_000, float(tick), float(initial), out)
+    return out
 
 
 @dataclass
 class _Session:
+    """The runs of every instrument of one session; records of all instruments are merged by
+    ``ts_recv`` (stable: instrument order breaks ties) on demand, chunk by chunk."""
+
     day: datetime.date
     contracts: list[Contract]
-    mbo: np.ndarray
-    mbp: np.ndarray
     runs: dict[str, _InstrumentRun]
     leader: str
+    bufs: _Buffers | None = None
+
+    def parts(self, kind: str) -> numba.typed.List:
+        """Per-instrument records of ``kind`` ("mbo" / "mbp") as 2-D int64 word arrays."""
+        w = _MBO_W if kind == "mbo" else _MBP_W
+        arrs = [getattr(r, kind) for r in self.runs.values()]
+        return numba.typed.List([a.view(np.int64).reshape(a.shape[0], w) for a in arrs])
+
+    def order(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """Merged order: instrument index and row of each record (cached)."""
+        cache = self.__dict__.setdefault("_order", {})
+        if kind not in cache:
+            parts = self.parts(kind)
+            n = sum(p.shape[0] for p in parts)
+            i64 = np.dtype(np.int64)
+            if self.bufs is None:
+                part, row, keys = np.empty(n, i64), np.empty(n, i64), np.empty(n, i64)
+            else:
+                part, row = self.bufs.get(("part", kind), i64, n), self.bufs.get(("row", kind), i64, n)
+                keys = self.bufs.get("keys", i64, n)
+            if n:
+                _merge_order(parts, 5 if kind == "mbo" else 4, part, row, keys)
+            cache[kind] = (part, row)
+        return cache[kind]
+
+    def chunks(self, kind: str, rows: int = 0) -> Iterator[np.ndarray]:
+        """The merged records of ``kind`` as consecutive byte chunks (one reused buffer)."""
+        w = _MBO_W if kind == "mbo" else _MBP_W
+        rows = rows or max(1, _CHUNK_BYTES // (8 * w))
+        part, row = self.order(kind)
+        parts = self.parts(kind)
+        buf = np.empty((min(rows, max(part.shape[0], 1)), w), np.int64)
+        for lo in range(0, part.shape[0], rows):
+            hi = min(lo + rows, part.shape[0])
+            _gather_rows(parts, part, row, lo, hi, buf)
+            yield buf[: hi - lo].view(np.uint8).reshape(-1)
+
+    def merged(self, kind: str) -> np.ndarray:
+        """All records of ``kind`` ("mbo" / "mbp") in one array, merged by ``ts_recv``."""
+        dtype = MBO_DTYPE if kind == "mbo" else MBP10_DTYPE
+        part, row = self.order(kind)
+        out = np.empty(part.shape[0], dtype)
+        if part.shape[0]:
+            w = dtype.itemsize // 8
+            _gather_rows(self.parts(kind), part, row, 0, part.shape[0], out.view(np.int64).reshape(-1, w))
+        return out
+
+    @property
+    def mbp(self) -> np.ndarray:
+        return self.merged("mbp")
+
+    @property
+    def mbo(self) -> np.ndarray:
+        return self.merged("mbo")
+
+    def trades(self) -> np.ndarray:
+        """TradeMsg records equal to the merged MBP-10 'T' records (F_LAST set)."""
+        part, row = self.order("mbp")
+        parts = self.parts("mbp")
+        n = sum(int(r.stats[7]) for r in self.runs.values())
+        out = np.empty(n, TRADE_DTYPE)
+        m = _gather_trades(parts, part, row, out.view(np.int64).reshape(n, TRADE_DTYPE.itemsize // 8))
+        assert m == n
+        return out
 
 
 def _simulate_session(
-    day: datetime.date, seed: int, scale: float, contracts: Sequence[str] | None, n_samples: int = 0
+    day: datetime.date, seed: int, scale: float, contracts: Sequence[str] | None, n_samples: int = 0,
+    bufs: _Buffers | None = None, write_mbo: bool = True,
 ) -> _Session:
-    """Simulate every instrument of session ``day``; records of all instruments sorted by
-    ``ts_recv`` (stable). ``n_samples`` states of the leading outright are saved for the
-    Monte-Carlo AUC ceiling."""
+    """Simulate every instrument of session ``day``. ``n_samples`` states of the leading outright
+    are saved for the Monte-Carlo AUC ceiling; ``bufs``: a buffer pool for the records; without
+    ``write_mbo`` MBO records are only counted."""
     t0, t1 = session_bounds(day)
     cons = contracts_for(day, contracts)
     anchor = _anchor_price(day, seed)
@@ -1268,51 +1462,99 @@ def _simulate_session(
     for c in outs:
         fair = _fair_price(c, day, anchor)
         rate = BASE_RATE * scale * volume_share(c.symbol, day)
+        slot = len(runs)
         if leader is None:
-            run = _simulate_instrument(c, day, seed, rate, fair, None, t0, t1, n_samples)
+            run = _simulate_instrument(c, day, seed, rate, fair, None, t0, t1, n_samples, bufs, slot,
+                                       write_mbo)
             leader, leader_grid = c, _mid_grid(run.mbp, t0, t1, c.tick, fair * 1e9 / c.tick)
         else:
             assert leader_grid is not None
             offset = (fair - _fair_price(leader, day, anchor)) * 1e9 / c.tick
-            run = _simulate_instrument(c, day, seed, rate, fair, leader_grid + offset, t0, t1)
+            run = _simulate_instrument(c, day, seed, rate, fair, leader_grid + offset, t0, t1, 0, bufs,
+                                       slot, write_mbo)
         runs[c.symbol] = run
     for c in spreads:
         fair = _fair_price(c, day, anchor)
         rate = BASE_RATE * scale * _spread_share(c, day)
         ref = np.full(1, fair * 1e9 / c.tick)
-        runs[c.symbol] = _simulate_instrument(c, day, seed, rate, fair, ref, t0, t1)
-    mbo = _merge([r.mbo for r in runs.values()], MBO_DTYPE)
-    mbp = _merge([r.mbp for r in runs.values()], MBP10_DTYPE)
-    return _Session(day, cons, mbo, mbp, runs, leader.symbol if leader else "")
+        runs[c.symbol] = _simulate_instrument(c, day, seed, rate, fair, ref, t0, t1, 0, bufs, len(runs),
+                                              write_mbo)
+    return _Session(day, cons, runs, leader.symbol if leader else "", bufs)
+
+
+#: Bytes per chunk of merged records handed to zstd (stays in cache between gather and zstd).
+_CHUNK_BYTES = 1 << 20
 
 
 @numba.njit(cache=True)
-def _gather_rows(parts_u8, order_part, order_row, out):
-    """``out[i] = parts_u8[order_part[i]][order_row[i]]`` row by row (records as 8-byte words)."""
-    for i in range(order_part.shape[0]):
-        src = parts_u8[order_part[i]]
-        r = order_row[i]
-        for b in range(out.shape[1]):
-            out[i, b] = src[r, b]
+def _merge_order(parts, col, part, row, keys):
+    """k-way merge of the parts (each non-decreasing in word ``col``, ts_recv) into
+    ``part[i], row[i]``; equal keys keep part order (as a stable sort of the concatenation).
+    ``keys``: scratch of the same length (the parts' keys, contiguous)."""
+    k = len(parts)
+    n = part.shape[0]
+    start = np.zeros(k + 1, np.int64)
+    for p in range(k):
+        src = parts[p]
+        m = src.shape[0]
+        start[p + 1] = start[p] + m
+        o = start[p]
+        for r in range(m):
+            keys[o + r] = src[r, col]
+            if r > 0 and keys[o + r] < keys[o + r - 1]:
+                raise ValueError("records of an instrument are not in ts_recv order")
+    pos = start[:k].copy()
+    for i in range(n):
+        best = -1
+        bt = np.int64(0)
+        for p in range(k):
+            if pos[p] < start[p + 1]:
+                t = keys[pos[p]]
+                if best < 0 or t < bt:
+                    best = p
+                    bt = t
+        part[i] = best
+        row[i] = pos[best] - start[best]
+        pos[best] += 1
 
 
-def _merge(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    """Records of all instruments in ``ts_recv`` order (stable: instrument order breaks ties).
+@numba.njit(cache=True)
+def _gather_rows(parts, part, row, lo, hi, out):
+    """``out[i - lo] = parts[part[i]][row[i]]`` for ``lo <= i < hi`` (records as int64 words)."""
+    w = out.shape[1]
+    i = lo
+    while i < hi:
+        p = part[i]
+        src = parts[p]
+        j = i
+        while j < hi and part[j] == p:
+            r = row[j]
+            for b in range(w):
+                out[j - lo, b] = src[r, b]
+            j += 1
+        i = j
 
-    Structured-array fancy indexing is slow, so rows are gathered as bytes by numba."""
-    if not parts:
-        return np.zeros(0, dtype)
-    ts = np.concatenate([p["ts_recv"] for p in parts])
-    order = np.argsort(ts, kind="stable")
-    sizes = np.array([p.shape[0] for p in parts], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    order_part = np.searchsorted(offsets, order, side="right") - 1
-    order_row = order - offsets[order_part]
-    out = np.empty(order.shape[0], dtype)
-    w = dtype.itemsize // 8  # record sizes (56, 368) are multiples of 8 bytes
-    typed = numba.typed.List([p.view(np.uint64).reshape(p.shape[0], w) for p in parts])
-    _gather_rows(typed, order_part, order_row, out.view(np.uint64).reshape(-1, w))
-    return out
+
+@numba.njit(cache=True)
+def _gather_trades(parts, part, row, out):
+    """TradeMsg words of the merged MBP-10 'T' records: their first 6 words with length 12,
+    rtype 0 and F_LAST set. Returns the number written."""
+    m = 0
+    i = 0
+    n = part.shape[0]
+    while i < n:
+        p = part[i]
+        src = parts[p]
+        while i < n and part[i] == p:
+            r = row[i]
+            if ((src[r, 3] >> 32) & 0xFF) == 84:  # action 'T'
+                for b in range(6):
+                    out[m, b] = src[r, b]
+                out[m, 0] = (out[m, 0] & ~np.int64(0xFFFF)) | 12  # length 48 // 4, rtype 0
+                out[m, 3] |= np.int64(F_LAST) << 48
+                m += 1
+            i += 1
+    return m
 
 
 # --------------------------------------------------------------------------------------------
@@ -1346,10 +1588,10 @@ def auc_ceiling(run: _InstrumentRun, horizons: Sequence[int], n_paths: int, seed
     """
     assert run.saved is not None
     hs = np.asarray(sorted(horizons), np.int64)
-    s_ist, s_fst, s_qsz, s_qn, s_lsz = run.saved
-    out = np.zeros((s_ist.shape[0], n_paths, hs.shape[0]), np.int8)
+    s_st, s_fst = run.saved
+    out = np.zeros((s_st.shape[0], n_paths, hs.shape[0]), np.int8)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 9_999]))
-    _mc_outcomes(rng, run.params, s_ist, s_fst, s_qsz, s_qn, s_lsz, hs, n_paths, out)
+    _mc_outcomes(rng, run.params, s_st, s_fst, hs, n_paths, out)
     half = n_paths // 2
     res: dict[str, float] = {}
     for j, h in enumerate(hs):
@@ -1363,18 +1605,6 @@ def auc_ceiling(run: _InstrumentRun, horizons: Sequence[int], n_paths: int, seed
 # --------------------------------------------------------------------------------------------
 # Records, files
 # --------------------------------------------------------------------------------------------
-
-
-def _trades_from_mbp(mbp: np.ndarray) -> np.ndarray:
-    """TradeMsg records equal to the 'T' records of an MBP-10 array (F_LAST set)."""
-    idx = np.flatnonzero(mbp["action"] == b"T")
-    out = np.zeros(idx.shape[0], TRADE_DTYPE)
-    out_raw = out.view(np.uint8).reshape(-1, TRADE_DTYPE.itemsize)
-    out_raw[:] = mbp.view(np.uint8).reshape(-1, _MBP_SIZE)[idx, : TRADE_DTYPE.itemsize]
-    out["length"] = TRADE_DTYPE.itemsize // 4
-    out["rtype"] = 0x00
-    out["flags"] |= F_LAST
-    return out
 
 
 def _definitions(cons: Sequence[Contract], day: datetime.date, t0: int) -> np.ndarray:
@@ -1464,31 +1694,28 @@ def _metadata(schema: str, cons: Sequence[Contract], t0: int, t1: int) -> bytes:
     return bytes(md.encode())
 
 
-def _write_atomic(path: Path, header: bytes, records: np.ndarray, level: int = ZSTD_LEVEL) -> None:
+def _write_atomic(path: Path, header: bytes, chunks: Iterable[np.ndarray], nbytes: int,
+                  level: int = ZSTD_LEVEL) -> None:
+    """Write ``header`` and the record bytes ``chunks`` (``nbytes`` in all) as one zstd frame
+    (single threaded; the bytes do not depend on how the records are chunked)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     cctx = zstandard.ZstdCompressor(level=level, threads=0)
-    data = records.view(np.uint8).reshape(-1)
-    chunk = 64 << 20
     try:
         with open(tmp, "wb") as fh:
-            cobj = cctx.compressobj(size=len(header) + data.nbytes)
+            cobj = cctx.compressobj(size=len(header) + nbytes)
             fh.write(cobj.compress(header))
-            for i in range(0, data.nbytes, chunk):
-                fh.write(cobj.compress(data[i : i + chunk]))
+            done = 0
+            for data in chunks:
+                fh.write(cobj.compress(data))
+                done += data.nbytes
+            if done != nbytes:
+                raise RuntimeError(f"{path.name}: {done} record bytes written, {nbytes} announced")
             fh.write(cobj.flush())
         os.replace(tmp, path)
     except BaseException:
         if tmp.exists():
             tmp.unlink()
         raise
-
-
-def _thin_fraction(mbp: np.ndarray) -> float:
-    """Fraction of F_LAST book rows with an UNDEF price among the top 10 levels."""
-    last = mbp[(mbp["flags"] & F_LAST) != 0]
-    if last.shape[0] == 0:
-        return 0.0
-    return float(np.mean((last["bid_px_09"] == UNDEF_PRICE) | (last["ask_px_09"] == UNDEF_PRICE)))
 
 
 def _session_job(
@@ -1503,39 +1730,42 @@ def _session_job(
 ) -> dict[str, Any]:
     """Simulate and write one session; returns the paths and a summary (JSON-able)."""
     t0, t1 = session_bounds(day)
-    sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0)
+    sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas)
     stem = f"glbx-mdp3-{day:%Y%m%d}"
     paths: list[str] = []
     counts: dict[str, int] = {}
+    n_mbp = sum(r.mbp.shape[0] for r in sess.runs.values())
+    n_mbo = sum(r.n_mbo for r in sess.runs.values())
     for schema in schemas:
-        if schema == "mbp-10":
-            recs = sess.mbp
-        elif schema == "mbo":
-            recs = sess.mbo
-        elif schema == "trades":
-            recs = _trades_from_mbp(sess.mbp)
-        else:
-            recs = _definitions(sess.contracts, day, t0)
         path = out / f"{stem}.{schema}.dbn.zst"
-        _write_atomic(path, _metadata(schema, sess.contracts, t0, t1), recs, level)
+        header = _metadata(schema, sess.contracts, t0, t1)
+        if schema in ("mbp-10", "mbo"):  # merged chunk by chunk: no session-sized copy
+            kind, n = ("mbp", n_mbp) if schema == "mbp-10" else ("mbo", n_mbo)
+            size = _MBP_SIZE if kind == "mbp" else _MBO_SIZE
+            _write_atomic(path, header, sess.chunks(kind), n * size, level)
+        else:
+            recs = sess.trades() if schema == "trades" else _definitions(sess.contracts, day, t0)
+            n = recs.shape[0]
+            _write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
         paths.append(str(path))
-        counts[schema] = int(recs.shape[0])
+        counts[schema] = int(n)
     inst = {}
+    c_ids = {c.symbol: c.instrument_id for c in sess.contracts}
     for sym, r in sess.runs.items():
         inst[sym] = {
-            "instrument_id": int(r.mbo["instrument_id"][0]) if r.mbo.shape[0] else None,
+            "instrument_id": c_ids[sym] if r.n_mbo else None,
             "events": int(r.stats[0]),
-            "mbo_records": int(r.mbo.shape[0]),
+            "mbo_records": r.n_mbo,
             "mbp10_records": int(r.mbp.shape[0]),
             "trade_events": int(r.stats[3]),
-            "traded_volume": int(r.mbp["size"][r.mbp["action"] == b"T"].sum()),
+            "traded_volume": int(r.stats[6]),
             "crossed_preopen": bool(r.crossed),
             "locked_events": int(r.stats[1]),
             "bad_ts_recv_events": int(r.stats[2]),
-            "thin_book_row_fraction": round(_thin_fraction(r.mbp), 6),
+            "thin_book_row_fraction": round(float(r.stats[5]) / float(r.stats[4]) if r.stats[4] else 0.0, 6),
         }
     res: dict[str, Any] = {"session": day.isoformat(), "paths": paths, "records": counts,
-                           "mbp10_records": int(sess.mbp.shape[0]), "mbo_records": int(sess.mbo.shape[0]),
+                           "mbp10_records": int(n_mbp), "mbo_records": int(n_mbo),
                            "leader": sess.leader, "instruments": inst}
     if mc:
         res["auc_ceiling"] = auc_ceiling(sess.runs[sess.leader], mc[0], mc[2], seed)
@@ -1555,6 +1785,7 @@ def generate(
     zstd_level: int | None = None,
     report: bool = True,
     progress: Callable[[int], None] | None = None,
+    summary: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
     """Write synthetic ES.FUT DBN v3 files, one per trading session and schema.
 
@@ -1587,6 +1818,8 @@ def generate(
         the AUC ceiling per label horizon from :func:`auc_ceiling` on the first session).
     progress : callable, optional
         Called with 1 after each session is written.
+    summary : list, optional
+        Receives one dict per session (record counts per schema and instrument, rare cases).
 
     Returns
     -------
@@ -1611,10 +1844,13 @@ def generate(
              for i, d in enumerate(days)]
     results: list[dict[str, Any]] = []
     if jobs <= 1 or len(tasks) == 1:
-        for t in tasks:
-            results.append(_session_job(*t))
-            if progress:
-                progress(1)
+        try:
+            for t in tasks:
+                results.append(_session_job(*t))
+                if progress:
+                    progress(1)
+        finally:
+            _POOL.clear()  # worker processes keep theirs for their next sessions
     else:
         par = joblib.Parallel(n_jobs=jobs, backend="loky", return_as="generator")
         for r in par(joblib.delayed(_session_job)(*t) for t in tasks):
@@ -1622,6 +1858,8 @@ def generate(
             if progress:
                 progress(1)
     written = [Path(p) for r in results for p in r["paths"]]
+    if summary is not None:
+        summary.extend(results)
     if report:
         rep = {
             "generator": "alphafeat.synth",
