@@ -1582,9 +1582,12 @@ def auc_ceiling(run: _InstrumentRun, horizons: Sequence[int], n_paths: int, seed
     From each saved state (evenly spaced over the session's events) ``n_paths`` continuations
     are simulated under the true model with fresh randomness. With the paths split in halves
     A and B, the Bayes score is ``P_A(up | not tie)`` and the soft labels are B's up and down
-    frequencies, so the AUC is that of the optimal score ``P(up | full state)`` (independent
-    halves keep the estimate unbiased by the score's own noise). The full state includes the
-    hidden latent fair value, so this bounds any model on observable features from above.
+    frequencies (independent halves, so the score's noise cannot fit the labels). With a
+    finite number of paths the score is a noisy estimate of ``P(up | full state)``, which
+    lowers its AUC: the figure is biased *down*, most at short horizons (on 2024-03-04 at
+    h30: 0.80 with 32 paths, 0.87 with 256). Raise ``n_paths`` (``AUC_PATHS``) for a tighter
+    bound; the default keeps ``alphafeat synth`` quick. The full state includes the hidden
+    latent fair value, so the exact value bounds any model on observable features from above.
     """
     assert run.saved is not None
     hs = np.asarray(sorted(horizons), np.int64)
