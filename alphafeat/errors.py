@@ -22,7 +22,8 @@ class InputError(AlphafeatError):
     problem : str
         What is wrong, in words.
     offset : int, optional
-        Byte offset in the (decompressed) DBN stream where it went wrong.
+        Byte offset in the DBN stream where it went wrong (for ``.zst`` files, of the
+        decompressed stream, and the message says so).
     record : int, optional
         Index of the record (0-based, in file order) where it went wrong.
     """
@@ -41,7 +42,9 @@ class InputError(AlphafeatError):
         self.record = record
         where = []
         if offset is not None:
-            where.append(f"byte offset {offset}")
+            # DBN offsets count the decompressed stream; say so where that differs from the file
+            stream = " of the decompressed stream" if self.path.endswith((".zst", ".zstd")) else ""
+            where.append(f"byte offset {offset}{stream}")
         if record is not None:
             where.append(f"record {record}")
         at = f" (at {', '.join(where)})" if where else ""

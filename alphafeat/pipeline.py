@@ -43,7 +43,7 @@ from alphafeat.instruments import (
 from alphafeat.labels import DEFAULT_HORIZONS, direction_labels, direction_labels_seconds, triple_barrier
 from alphafeat.predecoded import default_cache_dir as default_predecoded_dir
 from alphafeat.reader import SYMBOL_MAPPING_RTYPE, read_files
-from alphafeat.types import LEVELS, BookArrays
+from alphafeat.types import LEVELS, UNDEF_PRICE, BookArrays
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +264,8 @@ def _column_specs(cfg: PrecomputeConfig) -> list[dict]:
         _col("buy_volume", "contracts", f"buyer-initiated volume {since}", "trades"),
         _col("sell_volume", "contracts", f"seller-initiated volume {since}", "trades"),
         _col("trade_count", "trades", f"trades {since}", "trades"),
+        _col("book_crossed", "bool", "best bid above best ask (crossed, e.g. pre-open); labels are NaN there",
+             "book"),
     ]
     cols += [dataclasses.asdict(s) for s in feature_specs(cfg.features)]
     src = "alphafeat.labels"
@@ -367,6 +369,7 @@ def _segment_table(
     cols["buy_volume"] = pa.array(b.buy_volume)
     cols["sell_volume"] = pa.array(b.sell_volume)
     cols["trade_count"] = pa.array(b.trade_count)
+    cols["book_crossed"] = pa.array(crossed(b))
     for k, v in feats.items():
         cols[k] = pa.array(np.asarray(v, dtype=np.float64))
     for k, v in labels.items():
@@ -393,14 +396,25 @@ def _barrier_widths(feats: dict[str, np.ndarray], cfg: PrecomputeConfig) -> np.n
     return mult * sigma_ticks * tick * np.sqrt(cfg.barrier_horizon)
 
 
+def crossed(b: BookArrays) -> np.ndarray:
+    """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open)."""
+    with np.errstate(invalid="ignore"):
+        return b.bid_px[:, 0] > b.ask_px[:, 0]
+
+
 def _labels(feats: dict[str, np.ndarray], b: BookArrays, cfg: PrecomputeConfig) -> dict[str, np.ndarray]:
-    """Direction labels (snapshots, seconds) and the triple barrier, each with its end time."""
-    out = direction_labels(feats["mid"], cfg.horizons, ts=b.ts_recv)
+    """Direction labels (snapshots, seconds) and the triple barrier, each with its end time.
+
+    The mid of a crossed book is not a price: labels are computed on a mid that is NaN there,
+    so a label is NaN where its start or end row is crossed.
+    """
+    mid = np.where(crossed(b), np.nan, feats["mid"])
+    out = direction_labels(mid, cfg.horizons, ts=b.ts_recv)
     if cfg.horizons_s:
-        out.update(direction_labels_seconds(feats["mid"], b.ts_recv, cfg.horizons_s))
+        out.update(direction_labels_seconds(mid, b.ts_recv, cfg.horizons_s))
     if cfg.barrier:
         w = _barrier_widths(feats, cfg)
-        y, t1, _ = triple_barrier(feats["mid"], w, w, cfg.barrier_horizon, ts=b.ts_recv)
+        y, t1, _ = triple_barrier(mid, w, w, cfg.barrier_horizon, ts=b.ts_recv)
         out["tb_label"] = y
         out["tb_t1"] = t1
     return out
@@ -592,6 +606,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
           "mtime_ns": f.path.stat().st_mtime_ns, "schema": f.schema, "dbn_version": f.version})
         for f in book_files + trade_files + def_files
     ]
+    n_crossed, min_rows = 0, 1 << 62
     t_feat = task(f"features + labels ({device})", len(segments))
     with CacheWriter(cfg.out) as writer:
         for day, iid, sym in segments:
@@ -605,7 +620,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             summary.snapshots_kept += int(in_seg.sum())
             if writer.current(rel, meta["fingerprint"]):
                 summary.partitions_skipped += 1
-                summary.rows += _partition_rows(writer.out / rel)
+                rows = _partition_rows(writer.out / rel)
+                summary.rows += rows
             else:
                 raw_seg = raw.take(in_seg)
                 b = bk.to_book_arrays(raw_seg, trades.take(tsess == day))
@@ -615,10 +631,22 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 table = _segment_table(b, raw_seg, iid, sym, cfg, device)
                 writer.write(rel, table, meta)
                 summary.rows += table.num_rows
+                rows = table.num_rows
+            bp, ap = raw.bid_px[in_seg, 0], raw.ask_px[in_seg, 0]
+            n_crossed += int(((bp != UNDEF_PRICE) & (ap != UNDEF_PRICE) & (bp > ap)).sum())
+            min_rows = min(min_rows, rows)
             advance(t_feat)
         manifest = dict(common, schedule=schedule, sources=[e for _, e in sources], notes=summary.notes,
                         partitions=[str(p.relative_to(writer.out)) for p in summary.partitions])
         writer.commit(manifest)
+    if n_crossed:
+        summary.notes.append(f"{n_crossed:,} snapshots have a crossed book (bid above ask, e.g. pre-open): "
+                             "flagged in book_crossed, their labels are NaN")
+    unit = "bars" if bar_volume else "snapshots"
+    long = [h for h in cfg.horizons if h >= min_rows]
+    if long:
+        summary.notes.append(f"label horizons {long} ({unit}) reach past the end of a session of {min_rows:,} "
+                             f"{unit}: those labels are NaN there")
     summary.seconds = time.perf_counter() - t0
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary

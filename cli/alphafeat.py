@@ -73,9 +73,9 @@ def _precompute(args: argparse.Namespace) -> int:
         t.add_row(k, v)
     out.print(t)
     for note in s.notes:
-        out.print(f"note: {note}")
-    for path, why in s.skipped:
-        out.print(f"skipped: {path}: {why}")
+        out.print(f"note: {note}", soft_wrap=True)
+    for _, why in s.skipped:
+        out.print(f"skipped: {why}", soft_wrap=True)  # the message names the file
     return 0
 
 
@@ -156,10 +156,11 @@ def _inspect(args: argparse.Namespace) -> int:
             t.add_row(k, f"{v:.2%}")
     out.print(t)
     t = Table(title="label balance")
-    for col in ("label", "up / +1", "down / -1", "NaN"):
+    for col in ("label", "up / +1", "down / -1", "timeout (0, tb_label)", "NaN"):
         t.add_column(col, justify="right")
     for k, (u, d, n) in rep.label_balance.items():
-        t.add_row(k, f"{u:.1%}", f"{d:.1%}", f"{n:.1%}")
+        timeout = f"{1 - u - d - n:.1%}" if k == "tb_label" else ""
+        t.add_row(k, f"{u:.1%}", f"{d:.1%}", timeout, f"{n:.1%}")
     out.print(t)
     for p in rep.plots:
         out.print(f"plot: {p}")

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
+import zstandard
 from conftest import ESH4_MBO, ESU4_MBP1, ESU4_TRADES, PROJECT, REAL, need
 from reference import slow_rebuild
 from test_instruments import slow_session
@@ -201,10 +202,22 @@ print("OK", r["rows"], r["max_rel_err"])
 """
 
 
+def _head_of_dbn(src: Path, dst: Path, n: int) -> Path:
+    """The first ``n`` records of a DBN file, written as a plain ``.dbn`` with the same header."""
+    with open(src, "rb") as f:
+        raw = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
+    header = 8 + int.from_bytes(raw[4:8], "little")
+    size = raw[header] * 4  # the first record's length byte, in 4-byte words
+    dst.write_bytes(raw[: header + n * size])
+    return dst
+
+
 def test_cuda_cache_equals_cpu_cache_under_simulator(tmp_path):
-    """--device cuda and --device cpu write the same cache (CUDA simulator; small real file)."""
+    """--device cuda and --device cpu write the same cache (CUDA simulator is slow: 400 real records)."""
+    small = _head_of_dbn(need(ESU4_MBP1), tmp_path / "esu4-head.mbp-1.dbn", 400)
+    assert len(db.DBNStore.from_file(small).to_ndarray()) == 400
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(PROJECT))
-    r = subprocess.run([sys.executable, "-c", CUDA_SCRIPT, str(need(ESU4_MBP1)), str(tmp_path)],
+    r = subprocess.run([sys.executable, "-c", CUDA_SCRIPT, str(small), str(tmp_path)],
                        env=env, capture_output=True, text=True, timeout=600, cwd=PROJECT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1].startswith("OK ")
@@ -217,12 +230,14 @@ def test_session_partition_names_are_trade_dates(esh4_cache):
     assert dt.date.fromisoformat(parts[-1].split("=")[1]) == dt.date(2023, 12, 26)
 
 
-def test_volume_bar_sampling(tmp_path):
+def test_volume_bar_sampling(tmp_path, capsys):
     if not any((PROJECT / "data").glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
     snap, bars = tmp_path / "s", tmp_path / "b"
     assert _run("--input", str(PROJECT / "data"), "--out", str(snap), "--device", "cpu") == 0
+    capsys.readouterr()
     assert _run("--input", str(PROJECT / "data"), "--out", str(bars), "--device", "cpu", "--sample", "volume:50") == 0
+    assert "reach past the end of a session" in capsys.readouterr().out  # long horizons in bars are said
     ts, tb = _table(snap), _table(bars)
     assert read_manifest(bars)["params"]["sample"] == "volume:50"
     for sess in set(ts.column("session").to_pylist()):
@@ -235,3 +250,16 @@ def test_volume_bar_sampling(tmp_path):
         # each bar closes on a real snapshot of the snapshot-sampled cache
         assert set(b.column("ts_recv").to_pylist()) <= set(s.column("ts_recv").to_pylist())
     assert _run("--input", str(PROJECT / "data"), "--out", str(tmp_path / "x"), "--sample", "volume:0") == 1
+
+
+def test_crossed_book_rows_flagged_and_unlabelled(esh4_cache):
+    tab = _table(esh4_cache)
+    bid, ask = tab.column("bid_px_00").to_numpy(), tab.column("ask_px_00").to_numpy()
+    flag = tab.column("book_crossed").to_numpy(zero_copy_only=False)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(flag, bid > ask)
+    assert flag.sum() > 100  # the real pre-open book is crossed for a while
+    for name in ("label_h30", "label_h1000", "tb_label"):
+        assert np.isnan(tab.column(name).to_numpy()[flag]).all()
+    y = tab.column("label_h30").to_numpy()
+    assert not np.isnan(y[~flag]).all()
