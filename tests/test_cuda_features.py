@@ -33,6 +33,11 @@ needs_device = pytest.mark.skipif(
 N_INPROCESS = 9  # number of test_inprocess_* test items below (checked by the runner)
 
 
+def rows(full: int, sim: int) -> int:
+    """Row count: ``sim`` under the simulator (one Python thread per CUDA thread: slow), else ``full``."""
+    return sim if IN_SIM else full
+
+
 def assert_same(cpu: dict[str, np.ndarray], gpu: dict[str, np.ndarray]) -> None:
     assert list(cpu) == list(gpu)
     for name in cpu:
@@ -44,7 +49,7 @@ def assert_same(cpu: dict[str, np.ndarray], gpu: dict[str, np.ndarray]) -> None:
 @needs_device
 @pytest.mark.parametrize("params", PARAMS, ids=["default", "previous", "next"])
 def test_inprocess_cuda_equals_cpu(params: FeatureParams) -> None:
-    book = random_book(300, 21)
+    book = random_book(rows(300, 60), 21)
     cpu = compute_features(book, params, device="cpu")
     gpu = compute_features(book, params, device="cuda")
     assert_same(cpu, gpu)
@@ -54,10 +59,11 @@ def test_inprocess_cuda_equals_cpu(params: FeatureParams) -> None:
 @needs_device
 def test_inprocess_deep_scan_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
     # chunk = 3: 200 rows -> 67 -> 23 -> 8 -> 3 carries, four levels of phase 2
+    # (simulator: 60 rows -> 20 -> 7 -> 3 -> 1, still four levels)
     from alphafeat.cuda import kernels
 
     monkeypatch.setattr(kernels, "CHUNK", 3)
-    book = random_book(200, 22)
+    book = random_book(rows(200, 60), 22)
     assert_same(compute_features(book), compute_features(book, device="cuda"))
 
 
@@ -116,8 +122,8 @@ def test_inprocess_device_scan_matches_sequential() -> None:
 
 @needs_device
 def test_inprocess_no_look_ahead_and_tiny() -> None:
-    book = random_book(120, 23)
-    t = 60
+    book = random_book(rows(120, 64), 23)
+    t = len(book) // 2
     a = compute_features(book, device="cuda")
     b = compute_features(perturb_after(book, t, 7), device="cuda")
     for name in a:
@@ -160,7 +166,7 @@ def test_cuda_kernels_under_simulator() -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", __file__]
     cmd += ["-k", "inprocess"]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     passed = re.search(r"(\d+) passed", out)
