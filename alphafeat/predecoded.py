@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, record_dtype
+from alphafeat.dbn import CHUNK_BYTES, SCHEMA_RTYPES, RecordScanner, record_dtype
 
 __all__ = [
     "FORMAT_VERSION",
@@ -223,7 +223,7 @@ def decode_to_cache(
     cache_dir: str | os.PathLike[str],
     instrument_ids: Iterable[int] | None = None,
     *,
-    chunk_bytes: int = 4 << 20,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> Predecoded:
     """Decode ``path`` (filtered) into a new cache entry and return it memory-mapped.
 
@@ -312,7 +312,7 @@ def read_predecoded(
     cache_dir: str | os.PathLike[str],
     instrument_ids: Iterable[int] | None = None,
     *,
-    chunk_bytes: int = 4 << 20,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> Predecoded:
     """:func:`load` when a valid entry exists (warm), else :func:`decode_to_cache` (cold)."""
     return load(cache_dir, path, instrument_ids) or decode_to_cache(

@@ -28,7 +28,7 @@ import joblib
 import numpy as np
 
 from alphafeat import predecoded
-from alphafeat.dbn import SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn, record_dtype
+from alphafeat.dbn import CHUNK_BYTES, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn, record_dtype
 from alphafeat.errors import AlphafeatError, InputError, SelectionError
 from alphafeat.instruments import Choice, Symbology, front_month_schedule, is_candidate, session_dates
 
@@ -125,7 +125,7 @@ def read_files(
     cache_dir: str | os.PathLike[str] | None = None,
     on_error: str = "raise",
     rebuild: bool = False,
-    chunk_bytes: int = 4 << 20,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> ReadResult:
     """Decode and filter DBN files, one task per file, in parallel.
 
