@@ -43,8 +43,8 @@ gaps inside a burst Exp(50 us) with probability 0.7 else Exp(4 ms)). Each event:
 
 * signal ``S = clip(w_I * I + w_F * tanh(F / F0) + w_R * clip((R - mid) / 4 ticks, -1, 1), -1, 1)``
   with I the level-1 queue imbalance, F the signed aggressor volume decayed by 0.95 per event
-  (F0 = 10 contracts), R a reference mid: for the leading outright a latent random walk
-  (per-event N(0, sigma^2), daily s.d. :data:`DAILY_VOL` of the price), for the other outrights
+  (F0 = 10 contracts), R a reference mid: for the leading outright a latent fair value (a
+  Brownian bridge over the session, see "Prices across sessions"), for the other outrights
   the leader's mid (1 s grid) + carry, for spreads the carry fair value;
   (w_I, w_F, w_R) = (0.35, 0.35, 0.6); up-pressure ``u = 0.5 + 0.5 * kappa * S``, kappa =
   :data:`OFI_STRENGTH` (0.5) is the planted strength of the response to order-flow imbalance;
@@ -87,8 +87,21 @@ records with ``F_LAST`` set.
 
 Planted predictability: :func:`auc_ceiling` reports the best possible AUC per label horizon
 (30, 100, 300, 1000, 6000 snapshots) for the leading outright of the first session, by
-Monte-Carlo continuations under the true model; ``generate`` writes it to
-``synth-report.json`` and the CLI prints it.
+Monte-Carlo continuations under the true model from :data:`AUC_STATES` states with
+:data:`AUC_PATHS` paths each, and a bias-corrected estimator (:func:`ceiling_estimate`);
+``generate`` writes it to ``synth-report.json`` and the CLI prints it.
+
+Prices across sessions
+----------------------
+A spot-like index level ``S`` opens session d at ``level(d) exp(X(d))`` and closes it at
+``level(d) exp(X(next d))`` (:func:`_index_level`; ``X`` an AR(1) of seeded session moves with
+s.d. ``min(DAILY_VOL, SIGMA_EVENT_MAX sqrt(events) tick / S)``, so the next session of a
+contract opens where this one closed, apart from the level table's trend, 0.06 % a calendar
+day in 2024, in the overnight gap). Outright c is priced ``S exp(CARRY_RATE T_c)`` (T_c years
+to its expiry): ESM4 trades about 60 points above ESH4 in March 2024, a calendar spread at
+its front leg minus its deferred leg. The leading outright's latent fair value is a Brownian
+bridge from its open to its close price over the session's events: no drift beyond the
+session's random move, so direction labels are balanced (tested).
 
 Determinism: no wall clock; every random stream is a numpy ``Generator`` seeded from
 ``(seed, date, instrument id, stream)``; zstd level fixed (:data:`ZSTD_LEVEL`, single threaded).
@@ -128,10 +141,12 @@ __all__ = [
     "ZSTD_LEVEL",
     "Contract",
     "auc_ceiling",
+    "ceiling_estimate",
     "contracts_for",
     "front_by_volume",
     "generate",
     "make_default_sample",
+    "nominal_events",
     "session_bounds",
     "trade_dates",
     "volume_share",
@@ -158,7 +173,9 @@ ZSTD_LEVEL = 12
 OFI_STRENGTH = 0.5
 #: Event-rate multipliers of the ``scale`` argument.
 SCALES = {"quiet": 1.0, "normal": 10.0, "busy": 100.0, "full": 300.0}
-#: zstd level of big sets (scales other than quiet) unless given.
+#: zstd level of big sets (scales other than quiet) unless given. This module's level 1 is
+#: zstd's fast strategy with a 128 KiB window, a 4096-entry hash table and 5-byte matches
+#: (:data:`_FAST_PARAMS`): on MBP-10 records about as small as libzstd's level 1 and faster.
 FAST_ZSTD_LEVEL = 1
 #: Name of the JSON report written next to the data.
 REPORT_NAME = "synth-report.json"
@@ -194,10 +211,17 @@ OPEN_DELAY_NS = 60_000_000_000
 BURST_MEAN, BURST_P_SHORT, BURST_SHORT_NS, BURST_LONG_NS = 5.0, 0.7, 50_000.0, 4_000_000.0
 #: Label horizons (snapshots) of the AUC ceiling, saved states and paths per state.
 AUC_HORIZONS = (30, 100, 300, 1000, 6000)
-AUC_STATES, AUC_PATHS = 160, 32
-#: Daily standard deviation of the leading outright's latent fair value, fraction of price.
-DAILY_VOL = 0.005
-#: Annualised cost of carry used to price deferred contracts (back = front * (1 + c * years)).
+AUC_STATES = 192
+#: Monte-Carlo paths per state and horizon (nested: a path serves every horizon up to its own).
+AUC_PATHS = {30: 512, 100: 256, 300: 128, 1000: 64, 6000: 32}
+#: Standard deviation of the index's log move over a session (ES about 0.8 % in 2024), unless
+#: the scale is too sparse for it (:data:`SIGMA_EVENT_MAX`).
+DAILY_VOL = 0.008
+#: Largest standard deviation of the leading outright's latent fair value per book event, ticks
+#: (keeps the latent within reach of the book, whose mid moves a few ticks per 100 events).
+SIGMA_EVENT_MAX = 0.05
+#: Annualised cost of carry (interest minus dividend yield) pricing outrights from the index
+#: level: ``F = S exp(CARRY_RATE * years to expiry)``.
 CARRY_RATE = 0.045
 
 #: Time-of-day activity profile, CT wall clock: (start "HH:MM", end "HH:MM", multiplier).
@@ -241,8 +265,16 @@ _KNOWN_IDS = {
 }
 #: Approximate ES level at 1 January of each year (index points), interpolated linearly.
 _LEVELS_BY_YEAR = {
-    2018: 2690.0, 2019: 2510.0, 2020: 3230.0, 2021: 3750.0, 2022: 4770.0,
-    2023: 3860.0, 2024: 4780.0, 2025: 5900.0, 2026: 6900.0, 2027: 7200.0,
+    2018: 2690.0,
+    2019: 2510.0,
+    2020: 3230.0,
+    2021: 3750.0,
+    2022: 4770.0,
+    2023: 3860.0,
+    2024: 4780.0,
+    2025: 5900.0,
+    2026: 6900.0,
+    2027: 7200.0,
 }
 
 MBP10_DTYPE = np.dtype(dbn.MBP10Msg._dtypes)
@@ -254,15 +286,30 @@ DEF_DTYPE = np.dtype(dbn.InstrumentDefMsg._dtypes)
 # Byte layout the numba kernel writes through int64 / uint32 / uint8 views of a record.
 _MBP_SIZE = MBP10_DTYPE.itemsize
 _EXPECTED_OFFSETS = {
-    "ts_event": 8, "price": 16, "size": 24, "action": 28, "side": 29, "flags": 30,
-    "depth": 31, "ts_recv": 32, "ts_in_delta": 40, "sequence": 44,
-    "bid_px_00": 48, "ask_px_00": 56, "bid_sz_00": 64, "ask_sz_00": 68, "bid_ct_00": 72,
-    "ask_ct_00": 76, "bid_px_01": 80,
+    "ts_event": 8,
+    "price": 16,
+    "size": 24,
+    "action": 28,
+    "side": 29,
+    "flags": 30,
+    "depth": 31,
+    "ts_recv": 32,
+    "ts_in_delta": 40,
+    "sequence": 44,
+    "bid_px_00": 48,
+    "ask_px_00": 56,
+    "bid_sz_00": 64,
+    "ask_sz_00": 68,
+    "bid_ct_00": 72,
+    "ask_ct_00": 76,
+    "bid_px_01": 80,
 }
 assert _MBP_SIZE == 368 and TRADE_DTYPE.itemsize == 48 and _MBO_SIZE == 56
 assert sys.byteorder == "little"  # the kernel writes records as little-endian int64 words
-assert [MBO_DTYPE.fields[k][1] for k in ("ts_event", "order_id", "price", "size", "flags", "action", "side",
-        "ts_recv", "ts_in_delta", "sequence")] == [8, 16, 24, 32, 36, 38, 39, 40, 48, 52]
+assert [
+    MBO_DTYPE.fields[k][1]
+    for k in ("ts_event", "order_id", "price", "size", "flags", "action", "side", "ts_recv", "ts_in_delta", "sequence")
+] == [8, 16, 24, 32, 36, 38, 39, 40, 48, 52]
 assert all(MBP10_DTYPE.fields[k][1] == v for k, v in _EXPECTED_OFFSETS.items())
 assert TRADE_DTYPE.names == MBP10_DTYPE.names[: len(TRADE_DTYPE.names)]
 
@@ -472,39 +519,107 @@ def _profile_segments(day: datetime.date) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.array(starts, np.int64), np.array(ends, np.int64), np.array(mults, np.float64)
 
 
-def _anchor_price(day: datetime.date, seed: int) -> float:
-    """Front-contract level (index points) around which session ``day`` opens.
-
-    A yearly level table interpolated linearly, times ``exp(0.008 * sum of 20 daily N(0,1)
-    shocks)`` over the last 20 weekdays (so consecutive sessions move ~1.1 % apart).
-    """
+def _level(day: datetime.date) -> float:
+    """Deterministic ES level (index points) of trade date ``day``: :data:`_LEVELS_BY_YEAR`
+    interpolated linearly (clamped to the table's years)."""
     years = sorted(_LEVELS_BY_YEAR)
     lo, hi = datetime.date(years[0], 1, 1), datetime.date(years[-1], 1, 1)
     clamped = min(max(day, lo), hi)
     if clamped.year == years[-1]:
-        level = _LEVELS_BY_YEAR[years[-1]]
-    else:
-        frac = (clamped - datetime.date(clamped.year, 1, 1)).days / 365.25
-        level = (_LEVELS_BY_YEAR[clamped.year] * (1.0 - frac)
-                 + _LEVELS_BY_YEAR[clamped.year + 1] * frac)
-    shock = 0.0
+        return _LEVELS_BY_YEAR[years[-1]]
+    frac = (clamped - datetime.date(clamped.year, 1, 1)).days / 365.25
+    return _LEVELS_BY_YEAR[clamped.year] * (1.0 - frac) + _LEVELS_BY_YEAR[clamped.year + 1] * frac
+
+
+def _next_weekday(day: datetime.date) -> datetime.date:
+    day += datetime.timedelta(days=1)
+    while day.weekday() >= 5:
+        day += datetime.timedelta(days=1)
+    return day
+
+
+def _session_vol(scale: float, level: float) -> float:
+    """Standard deviation of the log index move over one session at ``scale``.
+
+    ``min(DAILY_VOL, SIGMA_EVENT_MAX * sqrt(n) * 0.25 / level)`` with ``n`` the nominal book
+    events of a contract holding all the volume (:func:`nominal_events`): a sparse session
+    (``quiet``) moves less, so the book can follow its latent fair value event by event
+    instead of chasing it in a steady drift."""
+    return min(DAILY_VOL, SIGMA_EVENT_MAX * math.sqrt(nominal_events(scale)) * OUTRIGHT_TICK * 1e-9 / level)
+
+
+def nominal_events(scale: float) -> float:
+    """Expected book events of one outright with volume share 1 in a 23-hour session."""
+    hours = 0.0
+    for a, b, m in ACTIVITY_PROFILE:
+        ha, ma = map(int, a.split(":"))
+        hb, mb = map(int, b.split(":"))
+        hours += m * (((hb * 60 + mb) - (ha * 60 + ma)) % (24 * 60)) / 60.0
+    return BASE_RATE * scale * hours * 3600.0
+
+
+def _session_vols(scale: float, ords: Sequence[int]) -> np.ndarray:
+    """:func:`_session_vol` of the trade dates with ordinals ``ords``."""
+    n = nominal_events(scale)
+    cap = SIGMA_EVENT_MAX * math.sqrt(n) * OUTRIGHT_TICK * 1e-9
+    return np.array([min(DAILY_VOL, cap / _level(datetime.date.fromordinal(o))) for o in ords])
+
+
+def _index_level(day: datetime.date, seed: int, scale: float) -> tuple[float, float]:
+    """Spot-like ES index level (index points) at the open and at the close of session ``day``.
+
+    ``S_open(d) = level(d) * exp(X(d))``, ``S_close(d) = level(d) * exp(X(next(d)))`` with
+    ``X`` an AR(1) (mean reverting, 250-session time constant) of the session moves
+    ``X(next(d)) = rho X(d) + v(d) z_d``, ``z_d ~ N(0, 1)`` seeded by ``(seed, date)``,
+    ``v`` = :func:`_session_vol`. The next session therefore opens where this one closes; the
+    deterministic trend of the level table falls in the overnight gap (0.06 % a calendar day
+    in 2024). ``X`` is summed over the last :data:`_X_WINDOW` weekdays (the older terms weigh
+    below e^-6)."""
+    rho = math.exp(-1.0 / 250.0)
+    ords: list[int] = []
     d = day
-    for _ in range(20):
+    for _ in range(_X_WINDOW + 1):
+        d -= datetime.timedelta(days=1)
         while d.weekday() >= 5:
             d -= datetime.timedelta(days=1)
-        rng = np.random.default_rng(np.random.SeedSequence([seed, d.toordinal(), 0, 1]))
-        shock += float(rng.standard_normal())
-        d -= datetime.timedelta(days=1)
-    return level * math.exp(0.008 * shock)
+        ords.append(d.toordinal())
+    ords.reverse()  # oldest first; then ``day`` itself for the close
+    ords.append(day.toordinal())
+    z = _daily_shocks(seed, np.asarray(ords, np.int64))
+    vols = _session_vols(scale, ords)
+    x_open = 0.0
+    for k in range(len(ords) - 1):
+        x_open = rho * x_open + vols[k] * z[k]
+    x_close = rho * x_open + vols[-1] * z[-1]
+    lv = _level(day)
+    return lv * math.exp(x_open), lv * math.exp(x_close)
 
 
-def _fair_price(c: Contract, day: datetime.date, anchor: float) -> float:
-    """Fair price in index points: anchor carried to the contract's expiry (spread: leg diff)."""
-    nearest = _expiry_date(_next_quarterlies(day, 1)[0], day)
+#: Weekdays summed into the AR(1) index deviation X.
+_X_WINDOW = 1500
+
+
+def _daily_shocks(seed: int, ordinals: np.ndarray) -> np.ndarray:
+    """One N(0, 1) shock per date ordinal, drawn by year (one stream per ``(seed, year)``)."""
+    out = np.empty(ordinals.shape[0])
+    years = np.array([datetime.date.fromordinal(int(o)).year for o in ordinals])
+    for y in np.unique(years):
+        z = np.random.default_rng(np.random.SeedSequence([seed, int(y), 7])).standard_normal(367)
+        sel = years == y
+        out[sel] = z[ordinals[sel] - datetime.date(int(y), 1, 1).toordinal()]
+    return out
+
+
+def _fair_price(c: Contract, day: datetime.date, index: float) -> float:
+    """Fair price in index points of ``c`` at index level ``index`` on trade date ``day``.
+
+    An outright is ``index * exp(CARRY_RATE * T)`` with ``T`` its years to expiry (cost of
+    carry: deferred months above the front by about ``index * CARRY_RATE / 4`` a quarter, 56
+    points at 5000); a calendar spread is its front leg minus its deferred leg (negative)."""
 
     def outright(sym: str) -> float:
-        years = (_expiry_date(sym, day) - nearest).days / 365.0
-        return anchor * (1.0 + CARRY_RATE * years)
+        years = (_expiry_date(sym, day) - day).days / 365.0
+        return index * math.exp(CARRY_RATE * years)
 
     if c.is_spread:
         return outright(c.legs[0]) - outright(c.legs[1])
@@ -544,16 +659,42 @@ _LSZ = _QN + 2 * _LS  # contracts at level k of side s
 _QID = _LSZ + 2 * _LS  # id of order j at level k of side s: st[_QID + (s * _LS + k) * QMAX + j]
 _QD = 2 * _LS * QMAX  # offset from an order's id to its size
 _NST = _QID + 2 * _QD
-# float-state indices (float64 array ``fst``)
-_FFLOW, _FLAT = 0, 1
+# float-state indices (float64 array ``fst``): signed flow, latent fair value (ticks), its
+# bridge target at the close (ticks) and the events left to the close
+_FFLOW, _FLAT, _FTGT, _FREM = 0, 1, 2, 3
 #: int64 words per MBO / MBP-10 record (the kernel writes whole records as words).
 _MBO_W, _MBP_W = _MBO_SIZE // 8, _MBP_SIZE // 8
 _M32 = 0xFFFFFFFF
 _UNDEF = UNDEF_PRICE
 # parameter-vector indices (float64 array ``params``), see :func:`_params`
-(_PKAPPA, _PWI, _PWF, _PWR, _PF0, _PDECAY, _PTRADE, _PFILL, _PT0, _PTD, _PSIGMA, _PSW0, _PSW1,
- _PLOCK, _PBADTS, _PREPL, _PLMAX, _PNMIN, _PTICK, _PMODUP, _PMODDN, _PL0, _PFLICK) = range(23)
-_NPARAMS = 23
+(
+    _PKAPPA,
+    _PWI,
+    _PWF,
+    _PWR,
+    _PF0,
+    _PDECAY,
+    _PTRADE,
+    _PFILL,
+    _PT0,
+    _PTD,
+    _PSIGMA,
+    _PSW0,
+    _PSW1,
+    _PLOCK,
+    _PBADTS,
+    _PREPL,
+    _PLMAX,
+    _PNMIN,
+    _PTICK,
+    _PMODUP,
+    _PMODDN,
+    _PL0,
+    _PFLICK,
+) = range(23)
+#: cumulative probabilities of the level of a limit event (levels 1..9 of 10), see :func:`_params`
+_PLCUM = 23
+_NPARAMS = _PLCUM + 9
 assert LMAX_OUTRIGHT <= _LS and LMAX_SPREAD <= _LS
 
 
@@ -570,8 +711,9 @@ def _borrow(typingctx, obj):
         def codegen(context, builder, sig, args):
             src = context.make_array(sig.args[0])(context, builder, args[0])
             out = context.make_array(sig.return_type)(context, builder)
-            populate_array(out, data=src.data, shape=src.shape, strides=src.strides,
-                           itemsize=src.itemsize, meminfo=None)
+            populate_array(
+                out, data=src.data, shape=src.shape, strides=src.strides, itemsize=src.itemsize, meminfo=None
+            )
             return out._getvalue()
 
         return obj(obj), codegen
@@ -672,8 +814,13 @@ def _put_mbp(op, st, px, size, action, side, depth, tick):
     op[n, 1] = st[_ET]
     op[n, 2] = px
     # size u32 | action u8 | side u8 | flags u8 | depth u8
-    op[n, 3] = ((size & _M32) | (np.int64(action) << 32) | (np.int64(side) << 40) | (st[_EFLAGS] << 48)
-                | (np.int64(depth) << 56))
+    op[n, 3] = (
+        (size & _M32)
+        | (np.int64(action) << 32)
+        | (np.int64(side) << 40)
+        | (st[_EFLAGS] << 48)
+        | (np.int64(depth) << 56)
+    )
     op[n, 4] = st[_ERC]
     op[n, 5] = (st[_ETID] & _M32) | (st[_ESEQ] << 32)
     undef = np.int64(_UNDEF)
@@ -955,8 +1102,13 @@ def _step(rng, p, ref, ref_t0, st, fst, om, op):
     imb = (l0b - l0a) / max(1, l0b + l0a)
     sig = p[_PWI] * imb + p[_PWF] * math.tanh(fst[_FFLOW] / p[_PF0])
     gap = 0.0
-    if p[_PSIGMA] > 0.0:
-        fst[_FLAT] += p[_PSIGMA] * rng.standard_normal()
+    if p[_PSIGMA] > 0.0:  # Brownian bridge to the close's fair value, then a free walk
+        r = fst[_FREM]
+        if r >= 1.0:
+            fst[_FLAT] += (fst[_FTGT] - fst[_FLAT]) / r + p[_PSIGMA] * math.sqrt((r - 1.0) / r) * rng.standard_normal()
+            fst[_FREM] = r - 1.0
+        else:
+            fst[_FLAT] += p[_PSIGMA] * rng.standard_normal()
         gap = min(max((fst[_FLAT] - 0.5 * (a + b)) / 4.0, -1.0), 1.0)
     elif p[_PWR] != 0.0:
         gi = (st[_ET] - ref_t0) // 1_000_000_000
@@ -997,10 +1149,8 @@ def _step(rng, p, ref, ref_t0, st, fst, om, op):
     else:
         x = rng.random()
         k = 0
-        acc = p[_PL0]
-        while k < 9 and x > acc:
+        while k < 9 and x > p[_PLCUM + k]:
             k += 1
-            acc += (1.0 - p[_PL0]) * (1.0 - 0.8) * 0.8 ** (k - 1) / (1.0 - 0.8 ** 9)
         s = 0 if rng.random() < 0.5 else 1
         n = st[_INB + s]
         if k >= n:  # thin side: the event opens a new tail level
@@ -1056,8 +1206,29 @@ def _mark_last(st, c0, c1, om, op):
 
 
 @numba.njit(cache=True)
-def _simulate(rng_own, times, t_open, b0, p, ref, ref_t0, seq0, oid0, cross, nlev0, hdr_mbo, hdr_mbp,
-              om, op, sample_at, s_st, s_fst, stats):
+def _simulate(
+    rng_own,
+    times,
+    t_open,
+    b0,
+    lat0,
+    lat1,
+    p,
+    ref,
+    ref_t0,
+    seq0,
+    oid0,
+    cross,
+    nlev0,
+    hdr_mbo,
+    hdr_mbp,
+    om,
+    op,
+    sample_at,
+    s_st,
+    s_fst,
+    stats,
+):
     """Run one instrument's session: opening snapshot, optional crossed pre-open and its
     uncrossing trade, then one :func:`_step` per event time.
 
@@ -1065,6 +1236,8 @@ def _simulate(rng_own, times, t_open, b0, p, ref, ref_t0, seq0, oid0, cross, nle
     ``op`` (rows of 46); ``hdr_mbo`` / ``hdr_mbp`` are the records' first words (length, rtype,
     publisher and instrument id); with no rows in ``om`` MBO records are only counted.
     ``cross`` = -1 (no crossed pre-open), 0 (bids cross the ask) or 1 (asks cross the bid).
+    The book opens with best bid ``b0`` (ticks); the latent fair value (leading outright, ticks)
+    runs from ``lat0`` to ``lat1`` over the events (a Brownian bridge).
     States at the event indices ``sample_at`` (sorted) are copied into ``s_st``, ``s_fst`` for
     the Monte-Carlo AUC ceiling. ``stats`` (int64[8]) receives:
     events, locks, bad-ts events, trade events, MBP-10 rows with F_LAST, those of them with an
@@ -1090,7 +1263,9 @@ def _simulate(rng_own, times, t_open, b0, p, ref, ref_t0, seq0, oid0, cross, nle
     st[_HMBO] = hdr_mbo
     st[_HMBP] = hdr_mbp
     st[_WMBO] = 1 if capm > 0 else 0
-    fst[_FLAT] = b0 + 0.5
+    fst[_FLAT] = lat0
+    fst[_FTGT] = lat1
+    fst[_FREM] = times.shape[0]
     # opening snapshot: every resting order, flags F_SNAPSHOT | F_BAD_TS_RECV as Databento's
     st[_ET] = t_open
     st[_ERC] = t_open
@@ -1117,8 +1292,15 @@ def _simulate(rng_own, times, t_open, b0, p, ref, ref_t0, seq0, oid0, cross, nle
                 q = st[_LSZ + s * _LS] + st[_LSZ + s * _LS + 1]
                 _trade(st, om, op, s == 0, q, tick)
                 for _ in range(2):  # the two crossing orders (one per level) are filled
-                    _put_mbo(om, st, st[q0], _lvl_px(st, s, 0, tick), st[_QD + q0], np.uint8(70),
-                             np.uint8(66) if s == 0 else np.uint8(65))
+                    _put_mbo(
+                        om,
+                        st,
+                        st[q0],
+                        _lvl_px(st, s, 0, tick),
+                        st[_QD + q0],
+                        np.uint8(70),
+                        np.uint8(66) if s == 0 else np.uint8(65),
+                    )
                     _cancel(st, om, op, s, 0, 0, st[_QD + q0], tick)
                 _replenish(rng, p, st, om, op, tick)
             _mark_last(st, c0, c1, om, op)
@@ -1162,32 +1344,40 @@ def _simulate(rng_own, times, t_open, b0, p, ref, ref_t0, seq0, oid0, cross, nle
     return st_own[_CMBO], st_own[_CMBP]
 
 
-@numba.njit(cache=True)
-def _mc_outcomes(rng_own, p, s_st, s_fst, horizons, n_paths, out):
+@numba.njit(cache=True, nogil=True)
+def _mc_outcomes(rng_own, p, s_st, s_fst, horizons, n_steps, out):
     """Monte-Carlo continuations of saved states under the true model (nothing written).
 
-    ``out[i, r, h]`` = sign of the mid change (ticks x 2) after ``horizons[h]`` events on path
-    ``r`` from saved state ``i`` (every event changes the book, so events = snapshots)."""
+    Path ``r`` of state ``i`` runs ``n_steps[r]`` events; ``out[i, r, h]`` = sign of the mid
+    change after ``horizons[h]`` events (every event changes the book, so events = snapshots)
+    for the horizons within ``n_steps[r]`` (others are left alone). Releases the GIL."""
     ref_own = np.zeros(1)
     dm_own = np.zeros((1, _MBO_W), np.int64)
     dp_own = np.zeros((1, _MBP_W), np.int64)
     st_own = np.zeros(_NST, np.int64)
     fst_own = np.zeros(4)
-    ref, dm, dp, st, fst, p = _borrow(ref_own), _borrow(dm_own), _borrow(dp_own), _borrow(st_own), \
-        _borrow(fst_own), _borrow(p)
+    ref, dm, dp, st, fst, p = (
+        _borrow(ref_own),
+        _borrow(dm_own),
+        _borrow(dp_own),
+        _borrow(st_own),
+        _borrow(fst_own),
+        _borrow(p),
+    )
     rng = _borrow(rng_own)
-    hmax = horizons[horizons.shape[0] - 1]
+    nh = horizons.shape[0]
     for i in range(s_st.shape[0]):
-        for r in range(n_paths):
+        for r in range(n_steps.shape[0]):
             st[:] = s_st[i]
             fst[:] = s_fst[i]
             for x in range(_ET, _CMBP + 1):  # no event context, nothing written
                 st[x] = 0
+            fst[_FREM] = 0.0  # the latent walks freely: the close it is bridged to is not known
             m0 = st[_IB] + st[_IA]
             h = 0
-            for e in range(1, hmax + 1):
+            for e in range(1, n_steps[r] + 1):
                 _step(rng, p, ref, 0, st, fst, dm, dp)
-                if e == horizons[h]:
+                if h < nh and e == horizons[h]:
                     d = st[_IB] + st[_IA] - m0
                     out[i, r, h] = 1 if d > 0 else (-1 if d < 0 else 0)
                     h += 1
@@ -1225,6 +1415,11 @@ def _params(c: Contract, sigma: float) -> np.ndarray:
     p[_PL0] = P_LEVEL0
     p[_PFLICK] = P_FLICKER
     p[_PSW0] = P_SWEEP
+    # level k of a limit event: P_LEVEL0 at k = 0, then geometric (ratio 0.8) over k = 1..9
+    acc = P_LEVEL0
+    for k in range(9):
+        p[_PLCUM + k] = acc
+        acc += (1.0 - P_LEVEL0) * 0.2 * 0.8**k / (1.0 - 0.8**9)
     return p
 
 
@@ -1277,11 +1472,15 @@ def _simulate_instrument(
     bufs: _Buffers | None = None,
     slot: int = 0,
     write_mbo: bool = True,
+    close: float = 0.0,
+    vol: float = 0.0,
 ) -> _InstrumentRun:
     """MBO and MBP-10 records (time order) of one instrument in one session.
 
-    ``ref`` is the reference mid (ticks, 1 s grid from ``t0``); None for the leading outright,
-    which tracks its own latent random walk instead (daily s.d. :data:`DAILY_VOL` of its price).
+    ``fair`` is the fair price at the open (index points). ``ref`` is the reference mid
+    (ticks, 1 s grid from ``t0``); None for the leading outright, which tracks its own latent
+    fair value instead: a Brownian bridge over its events from ``fair`` to ``close`` (index
+    points) with per-event s.d. ``vol * fair / sqrt(events)`` (``vol``: the session's log s.d.).
     ``rate`` is the book-event rate (events/s) at profile multiplier 1. With ``bufs`` the
     records live in that pool's buffers of ``slot`` (valid until the slot is served again).
     Without ``write_mbo`` the MBO records are only counted (``mbo`` is empty).
@@ -1290,13 +1489,23 @@ def _simulate_instrument(
     stop = min(t1 - 10_000_000, c.expiration_ns)
     ends = np.minimum(ends, stop)
     starts = np.maximum(starts, t0 + OPEN_DELAY_NS)  # continuous trading after the opening
-    times = _event_times(_rng(seed, day, c.instrument_id, 1), starts, ends, mults * rate,
-                         BURST_MEAN, BURST_P_SHORT, BURST_SHORT_NS, BURST_LONG_NS)
+    times = _event_times(
+        _rng(seed, day, c.instrument_id, 1),
+        starts,
+        ends,
+        mults * rate,
+        BURST_MEAN,
+        BURST_P_SHORT,
+        BURST_SHORT_NS,
+        BURST_LONG_NS,
+    )
     tick = c.tick
-    b0 = int(math.floor(fair * 1e9 / tick))
+    lat0 = fair * 1e9 / tick
+    lat1 = close * 1e9 / tick
+    b0 = int(math.floor(lat0 - 0.5))  # the opening mid b0 + 0.5 within half a tick of fair
     sigma = 0.0
     if ref is None:
-        sigma = DAILY_VOL * abs(fair) * 1e9 / tick / math.sqrt(max(times.shape[0], 1))
+        sigma = vol * abs(lat0) / math.sqrt(max(times.shape[0], 1))
         ref = np.zeros(1)
     p = _params(c, sigma)
     lmax = int(p[_PLMAX])
@@ -1307,8 +1516,9 @@ def _simulate_instrument(
     seq0 = 1_000_000 + zlib.crc32(f"{c.symbol}{day.isoformat()}".encode()) % 50_000_000
     oid0 = 6_400_000_000_000 + (c.instrument_id % 10_000) * 100_000_000 + (day.toordinal() % 97) * 1_000_000
     n = times.shape[0]
-    sample_at = np.unique(np.linspace(0, max(n - 1, 0), n_samples).astype(np.int64)) if n_samples else \
-        np.zeros(0, np.int64)
+    sample_at = (
+        np.unique(np.linspace(0, max(n - 1, 0), n_samples).astype(np.int64)) if n_samples else np.zeros(0, np.int64)
+    )
     ns = sample_at.shape[0]
     s_st = np.zeros((ns, _NST), np.int64)
     s_fst = np.zeros((ns, 4))
@@ -1326,11 +1536,30 @@ def _simulate_instrument(
             mbp = bufs.get(("mbp", slot), MBP10_DTYPE, cap_p)
         stats = np.zeros(8, np.int64)
         tk = time.perf_counter()
-        nm, npp = _simulate(_rng(seed, day, c.instrument_id, 2), times, t0, b0, p, ref, t0, seq0, oid0,
-                            cross, lmax, hdr_mbo, hdr_mbp, mbo.view(np.int64).reshape(cap_m, _MBO_W),
-                            mbp.view(np.int64).reshape(cap_p, _MBP_W), sample_at, s_st, s_fst, stats)
-        logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp,
-                     time.perf_counter() - tk)
+        nm, npp = _simulate(
+            _rng(seed, day, c.instrument_id, 2),
+            times,
+            t0,
+            b0,
+            lat0,
+            lat1,
+            p,
+            ref,
+            t0,
+            seq0,
+            oid0,
+            cross,
+            lmax,
+            hdr_mbo,
+            hdr_mbp,
+            mbo.view(np.int64).reshape(cap_m, _MBO_W),
+            mbp.view(np.int64).reshape(cap_p, _MBP_W),
+            sample_at,
+            s_st,
+            s_fst,
+            stats,
+        )
+        logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
         if nm >= 0:
             break
         cap_m *= 2
@@ -1379,11 +1608,13 @@ class _Session:
     leader: str
     bufs: _Buffers | None = None
 
-    def parts(self, kind: str) -> numba.typed.List:
-        """Per-instrument records of ``kind`` ("mbo" / "mbp") as 2-D int64 word arrays."""
+    def parts(self, kind: str) -> tuple[np.ndarray, ...]:
+        """Per-instrument records of ``kind`` ("mbo" / "mbp") as 2-D int64 word arrays (a tuple:
+        numba compiles and caches one kernel per tuple length; a ``numba.typed.List`` would
+        compile its methods anew in every process, about 3 s)."""
         w = _MBO_W if kind == "mbo" else _MBP_W
         arrs = [getattr(r, kind) for r in self.runs.values()]
-        return numba.typed.List([a.view(np.int64).reshape(a.shape[0], w) for a in arrs])
+        return tuple(a.view(np.int64).reshape(a.shape[0], w) for a in arrs)
 
     def order(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
         """Merged order: instrument index and row of each record (cached)."""
@@ -1444,41 +1675,58 @@ class _Session:
 
 
 def _simulate_session(
-    day: datetime.date, seed: int, scale: float, contracts: Sequence[str] | None, n_samples: int = 0,
-    bufs: _Buffers | None = None, write_mbo: bool = True,
+    day: datetime.date,
+    seed: int,
+    scale: float,
+    contracts: Sequence[str] | None,
+    n_samples: int = 0,
+    bufs: _Buffers | None = None,
+    write_mbo: bool = True,
 ) -> _Session:
     """Simulate every instrument of session ``day``. ``n_samples`` states of the leading outright
     are saved for the Monte-Carlo AUC ceiling; ``bufs``: a buffer pool for the records; without
     ``write_mbo`` MBO records are only counted."""
     t0, t1 = session_bounds(day)
     cons = contracts_for(day, contracts)
-    anchor = _anchor_price(day, seed)
-    outs = sorted((c for c in cons if not c.is_spread),
-                  key=lambda c: (-volume_share(c.symbol, day), c.expiration_ns))
+    s_open, s_close = _index_level(day, seed, scale)
+    vol = _session_vol(scale, _level(day))
+    outs = sorted((c for c in cons if not c.is_spread), key=lambda c: (-volume_share(c.symbol, day), c.expiration_ns))
     spreads = [c for c in cons if c.is_spread]
     runs: dict[str, _InstrumentRun] = {}
     leader_grid: np.ndarray | None = None
     leader: Contract | None = None
     for c in outs:
-        fair = _fair_price(c, day, anchor)
+        fair = _fair_price(c, day, s_open)
         rate = BASE_RATE * scale * volume_share(c.symbol, day)
         slot = len(runs)
         if leader is None:
-            run = _simulate_instrument(c, day, seed, rate, fair, None, t0, t1, n_samples, bufs, slot,
-                                       write_mbo)
+            run = _simulate_instrument(
+                c,
+                day,
+                seed,
+                rate,
+                fair,
+                None,
+                t0,
+                t1,
+                n_samples,
+                bufs,
+                slot,
+                write_mbo,
+                _fair_price(c, day, s_close),
+                vol,
+            )
             leader, leader_grid = c, _mid_grid(run.mbp, t0, t1, c.tick, fair * 1e9 / c.tick)
         else:
             assert leader_grid is not None
-            offset = (fair - _fair_price(leader, day, anchor)) * 1e9 / c.tick
-            run = _simulate_instrument(c, day, seed, rate, fair, leader_grid + offset, t0, t1, 0, bufs,
-                                       slot, write_mbo)
+            offset = (fair - _fair_price(leader, day, s_open)) * 1e9 / c.tick
+            run = _simulate_instrument(c, day, seed, rate, fair, leader_grid + offset, t0, t1, 0, bufs, slot, write_mbo)
         runs[c.symbol] = run
     for c in spreads:
-        fair = _fair_price(c, day, anchor)
+        fair = _fair_price(c, day, s_open)
         rate = BASE_RATE * scale * _spread_share(c, day)
         ref = np.full(1, fair * 1e9 / c.tick)
-        runs[c.symbol] = _simulate_instrument(c, day, seed, rate, fair, ref, t0, t1, 0, bufs, len(runs),
-                                              write_mbo)
+        runs[c.symbol] = _simulate_instrument(c, day, seed, rate, fair, ref, t0, t1, 0, bufs, len(runs), write_mbo)
     return _Session(day, cons, runs, leader.symbol if leader else "", bufs)
 
 
@@ -1576,32 +1824,83 @@ def _soft_auc(score: np.ndarray, w_pos: np.ndarray, w_neg: np.ndarray) -> float:
     return num / den if den > 0 else float("nan")
 
 
-def auc_ceiling(run: _InstrumentRun, horizons: Sequence[int], n_paths: int, seed: int) -> dict[str, float]:
+def ceiling_estimate(up: np.ndarray, down: np.ndarray) -> float:
+    """Best possible AUC from Monte-Carlo outcomes: ``up[i, r]`` / ``down[i, r]`` (bool) say
+    whether path ``r`` from state ``i`` ended up / down (neither: a tie, no label).
+
+    With ``a_i``, ``b_i`` the probabilities of up and down from state ``i``, the Bayes score
+    ranks states by ``a_i / (a_i + b_i)`` and its AUC over the states is exactly
+    ``1/2 + sum_{i<j} |a_i b_j - a_j b_i| / (2 D)``, ``D = sum_{i != j} a_i b_j``. ``D`` is
+    estimated without bias from the path frequencies; ``|.|`` is not: the plug-in
+    ``|a^_i b^_j - a^_j b^_i|`` is biased up by the paths' noise (by ``+c var`` to first
+    order) and the split-half ``(Z_B sign Z_A)`` (score from half A, labels from half B, the
+    usual held-out AUC) is biased down (by ``-2 c var_half = -4 c var``); ``(2 plug-in +
+    split) / 3`` cancels the first-order terms. ``tests/test_synth.py`` checks it against the
+    exact value on known probabilities and for convergence in the number of paths."""
+    h = up.shape[1] // 2
+    a, b = up.mean(1), down.mean(1)
+    d = float(a.sum() * b.sum() - np.sum(a * b))
+    if d <= 0:
+        return float("nan")
+
+    def z(ap: np.ndarray, bp: np.ndarray) -> np.ndarray:  # Z[i, j] = a_i b_j - a_j b_i
+        m = np.outer(ap, bp)
+        return m - m.T
+
+    plug = np.abs(z(a, b)).sum() / 2.0  # each unordered pair twice in the matrix
+    z_a = z(up[:, :h].mean(1), down[:, :h].mean(1))
+    z_b = z(up[:, h:].mean(1), down[:, h:].mean(1))
+    split = (z_b * np.sign(z_a) + z_a * np.sign(z_b)).sum() / 4.0  # both halves as the score
+    return float(0.5 + (2.0 * plug + split) / 3.0 / (2.0 * d))
+
+
+def auc_ceiling(
+    run: _InstrumentRun, horizons: Sequence[int], paths: dict[int, int] | int, seed: int, threads: int | None = None
+) -> dict[str, float]:
     """Best possible AUC per label horizon for the leading outright, by Monte-Carlo.
 
-    From each saved state (evenly spaced over the session's events) ``n_paths`` continuations
-    are simulated under the true model with fresh randomness. With the paths split in halves
-    A and B, the Bayes score is ``P_A(up | not tie)`` and the soft labels are B's up and down
-    frequencies (independent halves, so the score's noise cannot fit the labels). With a
-    finite number of paths the score is a noisy estimate of ``P(up | full state)``, which
-    lowers its AUC: the figure is biased *down*, most at short horizons (on 2024-03-04 at
-    h30: 0.80 with 32 paths, 0.87 with 256). Raise ``n_paths`` (``AUC_PATHS``) for a tighter
-    bound; the default keeps ``alphafeat synth`` quick. The full state includes the hidden
-    latent fair value, so the exact value bounds any model on observable features from above.
+    From each saved state (evenly spaced over the session's events), ``paths[h]`` continuations
+    (nested: the paths of a longer horizon serve the shorter ones too) are simulated under the
+    true model with fresh randomness, and :func:`ceiling_estimate` turns their outcomes into
+    the AUC of the Bayes score ``P(up | state, no tie)`` over the states. The state includes
+    the hidden latent fair value, so the value bounds any model on observable features from
+    above; the continuations let the latent walk freely (per-event s.d. as in the session)
+    rather than towards the session's close, which no model can know (given the past, the
+    bridged latent is such a walk). The states run in ``threads`` threads
+    (default: all cores) in blocks seeded by ``(seed, block)``: the result does not depend on
+    the thread count. Its accuracy (bias from the paths' noise plus the spread from the
+    sampled states) is in the closing note of issue 4 and in ``tests/test_synth.py``.
     """
     assert run.saved is not None
     hs = np.asarray(sorted(horizons), np.int64)
+    if isinstance(paths, int):
+        paths = {int(h): paths for h in hs}
+    k = max(paths.values())
+    # path r runs to the longest horizon that uses it
+    n_steps = np.array([max([int(h) for h in hs if r < paths[int(h)]] or [0]) for r in range(k)], np.int64)
     s_st, s_fst = run.saved
-    out = np.zeros((s_st.shape[0], n_paths, hs.shape[0]), np.int8)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 9_999]))
-    _mc_outcomes(rng, run.params, s_st, s_fst, hs, n_paths, out)
-    half = n_paths // 2
+    out = np.zeros((s_st.shape[0], k, hs.shape[0]), np.int8)
+    block = 8
+    blocks = list(range(0, s_st.shape[0], block))
+
+    def work(lo: int) -> None:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 9_999, lo]))
+        hi = lo + block
+        _mc_outcomes(rng, run.params, s_st[lo:hi], s_fst[lo:hi], hs, n_steps, out[lo:hi])
+
+    threads = threads or os.cpu_count() or 1
+    if threads > 1 and len(blocks) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(work, blocks))
+    else:
+        for lo in blocks:
+            work(lo)
     res: dict[str, float] = {}
     for j, h in enumerate(hs):
-        a, b = out[:, :half, j], out[:, half:, j]
-        up_a, dn_a = (a > 0).sum(1), (a < 0).sum(1)
-        score = np.where(up_a + dn_a > 0, up_a / np.maximum(up_a + dn_a, 1), 0.5)
-        res[str(int(h))] = round(_soft_auc(score, (b > 0).mean(1), (b < 0).mean(1)), 4)
+        o = out[:, : paths[int(h)], j]
+        res[str(int(h))] = round(ceiling_estimate(o > 0, o < 0), 4)
     return res
 
 
@@ -1651,8 +1950,12 @@ def _definitions(cons: Sequence[Contract], day: datetime.date, t0: int) -> np.nd
         r["leg_index"] = 0
         r["leg_instrument_id"] = 0
         r["leg_underlying_id"] = 0
-        for f in ("leg_ratio_price_numerator", "leg_ratio_price_denominator",
-                  "leg_ratio_qty_numerator", "leg_ratio_qty_denominator"):
+        for f in (
+            "leg_ratio_price_numerator",
+            "leg_ratio_price_denominator",
+            "leg_ratio_qty_numerator",
+            "leg_ratio_qty_denominator",
+        ):
             r[f] = 0
         r["currency"] = b"USD"
         r["settl_currency"] = b"USD"
@@ -1684,25 +1987,55 @@ def _metadata(schema: str, cons: Sequence[Contract], t0: int, t1: int) -> bytes:
     mappings = [
         SimpleNamespace(
             raw_symbol=c.symbol,
-            intervals=[SimpleNamespace(start_date=first, end_date=end_date,
-                                       symbol=str(c.instrument_id))],
+            intervals=[SimpleNamespace(start_date=first, end_date=end_date, symbol=str(c.instrument_id))],
         )
         for c in cons
     ]
     md = dbn.Metadata(
-        dataset="GLBX.MDP3", schema=_SCHEMAS[schema], start=t0, stype_in=dbn.SType.PARENT,
-        stype_out=dbn.SType.INSTRUMENT_ID, symbols=["ES.FUT"], partial=[], not_found=[],
-        mappings=mappings, end=t1, limit=None, ts_out=False, version=3,
+        dataset="GLBX.MDP3",
+        schema=_SCHEMAS[schema],
+        start=t0,
+        stype_in=dbn.SType.PARENT,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        symbols=["ES.FUT"],
+        partial=[],
+        not_found=[],
+        mappings=mappings,
+        end=t1,
+        limit=None,
+        ts_out=False,
+        version=3,
     )
     return bytes(md.encode())
 
 
-def _write_atomic(path: Path, header: bytes, chunks: Iterable[np.ndarray], nbytes: int,
-                  level: int = ZSTD_LEVEL) -> None:
+_FAST_PARAMS = dict(
+    window_log=17,
+    hash_log=12,
+    chain_log=12,
+    search_log=1,
+    min_match=5,
+    target_length=1,
+    strategy=zstandard.STRATEGY_FAST,
+)
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """Single-threaded zstd compressor of ``level`` (level 1: :data:`_FAST_PARAMS`)."""
+    if level == FAST_ZSTD_LEVEL:
+        return zstandard.ZstdCompressor(
+            compression_params=zstandard.ZstdCompressionParameters(**_FAST_PARAMS, threads=0)
+        )
+    return zstandard.ZstdCompressor(level=level, threads=0)
+
+
+def _write_atomic(
+    path: Path, header: bytes, chunks: Iterable[np.ndarray], nbytes: int, level: int = ZSTD_LEVEL
+) -> None:
     """Write ``header`` and the record bytes ``chunks`` (``nbytes`` in all) as one zstd frame
     (single threaded; the bytes do not depend on how the records are chunked)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    cctx = zstandard.ZstdCompressor(level=level, threads=0)
+    cctx = _compressor(level)
     try:
         with open(tmp, "wb") as fh:
             cobj = cctx.compressobj(size=len(header) + nbytes)
@@ -1729,7 +2062,7 @@ def _session_job(
     schemas: tuple[str, ...],
     out: Path,
     level: int,
-    mc: tuple[tuple[int, ...], int, int] | None,
+    mc: tuple[tuple[int, ...], int, dict[int, int]] | None,
 ) -> dict[str, Any]:
     """Simulate and write one session; returns the paths and a summary (JSON-able)."""
     t0, t1 = session_bounds(day)
@@ -1767,9 +2100,15 @@ def _session_job(
             "bad_ts_recv_events": int(r.stats[2]),
             "thin_book_row_fraction": round(float(r.stats[5]) / float(r.stats[4]) if r.stats[4] else 0.0, 6),
         }
-    res: dict[str, Any] = {"session": day.isoformat(), "paths": paths, "records": counts,
-                           "mbp10_records": int(n_mbp), "mbo_records": int(n_mbo),
-                           "leader": sess.leader, "instruments": inst}
+    res: dict[str, Any] = {
+        "session": day.isoformat(),
+        "paths": paths,
+        "records": counts,
+        "mbp10_records": int(n_mbp),
+        "mbo_records": int(n_mbo),
+        "leader": sess.leader,
+        "instruments": inst,
+    }
     if mc:
         res["auc_ceiling"] = auc_ceiling(sess.runs[sess.leader], mc[0], mc[2], seed)
     return res
@@ -1843,8 +2182,10 @@ def generate(
     out.mkdir(parents=True, exist_ok=True)
     days = trade_dates(start, sessions)
     mc = (AUC_HORIZONS, AUC_STATES, AUC_PATHS)
-    tasks = [(d, seed, SCALES[scale], contracts, tuple(schemas), out, level, mc if (report and i == 0) else None)
-             for i, d in enumerate(days)]
+    tasks = [
+        (d, seed, SCALES[scale], contracts, tuple(schemas), out, level, mc if (report and i == 0) else None)
+        for i, d in enumerate(days)
+    ]
     results: list[dict[str, Any]] = []
     if jobs <= 1 or len(tasks) == 1:
         try:
@@ -1866,11 +2207,21 @@ def generate(
     if report:
         rep = {
             "generator": "alphafeat.synth",
-            "start": start.isoformat(), "sessions": sessions, "seed": seed, "scale": scale,
-            "schemas": list(schemas), "zstd_level": level,
+            "start": start.isoformat(),
+            "sessions": sessions,
+            "seed": seed,
+            "scale": scale,
+            "schemas": list(schemas),
+            "zstd_level": level,
             "model": {
-                "ofi_strength_kappa": OFI_STRENGTH, "w_imbalance": W_IMB, "w_flow": W_FLOW,
-                "w_reference": W_REF, "daily_vol": DAILY_VOL,
+                "ofi_strength_kappa": OFI_STRENGTH,
+                "w_imbalance": W_IMB,
+                "w_flow": W_FLOW,
+                "w_reference": W_REF,
+                "daily_vol": DAILY_VOL,
+                "sigma_event_max_ticks": SIGMA_EVENT_MAX,
+                "session_vol": round(_session_vol(SCALES[scale], _level(days[0])), 6),
+                "carry_rate": CARRY_RATE,
                 "rare_case_rates": {
                     "crossed_preopen_per_outright_session": P_CROSSED_PREOPEN,
                     "locked_book_per_event_at_one_tick_spread": P_LOCK,
@@ -1880,15 +2231,17 @@ def generate(
             },
             "auc_ceiling": {
                 "horizons_snapshots": list(AUC_HORIZONS),
-                "instrument": results[0]["leader"], "session": results[0]["session"],
-                "states": AUC_STATES, "paths_per_state": AUC_PATHS,
+                "instrument": results[0]["leader"],
+                "session": results[0]["session"],
+                "states": AUC_STATES,
+                "paths_per_state": AUC_PATHS,
                 "auc": results[0].get("auc_ceiling", {}),
-                "method": "Monte-Carlo continuations under the true model (see synth.auc_ceiling)",
+                "method": "Monte-Carlo continuations under the true model, bias-corrected estimator "
+                "(see synth.auc_ceiling, synth.ceiling_estimate)",
             },
             "mbp10_records": sum(r["mbp10_records"] for r in results),
             "mbo_records": sum(r["mbo_records"] for r in results),
-            "sessions_detail": [{k: v for k, v in r.items() if k not in ("paths", "auc_ceiling")}
-                                for r in results],
+            "sessions_detail": [{k: v for k, v in r.items() if k not in ("paths", "auc_ceiling")} for r in results],
         }
         for s in rep["sessions_detail"]:
             s["files"] = [Path(p).name for p in next(r["paths"] for r in results if r["session"] == s["session"])]

@@ -54,25 +54,56 @@ def main() -> None:
     del sess
     summary: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as d:
-        _, gen_w, gen_c = _timed(lambda: synth.generate(
-            d, start=day, sessions=args.sessions, seed=1, scale=args.scale, schemas=schemas,
-            zstd_level=args.level, report=False, summary=summary))
+        _, gen_w, gen_c = _timed(
+            lambda: synth.generate(
+                d,
+                start=day,
+                sessions=args.sessions,
+                seed=1,
+                scale=args.scale,
+                schemas=schemas,
+                zstd_level=args.level,
+                report=False,
+                summary=summary,
+            )
+        )
     n_gen = sum(s["mbp10_records"] for s in summary)
     res = {
-        "bench": "synth", "scale": args.scale, "day": args.day, "zstd_level": args.level,
-        "simulate_mbp10_records": n_sim, "simulate_wall_s": round(sim_w, 3), "simulate_cpu_s": round(sim_c, 3),
-        "simulate_mbp10_per_cpu_s": round(n_sim / sim_c), "simulate_mbp10_per_wall_s": round(n_sim / sim_w),
-        "generate_sessions": args.sessions, "generate_mbp10_records": n_gen,
-        "generate_wall_s": round(gen_w, 3), "generate_cpu_s": round(gen_c, 3),
-        "generate_mbp10_per_cpu_s": round(n_gen / gen_c), "generate_mbp10_per_wall_s": round(n_gen / gen_w),
+        "bench": "synth",
+        "scale": args.scale,
+        "day": args.day,
+        "zstd_level": args.level,
+        "simulate_mbp10_records": n_sim,
+        "simulate_wall_s": round(sim_w, 3),
+        "simulate_cpu_s": round(sim_c, 3),
+        "simulate_mbp10_per_cpu_s": round(n_sim / sim_c),
+        "simulate_mbp10_per_wall_s": round(n_sim / sim_w),
+        "generate_sessions": args.sessions,
+        "generate_mbp10_records": n_gen,
+        "generate_wall_s": round(gen_w, 3),
+        "generate_cpu_s": round(gen_c, 3),
+        "generate_mbp10_per_cpu_s": round(n_gen / gen_c),
+        "generate_mbp10_per_wall_s": round(n_gen / gen_w),
     }
     t = Table(title=f"alphafeat.synth, scale {args.scale}, one process (MBP-10 records/s)")
     for col in ("stage", "MBP-10 records", "CPU s", "per CPU s (per core)", "wall s", "per wall s"):
         t.add_column(col, justify="right")
-    t.add_row("simulate, 1 session", f"{n_sim:,}", f"{sim_c:.2f}", f"{n_sim / sim_c:,.0f}", f"{sim_w:.2f}",
-              f"{n_sim / sim_w:,.0f}")
-    t.add_row(f"generate, {args.sessions} sessions (zstd {args.level})", f"{n_gen:,}", f"{gen_c:.2f}",
-              f"{n_gen / gen_c:,.0f}", f"{gen_w:.2f}", f"{n_gen / gen_w:,.0f}")
+    t.add_row(
+        "simulate, 1 session",
+        f"{n_sim:,}",
+        f"{sim_c:.2f}",
+        f"{n_sim / sim_c:,.0f}",
+        f"{sim_w:.2f}",
+        f"{n_sim / sim_w:,.0f}",
+    )
+    t.add_row(
+        f"generate, {args.sessions} sessions (zstd {args.level})",
+        f"{n_gen:,}",
+        f"{gen_c:.2f}",
+        f"{n_gen / gen_c:,.0f}",
+        f"{gen_w:.2f}",
+        f"{n_gen / gen_w:,.0f}",
+    )
     Console().print(t)
     print(json.dumps(res))
 

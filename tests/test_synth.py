@@ -26,8 +26,12 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 @pytest.fixture(scope="module")
 def dst_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return synth.generate(
-        tmp_path_factory.mktemp("dst"), start=datetime.date(2024, 3, 11), sessions=1, seed=3,
-        schemas=("mbp-10", "trades", "definition", "mbo"), report=False,
+        tmp_path_factory.mktemp("dst"),
+        start=datetime.date(2024, 3, 11),
+        sessions=1,
+        seed=3,
+        schemas=("mbp-10", "trades", "definition", "mbo"),
+        report=False,
     )
 
 
@@ -38,9 +42,7 @@ def _read(path: Path) -> tuple[db.DBNStore, np.ndarray]:
 
 def test_default_sample_files_and_size(sample: list[Path]) -> None:
     names = [p.name for p in sample]
-    assert names == [
-        f"glbx-mdp3-202403{d:02d}.{s}.dbn.zst" for d in (6, 7, 8) for s in ("mbp-10", "trades")
-    ]
+    assert names == [f"glbx-mdp3-202403{d:02d}.{s}.dbn.zst" for d in (6, 7, 8) for s in ("mbp-10", "trades")]
     assert sum(p.stat().st_size for p in sample) <= 3_000_000
     for p in sample:
         if "mbp-10" in p.name:
@@ -96,11 +98,17 @@ def test_definitions(dst_files: list[Path]) -> None:
 
 
 def test_deterministic(sample: list[Path], tmp_path: Path) -> None:
-    again = synth.generate(tmp_path / "same", start=datetime.date(2024, 3, 6), sessions=1,
-                           seed=synth.DEFAULT_SAMPLE["seed"], report=False)
+    again = synth.generate(
+        tmp_path / "same", start=datetime.date(2024, 3, 6), sessions=1, seed=synth.DEFAULT_SAMPLE["seed"], report=False
+    )
     assert [p.read_bytes() for p in again] == [p.read_bytes() for p in sample[:2]]
-    other = synth.generate(tmp_path / "other", start=datetime.date(2024, 3, 6), sessions=1,
-                           seed=synth.DEFAULT_SAMPLE["seed"] + 1, report=False)
+    other = synth.generate(
+        tmp_path / "other",
+        start=datetime.date(2024, 3, 6),
+        sessions=1,
+        seed=synth.DEFAULT_SAMPLE["seed"] + 1,
+        report=False,
+    )
     for a, b in zip(other, again, strict=True):
         assert a.read_bytes() != b.read_bytes()
 
@@ -158,13 +166,13 @@ def _bounds(day: datetime.date) -> tuple[int, int]:
 def test_session_bounds_and_dst(sample: list[Path], dst_files: list[Path]) -> None:
     # 2024-03-11 (Monday) opens Sunday 2024-03-10 17:00 CDT = 22:00 UTC (DST began 02:00 CT)
     t0, t1 = synth.session_bounds(datetime.date(2024, 3, 11))
-    assert t0 == int(datetime.datetime(2024, 3, 10, 22, tzinfo=datetime.timezone.utc)
-                     .timestamp()) * 10**9
-    assert t1 == int(datetime.datetime(2024, 3, 11, 21, tzinfo=datetime.timezone.utc)
-                     .timestamp()) * 10**9
+    assert t0 == int(datetime.datetime(2024, 3, 10, 22, tzinfo=datetime.timezone.utc).timestamp()) * 10**9
+    assert t1 == int(datetime.datetime(2024, 3, 11, 21, tzinfo=datetime.timezone.utc).timestamp()) * 10**9
     # 2024-03-06 (standard time) opens 23:00 UTC the day before
-    assert synth.session_bounds(datetime.date(2024, 3, 6))[0] == int(
-        datetime.datetime(2024, 3, 5, 23, tzinfo=datetime.timezone.utc).timestamp()) * 10**9
+    assert (
+        synth.session_bounds(datetime.date(2024, 3, 6))[0]
+        == int(datetime.datetime(2024, 3, 5, 23, tzinfo=datetime.timezone.utc).timestamp()) * 10**9
+    )
     checks = [(datetime.date(2024, 3, 6 + i // 2), p) for i, p in enumerate(sample)]
     checks += [(datetime.date(2024, 3, 11), p) for p in dst_files]
     for day, p in checks:
@@ -180,15 +188,15 @@ def test_session_bounds_and_dst(sample: list[Path], dst_files: list[Path]) -> No
     rth_hi = int(datetime.datetime(2024, 3, 11, 15, 15, tzinfo=CT).timestamp()) * 10**9
     rth = (ts >= rth_lo) & (ts < rth_hi)
     rate_rth = rth.sum() / (rth_hi - rth_lo)
-    rate_eth = (~rth).sum() / (_bounds(datetime.date(2024, 3, 11))[1]
-                               - _bounds(datetime.date(2024, 3, 11))[0] - (rth_hi - rth_lo))
+    rate_eth = (~rth).sum() / (
+        _bounds(datetime.date(2024, 3, 11))[1] - _bounds(datetime.date(2024, 3, 11))[0] - (rth_hi - rth_lo)
+    )
     assert rate_rth > 4 * rate_eth
 
 
 def test_weekends_skipped() -> None:
     days = synth.trade_dates(datetime.date(2024, 3, 8), 3)
-    assert days == [datetime.date(2024, 3, 8), datetime.date(2024, 3, 11),
-                    datetime.date(2024, 3, 12)]
+    assert days == [datetime.date(2024, 3, 8), datetime.date(2024, 3, 11), datetime.date(2024, 3, 12)]
 
 
 def test_roll_switches_front(sample: list[Path]) -> None:
@@ -253,8 +261,9 @@ def test_rare_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(synth, "P_LOCK", 0.01)
     monkeypatch.setattr(synth, "P_BAD_TS", 0.01)
     monkeypatch.setattr(synth, "P_REPLENISH", 0.5)
-    paths = synth.generate(tmp_path, start=datetime.date(2024, 1, 9), sessions=1, seed=5,
-                           schemas=("mbo", "mbp-10"), report=False)
+    paths = synth.generate(
+        tmp_path, start=datetime.date(2024, 1, 9), sessions=1, seed=5, schemas=("mbo", "mbp-10"), report=False
+    )
     _, o = _read(paths[0])
     _, m = _read(paths[1])
     t0, _ = synth.session_bounds(datetime.date(2024, 1, 9))
@@ -292,3 +301,73 @@ def test_soft_auc() -> None:
     # hard labels: of the 4 (positive, negative) pairs 3 are ranked right
     assert synth._soft_auc(score, pos, 1 - pos) == pytest.approx(0.75)
     assert synth._soft_auc(np.zeros(4), pos, 1 - pos) == pytest.approx(0.5)
+
+
+def _mids(a: np.ndarray, iid: int) -> np.ndarray:
+    """Mid (index points) of an instrument's F_LAST rows with both best prices defined."""
+    r = a[
+        (a["instrument_id"] == iid) & ((a["flags"] & 0x80) != 0) & (a["bid_px_00"] != UNDEF) & (a["ask_px_00"] != UNDEF)
+    ]
+    return (r["bid_px_00"].astype(np.float64) + r["ask_px_00"]) / 2e9
+
+
+def test_prices_continuous_with_carry(sample: list[Path]) -> None:
+    """A contract's next session opens near its close; June above March by the carry basis;
+    the spread is the front leg minus the deferred leg."""
+    books = [_read(p)[1] for p in sample[::2]]
+    for a, b in zip(books, books[1:]):
+        for sym in ("ESH4", "ESM4"):
+            close, opn = _mids(a, IDS[sym])[-20:].mean(), _mids(b, IDS[sym])[:20].mean()
+            assert abs(opn - close) < 6.0, (sym, close, opn)  # overnight gap: the level trend
+    for a in books:
+        h, m, s = (np.median(_mids(a, IDS[k])) for k in ("ESH4", "ESM4", "ESH4-ESM4"))
+        assert 50.0 < m - h < 70.0
+        assert abs(s - (h - m)) < 1.0
+
+
+def test_direction_labels_balanced(sample: list[Path]) -> None:
+    """No drift in the planted model: up/down label balance of the leading outright near 1/2."""
+    fronts = {"20240306": "ESH4", "20240307": "ESM4", "20240308": "ESM4"}
+    fracs = []
+    for p in sample[::2]:
+        mid = _mids(_read(p)[1], IDS[fronts[p.name[10:18]]])
+        row = []
+        for h in (30, 100, 300):
+            d = mid[h:] - mid[:-h]
+            row.append(np.sum(d > 0) / np.sum(d != 0))
+        fracs.append(row)
+    f = np.array(fracs)
+    assert np.all(np.abs(f[:, 0] - 0.5) < 0.08) and np.all(np.abs(f[:, 1] - 0.5) < 0.12), f
+    assert np.all(np.abs(f.mean(0) - 0.5) < 0.1), f
+
+
+def test_ceiling_estimate_on_known_probabilities() -> None:
+    """The estimator is within 0.01 of the exact AUC of known P(up), P(down) per state with
+    32 paths, where the held-out split-half AUC (the former method) is biased down."""
+    rng = np.random.default_rng(0)
+    n, k = 300, 32
+    for spread in (2.0, 0.6):
+        p = 1 / (1 + np.exp(-spread * rng.standard_normal(n)))
+        a, b = 0.8 * p, 0.8 * (1 - p)  # 20 % ties
+        m = np.outer(a, b)
+        exact = 0.5 + np.abs(m - m.T).sum() / 2 / (2 * (a.sum() * b.sum() - np.sum(a * b)))
+        est, old = [], []
+        for _ in range(10):
+            u = rng.random((n, k))
+            up, dn = u < a[:, None], (u >= a[:, None]) & (u < (a + b)[:, None])
+            est.append(synth.ceiling_estimate(up, dn))
+            score = up[:, : k // 2].sum(1) / np.maximum(1, (up | dn)[:, : k // 2].sum(1))
+            old.append(synth._soft_auc(score, up[:, k // 2 :].mean(1), dn[:, k // 2 :].mean(1)))
+        assert abs(np.mean(est) - exact) < 0.01, (spread, np.mean(est), exact)
+        assert np.mean(old) < exact - 0.01
+
+
+def test_auc_ceiling_converged() -> None:
+    """Doubling the Monte-Carlo paths moves the model's ceiling by less than 0.015."""
+    day = datetime.date(2024, 3, 6)
+    sess = synth._simulate_session(day, 7, 1.0, None, 64, None, False)
+    run = sess.runs[sess.leader]
+    one = synth.auc_ceiling(run, (30, 100), {30: 256, 100: 128}, seed=1)
+    two = synth.auc_ceiling(run, (30, 100), {30: 512, 100: 256}, seed=2)
+    assert all(0.6 < one[h] < 1.0 for h in one)
+    assert all(abs(one[h] - two[h]) < 0.015 for h in one), (one, two)
