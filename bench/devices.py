@@ -29,8 +29,12 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="alphafeat-devices-"))
     res: dict = {"inputs": args.input}
     for dev in ("cpu", "cuda"):
-        cfg = PrecomputeConfig(inputs=[Path(p) for p in args.input], out=work / dev,
-                               instrument_mode=InstrumentMode.parse(args.mode), device=dev)
+        cfg = PrecomputeConfig(
+            inputs=[Path(p) for p in args.input],
+            out=work / dev,
+            instrument_mode=InstrumentMode.parse(args.mode),
+            device=dev,
+        )
         precompute(cfg)  # warm-up: compiles (or loads cached) kernels
         t = time.perf_counter()
         s = precompute(cfg)
@@ -38,8 +42,10 @@ def main() -> None:
         res["rows"] = s.rows
     res.update(compare(work / "cpu", work / "cuda"))
     print(f"{'rows':>10} {'cpu s':>8} {'cuda s':>8} {'max rel err':>12} mismatches")
-    print(f"{res['rows']:>10} {res['cpu_seconds']:>8} {res['cuda_seconds']:>8} {res['max_rel_err']:>12.3g} "
-          f"{res['mismatches'] or 'none'}")
+    print(
+        f"{res['rows']:>10} {res['cpu_seconds']:>8} {res['cuda_seconds']:>8} {res['max_rel_err']:>12.3g} "
+        f"{res['mismatches'] or 'none'}"
+    )
     print(json.dumps(res))
 
 

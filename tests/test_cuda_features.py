@@ -30,7 +30,7 @@ REAL_GPU = HAVE_DEVICE and not IN_SIM
 needs_device = pytest.mark.skipif(
     not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
 )
-N_INPROCESS = 9  # number of test_inprocess_* test items below (checked by the runner)
+N_INPROCESS = 11  # number of test_inprocess_* test items below (checked by the runner)
 
 
 def rows(full: int, sim: int) -> int:
@@ -57,9 +57,9 @@ def test_inprocess_cuda_equals_cpu(params: FeatureParams) -> None:
 
 
 @needs_device
-def test_inprocess_deep_scan_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
-    # chunk = 3: 200 rows -> 67 -> 23 -> 8 -> 3 carries, four levels of phase 2
-    # (simulator: 60 rows -> 20 -> 7 -> 3 -> 1, still four levels)
+def test_inprocess_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # chunk = 3: 200 rows -> 67 chunk maps per series, scanned by one block (simulator: 60
+    # rows -> 20 maps over 16 threads, so some threads compose a run of two maps)
     from alphafeat.cuda import kernels
 
     monkeypatch.setattr(kernels, "CHUNK", 3)
@@ -69,20 +69,24 @@ def test_inprocess_deep_scan_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @needs_device
 def test_inprocess_pipeline_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    # rows go through the copy/compute pipeline in steps of 37 (then 64): the recurrences,
-    # the last-finite carries and the fracdiff window cross the step boundaries exactly;
-    # a long one-sided run spans several steps
+    # rows go through the copy/compute pipeline in steps of 19 (then 64), the first and the
+    # last cut in quarters: the recurrences, the last-finite carries and the fracdiff window
+    # cross the step boundaries exactly; a long one-sided run spans several steps
     from alphafeat.cuda import kernels
 
     book = random_book(150, 27)
     book.bid_px[40:120, 0] = np.nan
     p = FeatureParams(fracdiff_threshold=0.01)
     cpu = compute_features(book, p)
+    monkeypatch.setattr(kernels, "MIN_STEP", 1)
     monkeypatch.setattr(kernels, "PIPE_ROWS", 37)
     monkeypatch.setattr(kernels, "CHUNK", 4)
+    assert [h - lo for lo, h in kernels._step_bounds(150)[1]] == [4, 5, 5, 5] + [19] * 6 + [4, 4, 4, 5]
     first = compute_features(book, p, device="cuda")
     assert_same(cpu, first)
     monkeypatch.setattr(kernels, "PIPE_ROWS", 64)
+    monkeypatch.setattr(kernels, "TARGET_STEPS", 2)
+    assert [h - lo for lo, h in kernels._step_bounds(150)[1]] == [16, 16, 16, 16, 64, 5, 6, 5, 6]
     again = compute_features(book, p, device="cuda")  # `first` is alive: a new result buffer
     assert_same(cpu, again)
     assert_same(cpu, first)
@@ -111,6 +115,8 @@ def test_inprocess_device_scan_matches_sequential() -> None:
     b = rng.normal(size=(2, 150))
     x_d = cuda.device_array((2, 150), dtype=np.float64)
     device_linear_scan(cuda.to_device(a), cuda.to_device(b), x_d, 4)
+    x1 = cuda.device_array((2, 150), dtype=np.float64)
+    device_linear_scan(cuda.to_device(a), cuda.to_device(b), x1, 1000)  # one chunk per series
     ref = np.empty_like(a)
     for s in range(2):
         v = 0.0
@@ -118,6 +124,44 @@ def test_inprocess_device_scan_matches_sequential() -> None:
             v = a[s, i] * v + b[s, i]
             ref[s, i] = v
     np.testing.assert_allclose(x_d.copy_to_host(), ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(x1.copy_to_host(), ref, rtol=1e-12, atol=1e-12)
+
+
+@needs_device
+def test_inprocess_float32_results() -> None:
+    # float32 on request: the float64 results rounded once
+    from alphafeat.cuda import compute_features_cuda
+
+    book = random_book(rows(300, 50), 28)
+    f64 = compute_features(book, device="cuda")
+    f32 = compute_features_cuda(book, dtype="float32")
+    assert list(f32) == list(f64)
+    for name in f64:
+        assert f32[name].dtype == np.float32, name
+        np.testing.assert_array_equal(f32[name], f64[name].astype(np.float32), err_msg=name)
+    with pytest.raises(ValueError, match="float64 or float32"):
+        compute_features_cuda(book, dtype="int32")
+
+
+@needs_device
+def test_inprocess_pinned_input() -> None:
+    # columns in page-locked memory go to the device without the staging copy; same values
+    import dataclasses
+
+    from alphafeat.cuda import kernels, pinned_empty
+
+    book = random_book(rows(300, 50), 29)
+    cols = {}
+    for f in dataclasses.fields(book):
+        v = getattr(book, f.name)
+        if isinstance(v, np.ndarray):
+            cols[f.name] = pinned_empty(v.shape, v.dtype)
+            cols[f.name][...] = v
+            assert kernels.is_pinned(cols[f.name]) == REAL_GPU
+            assert kernels.is_pinned(cols[f.name][1:]) == REAL_GPU
+    assert not kernels.is_pinned(book.bid_px)
+    pinned = dataclasses.replace(book, **cols)
+    assert_same(compute_features(book), compute_features(pinned, device="cuda"))
 
 
 @needs_device

@@ -17,10 +17,23 @@ if TYPE_CHECKING:
     from alphafeat.features import FeatureParams
     from alphafeat.types import BookArrays
 
-__all__ = ["compute_features_cuda", "direction_labels_cuda"]
+__all__ = ["compute_features_cuda", "direction_labels_cuda", "pinned_empty"]
 
 
-def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None) -> dict[str, np.ndarray]:
+def pinned_empty(shape, dtype=np.float64) -> np.ndarray:
+    """An uninitialised array in page-locked host memory (plain array under the simulator).
+
+    Book columns held in such arrays go to the GPU without the staging copy that
+    :func:`compute_features_cuda` otherwise makes (one host pass over the input saved).
+    """
+    from alphafeat.cuda import kernels
+
+    return kernels.pinned_empty(shape, dtype)
+
+
+def compute_features_cuda(
+    book: BookArrays, params: FeatureParams | None = None, dtype: str | np.dtype = "float64"
+) -> dict[str, np.ndarray]:
     """Compute the feature set of :func:`alphafeat.features.compute_features` on a CUDA GPU.
 
     Parameters
@@ -29,15 +42,19 @@ def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None)
         One contiguous segment (one instrument, one session), n rows in time order.
     params : FeatureParams, optional
         Feature parameters (default ``FeatureParams()``).
+    dtype : str or numpy dtype
+        ``float64`` (default) or ``float32``: the float64 results rounded once on the GPU,
+        half the bytes to bring back (for callers that store float32).
 
     Returns
     -------
     dict[str, np.ndarray]
-        float64 arrays of shape (n,) (views of one pinned host matrix), keys in
+        Arrays of shape (n,) and ``dtype`` (views of one pinned host matrix), keys in
         :func:`alphafeat.features.feature_specs` order; same values as the CPU path up to
         libdevice rounding and the association of the chunked scans (tests: 1e-9).
         Input columns go to the device once, results come back once, overlapped in steps
-        (:func:`alphafeat.cuda.kernels.run_features`). The pinned matrix is reused by a later
+        (:func:`alphafeat.cuda.kernels.run_features`); columns in page-locked memory
+        (:func:`pinned_empty`) skip the host staging copy. The pinned matrix is reused by a later
         call only once no view of it is alive, so kept results are never overwritten.
     """
     from alphafeat.cuda import kernels
@@ -51,7 +68,7 @@ def compute_features_cuda(book: BookArrays, params: FeatureParams | None = None)
     with warnings.catch_warnings():
         # a short session launches small grids; numba's low-occupancy warning is noise here
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
-        host = kernels.run_features(cols, make_plan(params))
+        host = kernels.run_features(cols, make_plan(params), dtype=dtype)
     return {name: host[k] for k, name in enumerate(names)}
 
 

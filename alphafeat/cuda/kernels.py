@@ -4,25 +4,29 @@ The per-row formulas are :mod:`alphafeat.features._rows` compiled with
 ``numba.cuda.jit(device=True)`` (the CPU path compiles the same file with ``numba.njit``).
 All features of a segment live in one device matrix ``out`` of shape ``(n_out + 1, n)``,
 rows in :func:`alphafeat.features.feature_specs` order plus one scratch row (the
-forward-filled log mid), so the result goes back to the host in one copy.
+forward-filled log mid), so each step's results go back column by column from one matrix.
 
-Pipeline (:func:`run_features`), in steps of :data:`PIPE_ROWS` rows on three streams (host
-threads fill a pinned staging slot, the DMA engine sends it, the kernels compute, the results
-of the step come back column by column while the next step computes):
+Pipeline (:func:`run_features`), in steps (:func:`_step_bounds`) on three streams: host
+threads fill a pinned staging slot with step k+1 while the DMA engine sends step k, the
+kernels compute it and the other copy engine brings back the results of the step before
+(input columns already in page-locked memory skip the staging copy). Per step:
 
 1. :func:`rowwise_kernel` -- one thread per row: every row-wise feature.
-2. :func:`last_finite_coef_kernel` + scan -- the last finite row of each skip-NaN input, a
-   linear recurrence with ``a in {0, 1}`` (exact in float64); the previous step's value is
-   folded into the first coefficient.
-3. :func:`coef_kernel` -- one thread per (series, row): ``a_i, b_i`` of each recurrence, the
-   previous step's state folded into the first coefficient (``(0, a x + b)``: exact).
-4. :func:`device_linear_scan` -- chunked parallel scan: each thread composes its block of
-   ``CHUNK`` rows into ``(A, B)`` (phase 1), the block carries are scanned by the same
-   algorithm recursively (phase 2), each thread replays its block from its carry (phase 3).
-5. :func:`post_kernel` -- one thread per row: outputs from the states (masks, sqrt,
+2. The last finite row of each skip-NaN input: a linear recurrence with ``a in {0, 1}``
+   (exact in float64), scanned by the three scan kernels below in mode :data:`MODE_LAST`.
+3. The recurrences ``x_i = a_i x_{i-1} + b_i`` (EMAs, decayed sums, deviations), mode
+   :data:`MODE_REC`: the coefficients are computed inside the scan kernels
+   (:func:`alphafeat.features._rows.coef`), never stored.
+   Scan (:func:`_scan`): :func:`scan_compose_kernel` -- thread (series, chunk) composes its
+   ``CHUNK`` rows into ``(A, B)``; :func:`scan_carry_kernel` -- one block per series scans
+   the chunk maps from the state before the step (one segment per thread, then a
+   Hillis-Steele scan in shared memory); :func:`scan_replay_kernel` -- each thread replays its
+   chunk from its carry and writes the states. Three launches per scan at any length.
+4. :func:`post_kernel` -- one thread per row: outputs from the states (masks, sqrt,
    z-scores, trend, logs).
-6. :func:`fracdiff_kernel` -- blocks of rows with their window in shared memory: the
+5. :func:`fracdiff_kernel` -- blocks of rows with their window in shared memory: the
    fixed-window fractional difference (the window reaches into earlier steps on the device).
+6. float32 results only: :func:`cast_kernel` rounds the step's columns once, on the device.
 
 Device buffers and pinned host buffers are kept between calls (grow only;
 :func:`release_buffers` drops them).
@@ -76,51 +80,6 @@ def rowwise_kernel(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     """One thread per row i in ``[lo, hi)``: every row-wise feature into ``out[:, i]``."""
     for i in range(lo + cuda.grid(1), hi, cuda.gridsize(1)):
         R.rowwise_row(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, i)
-
-
-@cuda.jit(cache=True)
-def last_finite_coef_kernel(out, L, buy, sell, cnt, last, lo, a, b):
-    """Thread (k, t), row ``i = lo + t``: ``s_i = i + 1 if z_k(i) finite else s_{i-1}``; after
-    the scan ``s_i - 1`` is the last row <= i where input k is finite (-1: none). The carry of
-    the rows before ``lo`` (``last[k, lo - 1]``) is folded into the first coefficient."""
-    m = a.shape[1]
-    for idx in range(cuda.grid(1), a.shape[0] * m, cuda.gridsize(1)):
-        k = idx // m
-        t = idx - k * m
-        i = lo + t
-        z = R.z_input(k, i, out, L, buy, sell, cnt)
-        if z == z and z - z == 0.0:  # finite
-            ai = 0.0
-            bi = i + 1.0
-        else:
-            ai = 1.0
-            bi = 0.0
-        if t == 0 and lo > 0:
-            bi = ai * last[k, lo - 1] + bi
-            ai = 0.0
-        a[k, t] = ai
-        b[k, t] = bi
-
-
-@cuda.jit(cache=True)
-def coef_kernel(out, L, ts, buy, sell, cnt, last, X, lo, s_kind, s_code, s_tau, s_scale, interp, a, b):
-    """Thread (s, t): the coefficients of recurrence s at row ``i = lo + t``; the state before
-    ``lo`` (``X[s, lo - 1]``) is folded into the first coefficient, ``(0, a X + b)``."""
-    m = a.shape[1]
-    for idx in range(cuda.grid(1), a.shape[0] * m, cuda.gridsize(1)):
-        s = idx // m
-        t = idx - s * m
-        i = lo + t
-        c = s_code[s]
-        j = -1
-        if c < last.shape[0] and i > 0:
-            j = int(last[c, i - 1]) - 1
-        ai, bi = R.coef(s_kind[s], c, s_tau[s], s_scale[s], interp, i, j, out, L, ts, buy, sell, cnt)
-        if t == 0 and lo > 0:
-            bi = ai * X[s, lo - 1] + bi
-            ai = 0.0
-        a[s, t] = ai
-        b[s, t] = bi
 
 
 @cuda.jit(cache=True)
@@ -179,6 +138,16 @@ def fracdiff_kernel(out, scratch, fd_col, w, lo, hi):
 
 
 @cuda.jit(cache=True)
+def cast_kernel(out, out32, lo, hi):
+    """Thread (c, t): ``out32[c, lo + t] = float32(out[c, lo + t])`` for the rows ``[lo, hi)``."""
+    m = hi - lo
+    for idx in range(cuda.grid(1), out32.shape[0] * m, cuda.gridsize(1)):
+        c = idx // m
+        i = lo + idx - c * m
+        out32[c, i] = out[c, i]
+
+
+@cuda.jit(cache=True)
 def direction_labels_kernel(mid, hs, y):
     """Thread (h, t): 1 if mid[t+h] > mid[t], 0 if lower, NaN on a tie, NaN mid or past the end."""
     n = mid.shape[0]
@@ -196,87 +165,187 @@ def direction_labels_kernel(mid, hs, y):
         y[k, t] = v
 
 
-@cuda.jit(cache=True)
-def sequential_scan_kernel(a, b, x):
-    """Thread s scans series s alone: ``x[s, i] = a[s, i] x[s, i-1] + b[s, i]``, x_-1 = 0."""
-    for s in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
-        v = 0.0
-        for i in range(a.shape[1]):
-            v = a[s, i] * v + b[s, i]
-            x[s, i] = v
+# --------------------------------------------------------------------------------------------
+# linear scans x_i = a_i x_{i-1} + b_i, chunked: compose, carry, replay
+# --------------------------------------------------------------------------------------------
+
+#: Coefficients read from the arrays ``a, b`` (:func:`device_linear_scan`).
+MODE_ARRAYS = 0
+#: Series k: ``(0, i + 1)`` where skip-NaN input k is finite at row i, else ``(1, 0)``; the
+#: state minus 1 is the last row <= i where it is finite (-1: none).
+MODE_LAST = 1
+#: Series s: the coefficients of recurrence s of the plan (:func:`alphafeat.features._rows.coef`).
+MODE_REC = 2
+#: Threads of the block that scans one series' chunk maps (:func:`scan_carry_kernel`).
+CARRY_THREADS = 256
+
+
+@cuda.jit(device=True, cache=True)
+def _ab(mode, s, i, t, a, b, out, L, ts, buy, sell, cnt, last, s_kind, s_code, s_tau, s_scale, interp):
+    """``(a, b)`` of series ``s`` at row ``i`` (``t``: the row's index in ``a, b``)."""
+    if mode == 0:
+        return a[s, t], b[s, t]
+    if mode == 1:
+        z = R.z_input(s, i, out, L, buy, sell, cnt)
+        if z == z and z - z == 0.0:  # finite
+            return 0.0, i + 1.0
+        return 1.0, 0.0
+    c = s_code[s]
+    j = -1
+    if c < last.shape[0] and i > 0:
+        j = int(last[c, i - 1]) - 1
+    return R.coef(s_kind[s], c, s_tau[s], s_scale[s], interp, i, j, out, L, ts, buy, sell, cnt)
 
 
 @cuda.jit(cache=True)
-def compose_kernel(a, b, A, B, chunk):
-    """Phase 1, thread (s, k): compose rows ``[k*chunk, (k+1)*chunk)`` of series s."""
-    m = A.shape[1]
-    n = a.shape[1]
-    for idx in range(cuda.grid(1), A.shape[0] * m, cuda.gridsize(1)):
-        s = idx // m
-        k = idx - s * m
-        lo = k * chunk
-        hi = min(lo + chunk, n)
+def scan_compose_kernel(
+    mode, a, b, out, L, ts, buy, sell, cnt, last, s_kind, s_code, s_tau, s_scale, interp, lo, m, chunk, A, B
+):
+    """Thread (s, k): compose rows ``lo + [k chunk, (k+1) chunk)`` (within ``m``) of series s
+    into one map ``x -> A x + B``."""
+    nc = A.shape[1]
+    for idx in range(cuda.grid(1), A.shape[0] * nc, cuda.gridsize(1)):
+        s = idx // nc
+        k = idx - s * nc
+        t0 = k * chunk
         acc_a = 1.0
         acc_b = 0.0
-        for i in range(lo, hi):
-            acc_a = a[s, i] * acc_a
-            acc_b = a[s, i] * acc_b + b[s, i]
+        for t in range(t0, min(t0 + chunk, m)):
+            ai, bi = _ab(mode, s, lo + t, t, a, b, out, L, ts, buy, sell, cnt, last, s_kind, s_code, s_tau,
+                         s_scale, interp)  # fmt: skip
+            acc_a = ai * acc_a
+            acc_b = ai * acc_b + bi
         A[s, k] = acc_a
         B[s, k] = acc_b
 
 
 @cuda.jit(cache=True)
-def replay_kernel(a, b, X, x, chunk):
-    """Phase 3, thread (s, k): replay block k from the carry ``X[s, k-1]`` (0 for k = 0)."""
-    m = X.shape[1]
-    n = a.shape[1]
-    for idx in range(cuda.grid(1), X.shape[0] * m, cuda.gridsize(1)):
-        s = idx // m
-        k = idx - s * m
-        lo = k * chunk
-        hi = min(lo + chunk, n)
-        v = 0.0
-        if k > 0:
-            v = X[s, k - 1]
-        for i in range(lo, hi):
-            v = a[s, i] * v + b[s, i]
-            x[s, i] = v
+def scan_carry_kernel(A, B, x, lo, Y):
+    """Block per series s: ``Y[s, k]`` = the state entering chunk k, from the state before the
+    step (``x[s, lo - 1]``, 0 if ``lo = 0``) through the chunk maps ``(A, B)``.
+
+    Each thread composes a run of consecutive chunk maps, the runs' maps are scanned across
+    the block (Hillis-Steele, in shared memory), each thread replays its run from there.
+    """
+    sh_a = cuda.shared.array(CARRY_THREADS, np.float64)
+    sh_b = cuda.shared.array(CARRY_THREADS, np.float64)
+    T = cuda.blockDim.x
+    tid = cuda.threadIdx.x
+    nc = A.shape[1]
+    per = (nc + T - 1) // T
+    k0 = min(tid * per, nc)
+    k1 = min(k0 + per, nc)
+    for s in range(cuda.blockIdx.x, A.shape[0], cuda.gridDim.x):
+        ca = 1.0
+        cb = 0.0
+        for k in range(k0, k1):
+            ca = A[s, k] * ca
+            cb = A[s, k] * cb + B[s, k]
+        sh_a[tid] = ca
+        sh_b[tid] = cb
+        cuda.syncthreads()
+        d = 1
+        while d < T:
+            pa = 1.0
+            pb = 0.0
+            if tid >= d:
+                pa = sh_a[tid - d]
+                pb = sh_b[tid - d]
+            cuda.syncthreads()
+            if tid >= d:  # (runs before) then (own): x -> ca (pa x + pb) + cb
+                cb = ca * pb + cb
+                ca = ca * pa
+                sh_a[tid] = ca
+                sh_b[tid] = cb
+            cuda.syncthreads()
+            d *= 2
+        v = x[s, lo - 1] if lo > 0 else 0.0
+        if tid > 0:
+            v = sh_a[tid - 1] * v + sh_b[tid - 1]
+        for k in range(k0, k1):
+            Y[s, k] = v
+            v = A[s, k] * v + B[s, k]
+        cuda.syncthreads()  # the next series reuses the shared arrays
 
 
-def device_linear_scan(a, b, x, chunk: int | None = None, stream=0, _depth: int = 0) -> None:
+@cuda.jit(cache=True)
+def scan_replay_kernel(
+    mode, a, b, out, L, ts, buy, sell, cnt, last, s_kind, s_code, s_tau, s_scale, interp, lo, m, chunk, Y, x
+):
+    """Thread (s, k): replay chunk k of series s from its carry ``Y[s, k]``; writes
+    ``x[s, lo + t]`` for its rows t."""
+    nc = Y.shape[1]
+    for idx in range(cuda.grid(1), Y.shape[0] * nc, cuda.gridsize(1)):
+        s = idx // nc
+        k = idx - s * nc
+        t0 = k * chunk
+        v = Y[s, k]
+        for t in range(t0, min(t0 + chunk, m)):
+            ai, bi = _ab(mode, s, lo + t, t, a, b, out, L, ts, buy, sell, cnt, last, s_kind, s_code, s_tau,
+                         s_scale, interp)  # fmt: skip
+            v = ai * v + bi
+            x[s, lo + t] = v
+
+
+def _carry_cfg(S: int, stream) -> tuple:
+    if config.ENABLE_CUDASIM:
+        return 1, SIM_THREADS, stream
+    return S, CARRY_THREADS, stream
+
+
+def _scan(mode: int, S: int, lo: int, m: int, x, args: tuple, chunk: int, stream) -> None:
+    """Rows ``[lo, lo + m)`` of S series into ``x[:, lo:lo + m]``, continuing from
+    ``x[:, lo - 1]``. ``args``: the coefficient arguments of :func:`_ab` after ``t``."""
+    nc = (m + chunk - 1) // chunk
+    A = _dev(f"scanA{mode}", (S, nc))
+    B = _dev(f"scanB{mode}", (S, nc))
+    Y = _dev(f"scanY{mode}", (S, nc))
+    scan_compose_kernel[_cfg(S * nc, stream)](mode, *args, lo, m, chunk, A, B)
+    scan_carry_kernel[_carry_cfg(S, stream)](A, B, x, lo, Y)
+    scan_replay_kernel[_cfg(S * nc, stream)](mode, *args, lo, m, chunk, Y, x)
+
+
+def _dummies():
+    """Placeholder device arrays for the arguments a scan mode does not read."""
+    f2 = _dev("dummy_f2", (1, 1))
+    f1 = _dev("dummy_f1", (1,))
+    i1 = _dev("dummy_i1", (1,), np.int64)
+    return f2, f1, i1
+
+
+def device_linear_scan(a, b, x, chunk: int | None = None, stream=0) -> None:
     """``x[s, i] = a[s, i] x[s, i-1] + b[s, i]`` from ``x[s, -1] = 0`` for every series s.
 
     ``a``, ``b``, ``x``: device float64 arrays of shape (S, n) (views allowed). Chunked
-    parallel scan; the block carries (themselves a linear recurrence) are scanned
-    recursively. ``chunk``: rows per thread (default :data:`CHUNK`, at least 2). The carry
-    arrays come from a per-depth device pool (calls on one stream reuse them safely).
+    parallel scan (:func:`scan_compose_kernel`, :func:`scan_carry_kernel`,
+    :func:`scan_replay_kernel`); ``chunk``: rows per thread (default :data:`CHUNK`).
     """
-    chunk = max(2, CHUNK if chunk is None else int(chunk))
+    chunk = max(1, CHUNK if chunk is None else int(chunk))
     S, n = a.shape
-    if n == 0:
+    if n == 0 or S == 0:
         return
-    if n <= chunk:
-        sequential_scan_kernel[_cfg(S, stream)](a, b, x)
-        return
-    m = (n + chunk - 1) // chunk
-    A = _dev(f"scanA{_depth}", (S, m))
-    B = _dev(f"scanB{_depth}", (S, m))
-    X = _dev(f"scanX{_depth}", (S, m))
-    compose_kernel[_cfg(S * m, stream)](a, b, A, B, chunk)
-    device_linear_scan(A, B, X, chunk, stream, _depth + 1)
-    replay_kernel[_cfg(S * m, stream)](a, b, X, x, chunk)
+    f2, f1, i1 = _dummies()
+    args = (a, b, f2, i1, i1, f1, f1, f1, f2, i1, i1, f1, f1, 0)
+    _scan(MODE_ARRAYS, S, 0, n, x, args, chunk, stream)
 
 
 # --------------------------------------------------------------------------------------------
 # buffers kept between calls
 # --------------------------------------------------------------------------------------------
 
-#: Rows per step of the copy / compute pipeline of :func:`run_features`.
-PIPE_ROWS = 1 << 20
-#: Pinned staging slots of the input pipeline (host fills one while the DMA reads another).
+#: Most rows per step of the copy / compute pipeline of :func:`run_features`.
+PIPE_ROWS = 1 << 21
+#: Fewest rows per step (a step costs about 1 ms of launches and copy calls on the host).
+MIN_STEP = 1 << 18
+#: Steps a call aims at between those bounds (more steps: more overlap, more overhead).
+TARGET_STEPS = 8
+#: Pinned staging slots of the input pipeline (host threads fill one while the DMA reads another).
 N_SLOTS = 3
-#: Host threads copying the input columns into the pinned staging slots.
-COPY_THREADS = 8
+#: Host threads copying the input columns into the pinned staging slots (on the 16-core H200
+#: host, 12 gave the fastest pipeline, 62.6 M rows/s against 56.2 with 8 and 48.3 with 6).
+COPY_THREADS = 12
+#: Bytes of one piece of a staging copy (one task of a copy thread).
+COPY_PIECE = 8 << 20
 
 _LOCK = threading.RLock()
 #: Device buffers by name (flat, grow only); views of them are handed to the kernels.
@@ -286,6 +355,9 @@ _HOST_OUT: list[np.ndarray] = []
 #: Pinned host staging buffers, reused between calls (grow only).
 _POOL: dict[str, np.ndarray] = {}
 _EXEC: list = []
+#: Stages that :func:`run_features` leaves out ("fill", "h2d", "compute", "d2h"): for timing
+#: one stage alone (``bench/features.py``); the results are then meaningless. Empty normally.
+_SKIP: set[str] = set()
 
 
 def _dev(name: str, shape: tuple[int, ...], dtype=np.float64):
@@ -317,16 +389,35 @@ def _pinned_flat(nbytes: int) -> np.ndarray:
     return np.empty(max(nbytes, 1), dtype=np.uint8)
 
 
-def _staged(name: str, v: np.ndarray) -> np.ndarray:
-    """``v`` copied into a pinned buffer from the pool (plain array under the simulator)."""
+def pinned_empty(shape, dtype=np.float64) -> np.ndarray:
+    """An uninitialised array in page-locked host memory (a plain array under the simulator).
+
+    Input columns in such memory (or views of it) go to the device without the staging copy
+    of :func:`run_features`: a reader that writes its columns here saves one host pass.
+    """
+    shape = (shape,) if np.isscalar(shape) else tuple(shape)
+    dtype = np.dtype(dtype)
+    flat = _pinned_flat(int(np.prod(shape)) * dtype.itemsize)
+    return flat[: int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def is_pinned(v: np.ndarray) -> bool:
+    """True if ``v`` lies in page-locked memory that numba allocated (``cuda.pinned_array``,
+    ``cuda.mapped_array``, :func:`pinned_empty`, or a view of one of these)."""
     if config.ENABLE_CUDASIM:
-        return v
-    buf = _POOL.get(name)
-    if buf is None or buf.nbytes < v.nbytes:
-        buf = _POOL[name] = _pinned_flat(v.nbytes)
-    view = buf[: v.nbytes].view(v.dtype).reshape(v.shape)
-    np.copyto(view, v)
-    return view
+        return False
+    from numba.cuda.cudadrv import driver
+
+    kinds = tuple(getattr(driver, k) for k in ("PinnedMemory", "MappedMemory", "MappedOwnedPointer")
+                  if hasattr(driver, k))  # fmt: skip
+    o = v
+    for _ in range(64):
+        if isinstance(o, kinds):
+            return True
+        o = getattr(o, "base", None)
+        if o is None:
+            return False
+    return False
 
 
 def _host_buffer(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
@@ -339,19 +430,20 @@ def _host_buffer(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
     return np.empty(shape, dtype=dtype)
 
 
-def _result_buffer(shape: tuple[int, int]) -> np.ndarray:
-    """Pinned float64 host matrix for the results.
+def _result_buffer(shape: tuple[int, int], dtype=np.float64) -> np.ndarray:
+    """Pinned host matrix for the results.
 
     A matrix handed out by an earlier call is reused only when nothing refers to it any more
     (no view of it is alive: its reference count is back to the pool's own), so results the
     caller keeps are never overwritten; otherwise a new one is allocated (allocating and
     pinning gigabytes costs far more than the copy itself).
     """
-    nbytes = 8 * int(np.prod(shape))
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize * int(np.prod(shape))
     for buf in _HOST_OUT:
         # references: the pool list, the loop variable, getrefcount's argument
         if sys.getrefcount(buf) <= 3 and buf.nbytes >= nbytes:
-            return buf[:nbytes].view(np.float64).reshape(shape)
+            return buf[:nbytes].view(dtype).reshape(shape)
     keep = []
     for buf in _HOST_OUT:  # too small and unused: give it back before allocating
         if sys.getrefcount(buf) > 3:
@@ -362,7 +454,7 @@ def _result_buffer(shape: tuple[int, int]) -> np.ndarray:
     _HOST_OUT.append(buf)
     if len(_HOST_OUT) > 2:
         del _HOST_OUT[0]
-    return buf[:nbytes].view(np.float64).reshape(shape)
+    return buf[:nbytes].view(dtype).reshape(shape)
 
 
 def _executor():
@@ -373,24 +465,24 @@ def _executor():
     return _EXEC[0]
 
 
-def _fill(slot: dict[str, np.ndarray], cols: dict[str, np.ndarray], lo: int, hi: int) -> None:
-    """Copy rows ``[lo, hi)`` of every input column into the pinned slot, in parallel."""
+def _fill_async(slot: dict[str, np.ndarray], cols: dict[str, np.ndarray], lo: int, hi: int) -> list:
+    """Start copying rows ``[lo, hi)`` of the columns into the pinned slot, in pieces of about
+    :data:`COPY_PIECE` bytes on the copy threads (numpy releases the GIL); the futures."""
     rows = hi - lo
     ex = _executor()
-    parts = max(1, min(COPY_THREADS, rows // 65536))
     futs = []
     for k, v in cols.items():
         dst = slot[k]
+        parts = max(1, min(4 * COPY_THREADS, rows * (v.nbytes // max(len(v), 1)) // COPY_PIECE))
         for p in range(parts):
             a = rows * p // parts
             b = rows * (p + 1) // parts
             futs.append(ex.submit(np.copyto, dst[a:b], v[lo + a : lo + b]))
-    for f in futs:
-        f.result()
+    return futs
 
 
 def _slots(cols: dict[str, np.ndarray], rows: int) -> list[dict[str, np.ndarray]]:
-    """``N_SLOTS`` pinned staging slots of ``rows`` rows of every input column."""
+    """``N_SLOTS`` pinned staging slots of ``rows`` rows of every column of ``cols``."""
     per_row = {k: v.dtype.itemsize * int(np.prod(v.shape[1:])) for k, v in cols.items()}
     need = rows * sum(per_row.values())
     slots = []
@@ -408,22 +500,48 @@ def _slots(cols: dict[str, np.ndarray], rows: int) -> list[dict[str, np.ndarray]
     return slots
 
 
-def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = None) -> np.ndarray:
-    """Compute every feature on the device; returns the host matrix ``(n_out, n)``.
+def _step_bounds(n: int) -> tuple[int, list[tuple[int, int]]]:
+    """The pipeline's steps over n rows: ``(largest step, [(lo, hi), ...])``.
+
+    About :data:`TARGET_STEPS` steps of ``step`` rows (within :data:`MIN_STEP` and
+    :data:`PIPE_ROWS`); the first and the last are cut in quarters, so that the pipeline
+    fills (host copy of the first step) and drains (results of the last) in less time.
+    """
+    step = max(1, min(n, PIPE_ROWS, max(MIN_STEP, -(-n // TARGET_STEPS))))
+    edges = list(range(0, n, step)) + [n]
+    bounds = list(zip(edges[:-1], edges[1:], strict=True))
+    out: list[tuple[int, int]] = []
+    for q, (lo, hi) in enumerate(bounds):
+        if (q == 0 or q == len(bounds) - 1) and len(bounds) > 2 and hi - lo >= 4:
+            cut = [lo + (hi - lo) * r // 4 for r in range(5)]
+            out += list(zip(cut[:-1], cut[1:], strict=True))
+        else:
+            out.append((lo, hi))
+    return step, out
+
+
+def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = None, dtype=np.float64) -> np.ndarray:
+    """Compute every feature on the device; returns the pinned host matrix ``(n_out, n)``.
 
     ``cols``: contiguous host columns (``ts_recv`` int64 ns; ``bid_px, ask_px, bid_sz,
     ask_sz`` float64 (n, L); ``buy_volume, sell_volume, trade_count`` float64 (n,)).
-    ``chunk``: rows per scan thread (default :data:`CHUNK`).
+    ``chunk``: rows per scan thread (default :data:`CHUNK`). ``dtype``: float64 (default) or
+    float32; float32 results are the float64 ones rounded once on the device (half the bytes
+    to copy back).
 
-    The rows go through in steps of :data:`PIPE_ROWS`, on three streams: host threads copy
-    step k+1 into a pinned staging slot while the DMA engine sends step k and the kernels
-    compute step k-1, and the results of each step come back (one copy per column) while
+    The rows go through in steps (:func:`_step_bounds`) on three streams: host threads copy
+    step k+1 into a pinned staging slot (columns already in page-locked memory, see
+    :func:`is_pinned`, are sent from where they are) while the DMA engine sends step k and the
+    kernels compute it, and the results of each step come back (one copy per column) while
     the next is computed. Every input row goes to the device once, every result comes back
-    once. Recurrences carry exactly from one step to the next (the state and the last finite
-    row before the step are folded into its first coefficient), fractional differencing reads
-    the window of earlier steps on the device, so the steps change nothing in the values.
+    once. Recurrences carry exactly from one step to the next (the scans start from the
+    state and the last finite row before the step), fractional differencing reads the window
+    of earlier steps on the device, so the steps change nothing in the values.
     """
-    chunk = CHUNK if chunk is None else int(chunk)
+    chunk = max(1, CHUNK if chunk is None else int(chunk))
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"dtype must be float64 or float32, got {dtype}")
     n = int(cols["ts_recv"].shape[0])
     n_out = plan.n_out
     S = int(plan.s_kind.shape[0])
@@ -431,9 +549,10 @@ def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = No
         raise ValueError(f"plan has {S} recurrences, the kernels hold at most {MAX_SERIES}")
     with _LOCK:
         if n == 0:
-            return np.empty((n_out, 0))
-        host = _result_buffer((n_out, n))
-        step = max(1, min(int(PIPE_ROWS), n))
+            return np.empty((n_out, 0), dtype=dtype)
+        host = _result_buffer((n_out, n), dtype)
+        step, bounds = _step_bounds(n)
+        n_steps = len(bounds)
         s_h2d, s_comp, s_d2h = cuda.stream(), cuda.stream(), cuda.stream()
         d = {k: _dev(f"in_{k}", v.shape, v.dtype) for k, v in cols.items()}
         small = {
@@ -441,57 +560,63 @@ def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = No
             for k in ("layout", "depth_w", "s_kind", "s_code", "s_tau", "s_scale", "p_int", "p_tau", "fd_w")
         }
         out = _dev("out", (n_out + 1, n))
+        back = out if dtype == np.float64 else _dev("out32", (n_out, n), np.float32)
         last = _dev("last", (N_LF, n))
         X = _dev("X", (S, n))
-        la = _dev("la", (N_LF, step))
-        lb = _dev("lb", (N_LF, step))
-        ca = _dev("ca", (S, step))
-        cb = _dev("cb", (S, step))
+        f2, _, _ = _dummies()
         L = small["layout"]
         buy, sell, cnt, ts = d["buy_volume"], d["sell_volume"], d["trade_count"], d["ts_recv"]
-        slots = _slots(cols, step) if not config.ENABLE_CUDASIM else None
+        # coefficient arguments of both scans (see _ab)
+        coef_args = (f2, f2, out, L, ts, buy, sell, cnt, last, small["s_kind"], small["s_code"], small["s_tau"],
+                   small["s_scale"], plan.interp)  # fmt: skip
+        staged = {} if config.ENABLE_CUDASIM else {k: v for k, v in cols.items() if not is_pinned(v)}
+        slots = _slots(staged, step) if staged else None
         ev_in = [cuda.event() for _ in range(N_SLOTS)]
-        ev_done = [cuda.event() for _ in range(N_SLOTS)]
-        for q, lo in enumerate(range(0, n, step)):
-            hi = min(lo + step, n)
+        ev_done = cuda.event()
+        fills: dict[int, list] = {}
+
+        def start_fill(q: int) -> None:
+            if slots is None or q >= n_steps or "fill" in _SKIP:
+                return
+            if q >= N_SLOTS:
+                ev_in[q % N_SLOTS].synchronize()  # the slot's previous DMA is done
+            fills[q] = _fill_async(slots[q % N_SLOTS], staged, *bounds[q])
+
+        start_fill(0)
+        for q, (lo, hi) in enumerate(bounds):
             m = hi - lo
             slot = q % N_SLOTS
+            start_fill(q + 1)  # the copy threads run one step ahead
             # ---- host -> device ----------------------------------------------------------
-            if slots is None:
-                for k, v in cols.items():
-                    d[k][lo:hi].copy_to_device(np.ascontiguousarray(v[lo:hi]), stream=s_h2d)
-            else:
-                if q >= N_SLOTS:
-                    ev_in[slot].synchronize()  # the slot's previous DMA is done
-                _fill(slots[slot], cols, lo, hi)
-                for k in cols:
-                    d[k][lo:hi].copy_to_device(slots[slot][k][:m], stream=s_h2d)
+            for f in fills.pop(q, ()):
+                f.result()
+            for k, v in cols.items() if "h2d" not in _SKIP else ():
+                src = slots[slot][k][:m] if k in staged else v[lo:hi]
+                if config.ENABLE_CUDASIM:
+                    src = np.ascontiguousarray(src)
+                d[k][lo:hi].copy_to_device(src, stream=s_h2d)
             ev_in[slot].record(s_h2d)
             ev_in[slot].wait(s_comp)
             # ---- kernels -----------------------------------------------------------------
-            rowwise_kernel[_cfg(m, s_comp)](
-                d["bid_px"], d["ask_px"], d["bid_sz"], d["ask_sz"], ts, buy, sell, cnt, plan.tick, L,
-                small["depth_w"], out, lo, hi,
-            )  # fmt: skip
-            a, b = (la, lb) if m == step else (la[:, :m], lb[:, :m])
-            last_finite_coef_kernel[_cfg(N_LF * m, s_comp)](out, L, buy, sell, cnt, last, lo, a, b)
-            device_linear_scan(a, b, last[:, lo:hi], chunk, s_comp)
-            a, b = (ca, cb) if m == step else (ca[:, :m], cb[:, :m])
-            coef_kernel[_cfg(S * m, s_comp)](
-                out, L, ts, buy, sell, cnt, last, X, lo, small["s_kind"], small["s_code"], small["s_tau"],
-                small["s_scale"], plan.interp, a, b,
-            )  # fmt: skip
-            device_linear_scan(a, b, X[:, lo:hi], chunk, s_comp)
-            post_kernel[_cfg(m, s_comp)](
-                X, last, small["s_kind"], small["s_code"], small["p_int"], small["p_tau"], plan.tick,
-                plan.hawkes_mu, plan.hawkes_alpha, out, lo, hi,
-            )  # fmt: skip
-            fracdiff_kernel[_cfg(m, s_comp)](out, n_out, plan.fd_col, small["fd_w"], lo, hi)
-            ev_done[slot].record(s_comp)
+            if "compute" not in _SKIP:
+                rowwise_kernel[_cfg(m, s_comp)](
+                    d["bid_px"], d["ask_px"], d["bid_sz"], d["ask_sz"], ts, buy, sell, cnt, plan.tick, L,
+                    small["depth_w"], out, lo, hi,
+                )  # fmt: skip
+                _scan(MODE_LAST, N_LF, lo, m, last, coef_args, chunk, s_comp)
+                _scan(MODE_REC, S, lo, m, X, coef_args, chunk, s_comp)
+                post_kernel[_cfg(m, s_comp)](
+                    X, last, small["s_kind"], small["s_code"], small["p_int"], small["p_tau"], plan.tick,
+                    plan.hawkes_mu, plan.hawkes_alpha, out, lo, hi,
+                )  # fmt: skip
+                fracdiff_kernel[_cfg(m, s_comp)](out, n_out, plan.fd_col, small["fd_w"], lo, hi)
+                if back is not out:
+                    cast_kernel[_cfg(n_out * m, s_comp)](out, back, lo, hi)
+            ev_done.record(s_comp)
             # ---- device -> host, one copy per column -------------------------------------
-            ev_done[slot].wait(s_d2h)
-            for k in range(n_out):
-                out[k, lo:hi].copy_to_host(host[k, lo:hi], stream=s_d2h)
+            ev_done.wait(s_d2h)
+            for k in range(n_out if "d2h" not in _SKIP else 0):
+                back[k, lo:hi].copy_to_host(host[k, lo:hi], stream=s_d2h)
         s_d2h.synchronize()
         s_comp.synchronize()
         return host
