@@ -403,7 +403,7 @@ def to_book_arrays(book: RawBook, trades: Trades) -> BookArrays:
     n = len(book)
 
     def px(a: np.ndarray) -> np.ndarray:
-        out = a.astype(np.float64) * PRICE_SCALE
+        out = a.astype(np.float64) / PRICE_SCALE
         out[a == UNDEF_PRICE] = np.nan
         return out
 

@@ -12,8 +12,10 @@ LEVELS = 10
 #: Databento's null price (``i64::MAX``) marking an empty level, in 1e-9 fixed point.
 UNDEF_PRICE = np.int64(2**63 - 1)
 
-#: Fixed-point scale of DBN prices: 1 index point = 1e9 units.
-PRICE_SCALE = 1e-9
+#: Fixed-point scale of DBN prices: 1 index point = 1e9 units. Prices are converted by
+#: dividing by it (``x / 1e9`` is the double nearest the exact value, so 5000.25 stays exact;
+#: ``x * 1e-9`` is one bit off for about 5 % of ES prices).
+PRICE_SCALE = 1e9
 
 
 @dataclass
