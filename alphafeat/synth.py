@@ -45,10 +45,14 @@ gaps inside a burst Exp(50 us) with probability 0.7 else Exp(4 ms)). Each event:
   with I the level-1 queue imbalance, F the signed aggressor volume decayed by 0.95 per event
   (F0 = 10 contracts), R a reference mid: for the leading outright a latent fair value (a
   Brownian bridge over the session, see "Prices across sessions"), for the other outrights
-  the leader's mid (1 s grid) + carry, for spreads the carry fair value;
+  their fair value: the leader's latent value (1 s grid) times the carry ratio, for spreads
+  the carry fair value;
   (w_I, w_F, w_R) = (0.35, 0.35, 0.6); up-pressure ``u = 0.5 + 0.5 * kappa * S``, kappa =
   :data:`OFI_STRENGTH` (0.5) is the planted strength of the response to order-flow imbalance;
 * a locked book (below) is unlocked: the locking order is cancelled;
+* a non-leading outright whose fair value R is over :data:`FOLLOW_TICKS` (1) from its mid
+  re-quotes: a level opens inside a wide spread on R's side, else the stale best level on the
+  other side is pulled (so thin contracts move with the front, not behind it);
 * spread > 1 tick: with probability :data:`P_FILL` an order opens a level inside it, on the
   bid with probability u;
 * else with probability :data:`P_TRADE` a marketable order, buy with probability u: it clears
@@ -101,7 +105,10 @@ day in 2024, in the overnight gap). Outright c is priced ``S exp(CARRY_RATE T_c)
 to its expiry): ESM4 trades about 60 points above ESH4 in March 2024, a calendar spread at
 its front leg minus its deferred leg. The leading outright's latent fair value is a Brownian
 bridge from its open to its close price over the session's events: no drift beyond the
-session's random move, so direction labels are balanced (tested).
+session's random move, so direction labels are balanced (tested). Every other outright's fair
+value is that latent value times its carry ratio ``exp(CARRY_RATE (T_c - T_lead))``: one
+random walk for all months (the basis is constant within a session), so deferred and expiring
+contracts move with the front, less often as they are thinner (tested).
 
 Determinism: no wall clock; every random stream is a numpy ``Generator`` seeded from
 ``(seed, date, instrument id, stream)``; zstd level fixed (:data:`ZSTD_LEVEL`, single threaded).
@@ -220,6 +227,9 @@ DAILY_VOL = 0.008
 #: Largest standard deviation of the leading outright's latent fair value per book event, ticks
 #: (keeps the latent within reach of the book, whose mid moves a few ticks per 100 events).
 SIGMA_EVENT_MAX = 0.05
+#: A non-leading outright re-quotes (a level opens inside a wide spread, else its stale best
+#: level is pulled) when its fair value is more than this many ticks from its mid.
+FOLLOW_TICKS = 1.0
 #: Annualised cost of carry (interest minus dividend yield) pricing outrights from the index
 #: level: ``F = S exp(CARRY_RATE * years to expiry)``.
 CARRY_RATE = 0.045
@@ -691,9 +701,10 @@ _UNDEF = UNDEF_PRICE
     _PMODDN,
     _PL0,
     _PFLICK,
-) = range(23)
+    _PFOLLOW,
+) = range(24)
 #: cumulative probabilities of the level of a limit event (levels 1..9 of 10), see :func:`_params`
-_PLCUM = 23
+_PLCUM = 24
 _NPARAMS = _PLCUM + 9
 assert LMAX_OUTRIGHT <= _LS and LMAX_SPREAD <= _LS
 
@@ -1122,6 +1133,21 @@ def _step(rng, p, ref, ref_t0, st, fst, om, op):
         _cancel(st, om, op, s, 0, 0, st[_QD + _QID + s * _LS * QMAX], tick)
         st[_ILOCK] = 0
         code = 4
+    elif p[_PFOLLOW] > 0.0 and abs(gap) * 4.0 > p[_PFOLLOW] and st[_INB] > 1 and st[_INA] > 1:
+        # re-quote of a non-leading outright whose fair value moved away from its book: a level
+        # opens inside a wide spread on the side the fair value moved to, else the stale best
+        # level of the other side is pulled
+        up = gap > 0.0
+        if a - b > 1:
+            _open_inside(st, om, op, 0 if up else 1, _order_size(rng), tick, lmax)
+        else:
+            s = 1 if up else 0
+            lv = s * _LS
+            qo = _QID + lv * QMAX
+            while st[_INB + s] > 1 and (st[_IA] == a if up else st[_IB] == b):
+                m = st[_QN + lv]
+                _cancel(st, om, op, s, 0, m - 1, st[_QD + qo + m - 1], tick)
+        code = 5
     elif a - b > 1 and rng.random() < p[_PFILL]:
         s = 0 if rng.random() < u else 1
         _open_inside(st, om, op, s, _order_size(rng), tick, lmax)
@@ -1228,6 +1254,7 @@ def _simulate(
     s_st,
     s_fst,
     stats,
+    lat_out,
 ):
     """Run one instrument's session: opening snapshot, optional crossed pre-open and its
     uncrossing trade, then one :func:`_step` per event time.
@@ -1242,6 +1269,7 @@ def _simulate(
     the Monte-Carlo AUC ceiling. ``stats`` (int64[8]) receives:
     events, locks, bad-ts events, trade events, MBP-10 rows with F_LAST, those of them with an
     UNDEF level 10 on either side (thin book), volume and number of the MBP-10 'T' records.
+    ``lat_out`` (empty, or one per event) receives the latent fair value after each event.
     Returns (n_mbo, n_mbp), or (-1, -1) when a buffer is too small.
     """
     tick = np.int64(p[_PTICK])
@@ -1307,6 +1335,7 @@ def _simulate(
     last_rc = st[_ERC]
     si = 0
     ns = sample_at.shape[0]
+    keep_lat = lat_out.shape[0] > 0
     for e in range(times.shape[0]):
         if (st[_WMBO] != 0 and st[_CMBO] + _RESERVE > capm) or st[_CMBP] + _RESERVE > capp:
             return -1, -1
@@ -1326,6 +1355,8 @@ def _simulate(
         c0 = st[_CMBO]
         c1 = st[_CMBP]
         code = _step(rng, p, ref, ref_t0, st, fst, om, op)
+        if keep_lat:
+            lat_out[e] = fst[_FLAT]
         _mark_last(st, c0, c1, om, op)
         stats[0] += 1
         if code == 3:
@@ -1394,8 +1425,9 @@ def _rng(seed: int, day: datetime.date, iid: int, stream: int) -> np.random.Gene
     return np.random.default_rng(np.random.SeedSequence([seed, day.toordinal(), iid, stream]))
 
 
-def _params(c: Contract, sigma: float) -> np.ndarray:
-    """Parameter vector of the book model for contract ``c`` (indices ``_P*``)."""
+def _params(c: Contract, sigma: float, follow: float = 0.0) -> np.ndarray:
+    """Parameter vector of the book model for contract ``c`` (indices ``_P*``); ``follow`` > 0:
+    re-quote threshold (ticks) of a non-leading outright (:data:`FOLLOW_TICKS`)."""
     p = np.zeros(_NPARAMS)
     p[_PKAPPA] = OFI_STRENGTH
     p[_PWI], p[_PWF], p[_PWR] = W_IMB, W_FLOW, W_REF
@@ -1415,6 +1447,7 @@ def _params(c: Contract, sigma: float) -> np.ndarray:
     p[_PL0] = P_LEVEL0
     p[_PFLICK] = P_FLICKER
     p[_PSW0] = P_SWEEP
+    p[_PFOLLOW] = follow
     # level k of a limit event: P_LEVEL0 at k = 0, then geometric (ratio 0.8) over k = 1..9
     acc = P_LEVEL0
     for k in range(9):
@@ -1457,6 +1490,7 @@ class _InstrumentRun:
     crossed: bool
     saved: tuple[np.ndarray, ...] | None
     params: np.ndarray
+    latent: np.ndarray | None = None  # leading outright: latent fair value (ticks), 1 s grid
 
 
 def _simulate_instrument(
@@ -1474,6 +1508,7 @@ def _simulate_instrument(
     write_mbo: bool = True,
     close: float = 0.0,
     vol: float = 0.0,
+    follow: bool = False,
 ) -> _InstrumentRun:
     """MBO and MBP-10 records (time order) of one instrument in one session.
 
@@ -1481,7 +1516,9 @@ def _simulate_instrument(
     (ticks, 1 s grid from ``t0``); None for the leading outright, which tracks its own latent
     fair value instead: a Brownian bridge over its events from ``fair`` to ``close`` (index
     points) with per-event s.d. ``vol * fair / sqrt(events)`` (``vol``: the session's log s.d.).
-    ``rate`` is the book-event rate (events/s) at profile multiplier 1. With ``bufs`` the
+    ``follow``: a non-leading outright whose ``ref`` is its fair value (the leader's latent
+    times the carry ratio): its book re-quotes when that is over :data:`FOLLOW_TICKS` from
+    its mid. ``rate`` is the book-event rate (events/s) at profile multiplier 1. With ``bufs`` the
     records live in that pool's buffers of ``slot`` (valid until the slot is served again).
     Without ``write_mbo`` the MBO records are only counted (``mbo`` is empty).
     """
@@ -1504,10 +1541,12 @@ def _simulate_instrument(
     lat1 = close * 1e9 / tick
     b0 = int(math.floor(lat0 - 0.5))  # the opening mid b0 + 0.5 within half a tick of fair
     sigma = 0.0
+    lat_ev = np.zeros(0)
     if ref is None:
         sigma = vol * abs(lat0) / math.sqrt(max(times.shape[0], 1))
         ref = np.zeros(1)
-    p = _params(c, sigma)
+        lat_ev = np.empty(times.shape[0])
+    p = _params(c, sigma, FOLLOW_TICKS if follow else 0.0)
     lmax = int(p[_PLMAX])
     rng_x = _rng(seed, day, c.instrument_id, 3)
     cross = -1
@@ -1558,6 +1597,7 @@ def _simulate_instrument(
             s_st,
             s_fst,
             stats,
+            lat_ev,
         )
         logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
         if nm >= 0:
@@ -1567,34 +1607,12 @@ def _simulate_instrument(
     mbo = mbo[: nm if write_mbo else 0]
     mbp = mbp[:npp]
     saved = (s_st, s_fst) if ns else None
-    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p)
-
-
-@numba.njit(cache=True)
-def _mid_grid_kernel(op, n, t0, step, tick, initial, out):
-    """``out[g]`` = mid (ticks) of the last F_LAST row of the MBP-10 words ``op[:n]`` (ts_event
-    order) with both best prices defined and ``ts_event <= t0 + g * step``; else ``initial``."""
-    g = 0
-    ng = out.shape[0]
-    mid = initial
-    for r in range(n):
-        ts = op[r, 1]
-        while g < ng and t0 + g * step < ts:
-            out[g] = mid
-            g += 1
-        if (op[r, 3] >> 48) & F_LAST and op[r, 6] != _UNDEF and op[r, 7] != _UNDEF:
-            mid = (np.float64(op[r, 6]) + np.float64(op[r, 7])) / 2.0 / tick
-    while g < ng:
-        out[g] = mid
-        g += 1
-
-
-def _mid_grid(buf: np.ndarray, t0: int, t1: int, tick: int, initial: float) -> np.ndarray:
-    """Mid (in ticks) at the end of every 1 s step from ``t0``: last F_LAST book before it."""
-    out = np.empty((t1 - t0) // 1_000_000_000 + 1, np.float64)
-    words = buf.view(np.int64).reshape(buf.shape[0], _MBP_W)
-    _mid_grid_kernel(words, buf.shape[0], t0, 1_000_000_000, float(tick), float(initial), out)
-    return out
+    latent = None
+    if lat_ev.shape[0] or sigma > 0.0:  # the latent at the end of every 1 s step from t0
+        grid = t0 + np.arange((t1 - t0) // 1_000_000_000 + 1, dtype=np.int64) * 1_000_000_000
+        i = np.searchsorted(times, grid, side="right") - 1
+        latent = np.where(i >= 0, lat_ev[np.maximum(i, 0)] if n else lat0, lat0)
+    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent)
 
 
 @dataclass
@@ -1716,11 +1734,13 @@ def _simulate_session(
                 _fair_price(c, day, s_close),
                 vol,
             )
-            leader, leader_grid = c, _mid_grid(run.mbp, t0, t1, c.tick, fair * 1e9 / c.tick)
+            leader, leader_grid = c, run.latent
         else:
             assert leader_grid is not None
-            offset = (fair - _fair_price(leader, day, s_open)) * 1e9 / c.tick
-            run = _simulate_instrument(c, day, seed, rate, fair, leader_grid + offset, t0, t1, 0, bufs, slot, write_mbo)
+            # the common latent value times the carry ratio (a constant over the session)
+            ratio = fair / _fair_price(leader, day, s_open) * leader.tick / c.tick
+            ref = leader_grid * ratio
+            run = _simulate_instrument(c, day, seed, rate, fair, ref, t0, t1, 0, bufs, slot, write_mbo, follow=True)
         runs[c.symbol] = run
     for c in spreads:
         fair = _fair_price(c, day, s_open)
