@@ -8,17 +8,20 @@ over contiguous coefficient rows, and the per-level book columns are read once i
 block-local arrays (empty levels masked once). Nothing is materialised at full size except
 the output matrix itself.
 
-Transcendental calls are shared where the operands are bit-identical, so every value equals
-the one the per-row formulas give (no reassociation, no ``fastmath``):
+Loops over a block avoid branches that depend on the data (``error_model="numpy"``: no
+zero-division checks) so that LLVM can vectorise the ones without libm calls:
 
-* ``exp(-dt/tau)`` (and the 'linear' ``-expm1(-x)/x``) is computed once per row and
-  distinct time constant for the common step ``dt = t_i - t_{i-1}``; a Zumbach–Müller series
-  whose last finite observation is row ``i - 1`` uses it, one after a gap computes its own;
-* ``log1p`` of integer-valued sizes / counts / flows and ``log`` of integer spreads come from
-  tables filled with the same ``math.log1p`` / ``math.log``; ``log(mid)`` is reused while the
-  mid does not change;
-* fractional differencing accumulates ``w_k y_{i-k}`` for a block of rows at once (the sum
-  of each row still runs k = 0, 1, ... as in the formula, so results are bit-identical).
+* ``exp``, ``expm1``, ``log`` and ``log1p`` are libm's (``math``; the CUDA path uses
+  libdevice); ``exp(-dt/tau)`` and the 'linear' weight
+  ``-expm1(-x)/x`` are computed once per row and distinct time constant for the common step
+  ``dt = t_i - t_{i-1}``; a Zumbach–Müller row whose last finite observation is older than
+  the previous row (after a NaN run) gets its own factor in a patch-up pass;
+* ``log1p`` of integer-valued sizes, counts and flows comes from a table filled with
+  ``math.log1p``;
+* the coefficients ``(a_i, b_i)`` of every recurrence are built per block in vectorised
+  loops, then one scan runs four recurrences side by side (their dependency chains overlap);
+* fractional differencing accumulates ``w_k y_{i-k}`` for a block of rows, four weights per
+  pass (the sum of each row still runs k = 0, 1, ... as in the formula).
 
 Sequential (one chunk): one pass, block by block (row-wise features, recurrences, post
 transforms, fractional differencing). Chunked (k chunks, threads sharing the arrays; the
@@ -88,13 +91,11 @@ _MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED = 0, 1, 2, 3
 
 
 @numba.njit(cache=True)
-def _make_luts(n):
+def _make_lut(n):
     l1p = np.empty(n)
-    lg = np.empty(n)
     for k in range(n):
         l1p[k] = math.log1p(float(k))
-        lg[k] = math.log(float(k)) if k > 0 else -math.inf
-    return l1p, lg
+    return l1p
 
 
 @numba.njit(cache=True, inline="always")
@@ -116,13 +117,16 @@ def _slog(x, lut):
 
 
 @numba.njit(cache=True, inline="always")
-def _log_pos(s, lutlog):
-    """``math.log(s)`` for s > 0 (table for small integers)."""
-    if s < lutlog.shape[0]:
-        k = int(s)
-        if k == s:
-            return lutlog[k]
-    return math.log(s)
+def _signed_log1p(x):
+    """Signed log ``sign(x) log(1 + |x|)`` of any float64 (NaN stays NaN)."""
+    y = math.log1p(abs(x))
+    return -y if x < 0.0 else y
+
+
+@numba.njit(cache=True, inline="always")
+def _exp_expm1(x):
+    """``(exp(x), expm1(x))`` (libm)."""
+    return math.exp(x), math.expm1(x)
 
 
 @numba.njit(cache=True, inline="always")
@@ -131,9 +135,9 @@ def _isfinite(x):
 
 
 @numba.njit(cache=True)
-def _z_at(code, i, out, L, buy, sell, cnt, lutlog):
+def _z_at(code, i, out, L, buy, sell, cnt):
     """Observation of recurrence input ``code`` at row ``i`` (registry.Z_*), from the row-wise
-    columns already in ``out``."""
+    columns already in ``out`` (the same operations as the inputs stage of :func:`_scan_block`)."""
     if code == 0:
         return out[0, i]
     if code == 1:
@@ -143,7 +147,7 @@ def _z_at(code, i, out, L, buy, sell, cnt, lutlog):
         return out[1, i]
     if code == 3:
         s = out[1, i]
-        return _log_pos(s, lutlog) if s > 0.0 else math.nan
+        return math.log(s) if s > 0.0 else math.nan
     if code == 4:
         m = out[0, i]
         return math.log(m) if m > 0.0 else math.nan
@@ -161,7 +165,7 @@ def _z_at(code, i, out, L, buy, sell, cnt, lutlog):
 # --------------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, b0, b1,
                    PB, PA, QB, QA, TWO, S1, S2, lut1p):  # fmt: skip
     """Every row-wise feature of rows ``[b0, b1)`` into ``out[:, b0:b1]``.
@@ -183,20 +187,15 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
         t = i - start
         for m in range(n_lv):
             p = bid_px[i, m]
-            if p != p:
-                PB[m, t] = -inf
-                QB[m, t] = 0.0
-            else:
-                PB[m, t] = p
-                QB[m, t] = bid_sz[i, m]
+            e = p != p
+            PB[m, t] = -inf if e else p
+            QB[m, t] = 0.0 if e else bid_sz[i, m]
             p = ask_px[i, m]
-            if p != p:
-                PA[m, t] = inf
-                QA[m, t] = 0.0
-            else:
-                PA[m, t] = p
-                QA[m, t] = ask_sz[i, m]
-        TWO[t] = not (math.isnan(bid_px[i, 0]) or math.isnan(ask_px[i, 0]))
+            e = p != p
+            PA[m, t] = inf if e else p
+            QA[m, t] = 0.0 if e else ask_sz[i, m]
+    for t in range(t1):
+        TWO[t] = PB[0, t] != -inf and PA[0, t] != inf
     # ---- level-1 features --------------------------------------------------------------
     for t in range(t0, t1):
         i = start + t
@@ -251,25 +250,24 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     for t in range(t0, t1):
         den = S2[t]
         out[c, start + t] = S1[t] / den if (TWO[t] and den > 0.0) else nan
-    # ---- book slope per side -------------------------------------------------------------
+    # ---- book slope per side (levels in the outer loop: the rows vectorise) ---------------
     for side in range(2):
         P = PB if side == 0 else PA
         Q = QB if side == 0 else QA
         lim = -inf if side == 0 else inf
         c = L[L_SLOPE_B] if side == 0 else L[L_SLOPE_A]
         for t in range(t0, t1):
+            S1[t] = 0.0
+            S2[t] = P[0, t]
+        for m in range(n_dep):
+            for t in range(t0, t1):
+                pm = P[m, t]
+                S1[t] += Q[m, t]  # 0 on an empty level
+                S2[t] = pm if pm != lim else S2[t]
+        for t in range(t0, t1):
             p1 = P[0, t]
-            if p1 == lim:
-                out[c, start + t] = nan
-            else:
-                q = 0.0
-                plast = p1
-                for m in range(n_dep):
-                    pm = P[m, t]
-                    if pm != lim:
-                        q += Q[m, t]
-                        plast = pm
-                out[c, start + t] = q / (1.0 + abs(p1 - plast) / tick)
+            v = S1[t] / (1.0 + abs(p1 - S2[t]) / tick)
+            out[c, start + t] = v if p1 != lim else nan
     # ---- log depth -----------------------------------------------------------------------
     for m in range(n_dep):
         cb = L[L_LDB] + m
@@ -336,18 +334,15 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     # ---- time step and tick return -------------------------------------------------------
     c_dt = L[L_LOGDT]
     c_r = L[L_RET]
-    for t in range(t0, t1):
+    for t in range(tt0, t1):  # rows i >= 1 (row 0: NaN, below)
         i = start + t
-        if i == 0:
-            out[c_dt, i] = nan
-            out[c_r, i] = nan
-        else:
-            dt = (ts[i] - ts[i - 1]) / 1e9
-            out[c_dt, i] = math.log(max(dt, 1e-9))
-            if TWO[t] and TWO[t - 1]:
-                out[c_r, i] = (0.5 * (PB[0, t] + PA[0, t]) - 0.5 * (PB[0, t - 1] + PA[0, t - 1])) / tick
-            else:
-                out[c_r, i] = nan
+        dt = (ts[i] - ts[i - 1]) / 1e9
+        out[c_dt, i] = math.log(max(dt, 1e-9))
+        r = (0.5 * (PB[0, t] + PA[0, t]) - 0.5 * (PB[0, t - 1] + PA[0, t - 1])) / tick
+        out[c_r, i] = r if (TWO[t] and TWO[t - 1]) else nan
+    if b0 == 0:
+        out[c_dt, 0] = nan
+        out[c_r, 0] = nan
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,17 +350,24 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
 # --------------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
                 s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp,
                 p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w,
-                cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, lut1p, lutlog, memo):  # fmt: skip
+                cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB):  # fmt: skip
     """Recurrences over rows ``[b0, b1)``.
 
     ``mode`` 1: compose into ``A, B``; 2: replay from ``X`` (updated in place), post
     transforms into ``out`` and fractional differencing (``Y``: forward-filled log mid,
     ``Y[W - 1 + t]`` = row ``b0 + t``, the ``W - 1`` rows before already in place). Skip-NaN
     carries per input code (updated): ``cj`` last finite row, ``cz`` its value, ``ct`` its time.
+
+    Stages, each a loop over the block that LLVM vectorises unless noted: inputs ``Z``; decay
+    factors ``E``, ``NU`` per distinct time constant of the common step; per skip-NaN input
+    (sequential) the previous finite value ``ZP``, whether there is one (``HAS``) and the rows
+    after a gap (``GAP``, their previous finite time ``GAPT``); coefficients ``CA``, ``CB`` of
+    every recurrence (gap rows patched with their own decay); one scan running all
+    recurrences side by side (independent dependency chains overlap); post transforms.
     """
     nan = math.nan
     nb = b1 - b0
@@ -373,8 +375,6 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
     # ---- inputs ----------------------------------------------------------------------------
     c_ret = L[L_RET]
     c_sv = L[L_SV]
-    last_m = memo[0]
-    last_lm = memo[1]
     for t in range(nb):
         i = b0 + t
         m = out[0, i]
@@ -383,135 +383,171 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
         Z[0, t] = m
         Z[1, t] = r * r
         Z[2, t] = s
-        Z[3, t] = _log_pos(s, lutlog) if s > 0.0 else nan
-        if m > 0.0:
-            if m != last_m:
-                last_m = m
-                last_lm = math.log(m)
-            Z[4, t] = last_lm
-        else:
-            Z[4, t] = nan
+        Z[3, t] = math.log(s) if s > 0.0 else nan
+        Z[4, t] = math.log(m) if m > 0.0 else nan
         Z[5, t] = cnt[i]
         Z[6, t] = 1.0 if buy[i] > 0.0 else 0.0
         Z[7, t] = 1.0 if sell[i] > 0.0 else 0.0
         Z[8, t] = out[c_sv, i]
-    memo[0] = last_m
-    memo[1] = last_lm
-    # ---- shared decay factors of the common step t_i - t_{i-1} ----------------------------
+    for t in range(nb):
+        i = b0 + t
+        ip = i - 1 if i > 0 else 0
+        DT[t] = max(ts[i] - ts[ip], 0) / 1e9
+    # ---- decay factors of the common step t_i - t_{i-1}, per distinct time constant -------
     for k in range(taus.shape[0]):
         tau = taus[k]
-        need_nu = tau_nu[k]
+        Ek = E[k]
+        for t in range(nb):
+            Ek[t] = math.exp(-(DT[t] / tau))
+        if tau_nu[k]:
+            NUk = NU[k]
+            for t in range(nb):
+                x = DT[t] / tau
+                em = _exp_expm1(-x)[1]
+                NUk[t] = -em / x if x > 0.0 else 1.0
+    # ---- skip-NaN inputs: previous finite value, started flags, rows after a gap -----------
+    for c in range(N_LF):
+        j = cj[c]
+        zp = cz[c]
+        tj = ct[c]
+        ng = 0
         for t in range(nb):
             i = b0 + t
-            dt = max(ts[i] - ts[i - 1], 0) / 1e9 if i > 0 else 0.0
-            if dt == 0.0:
-                E[k, t] = 1.0
-                NU[k, t] = 1.0
-            else:
-                E[k, t] = math.exp(-dt / tau)
-                if need_nu:
-                    x = dt / tau
-                    NU[k, t] = -math.expm1(-x) / x if x > 0.0 else 1.0
-    # ---- started flags per tracked code (rows <= i hold a finite value) -------------------
-    if mode == _MODE_REPLAY:
-        for c in range(N_LF):
-            j = cj[c]
-            for t in range(nb):
-                if _isfinite(Z[c, t]):
-                    j = b0 + t
-                ST[c, t] = j >= 0
-    # ---- one recurrence at a time ------------------------------------------------------------
+            HAS[c, t] = j >= 0
+            ZP[c, t] = zp
+            z = Z[c, t]
+            if _isfinite(z):
+                if j >= 0 and j != i - 1:
+                    GAP[c, ng] = t
+                    GAPT[c, ng] = tj
+                    ng += 1
+                j = i
+                zp = z
+                tj = ts[i]
+            ST[c, t] = j >= 0
+        NG[c] = ng
+        cj[c] = j
+        cz[c] = zp
+        ct[c] = tj
+    # ---- coefficients of every recurrence ----------------------------------------------------
     for s in range(S):
         kind = s_kind[s]
         code = s_code[s]
         k = s_tix[s]
-        tau = s_tau[s]
-        if mode == _MODE_REPLAY:
-            x = X[s]
-        else:
-            x = 0.0
-        Aa = A[s]
-        Bb = B[s]
+        zc = Z[code]
+        ca = CA[s]
+        cb = CB[s]
         if kind == K_DECAY:
             scale = s_scale[s]
+            Ek = E[k]
             for t in range(nb):
-                z = Z[code, t]
-                b = scale * z if _isfinite(z) else 0.0
-                a = E[k, t]
-                if mode == _MODE_REPLAY:
-                    x = a * x + b
-                    XS[s, t] = x
-                else:
-                    Aa = a * Aa
-                    Bb = a * Bb + b
+                z = zc[t]
+                ca[t] = Ek[t]
+                cb[t] = scale * z if _isfinite(z) else 0.0
         elif kind == K_FFILL:
             for t in range(nb):
-                z = Z[code, t]
-                if _isfinite(z):
-                    if mode == _MODE_REPLAY:
-                        x = 0.0 * x + z
-                    else:
-                        Aa = 0.0 * Aa
-                        Bb = 0.0 * Bb + z
-                if mode == _MODE_REPLAY:
-                    XS[s, t] = x
+                z = zc[t]
+                f = _isfinite(z)
+                ca[t] = 0.0 if f else 1.0
+                cb[t] = z if f else 0.0
         else:  # Zumbach–Müller level (K_ZM) or deviation (K_DEV)
-            j = cj[code]
-            zp = cz[code]
-            tj = ct[code]
+            Ek = E[k]
+            NUk = NU[k]
+            hc = HAS[code]
+            zpc = ZP[code]
+            zm = kind == K_ZM
             for t in range(nb):
-                z = Z[code, t]
+                z = zc[t]
+                zp = zpc[t]
+                mu = Ek[t]
+                nu = 1.0 if interp == 0 else (NUk[t] if interp == 1 else mu)
+                f = _isfinite(z)
+                h = hc[t]
+                if zm:
+                    b = ((nu - mu) * zp + (1.0 - nu) * z) if h else z
+                else:
+                    b = (nu * (z - zp)) if h else 0.0
+                a = mu if h else 0.0
+                ca[t] = a if f else 1.0
+                cb[t] = b if f else 0.0
+            # rows whose previous finite observation is not the previous row: own decay
+            tau = s_tau[s]
+            for g in range(NG[code]):
+                t = GAP[code, g]
                 i = b0 + t
-                if _isfinite(z):
-                    if j < 0:
-                        a = 0.0
-                        b = z if kind == K_ZM else 0.0
-                    else:
-                        if j == i - 1:
-                            mu = E[k, t]
-                            if interp == 0:
-                                nu = 1.0
-                            elif interp == 1:
-                                nu = NU[k, t]
-                            else:
-                                nu = mu
-                        else:
-                            xx = (max(ts[i] - tj, 0) / 1e9) / tau
-                            mu = math.exp(-xx)
-                            if interp == 0:
-                                nu = 1.0
-                            elif interp == 1:
-                                nu = -math.expm1(-xx) / xx if xx > 0.0 else 1.0
-                            else:
-                                nu = mu
-                        a = mu
-                        if kind == K_ZM:
-                            b = (nu - mu) * zp + (1.0 - nu) * z
-                        else:
-                            b = nu * (z - zp)
-                    j = i
-                    zp = z
-                    tj = ts[i]
-                    if mode == _MODE_REPLAY:
-                        x = a * x + b
-                    else:
-                        Aa = a * Aa
-                        Bb = a * Bb + b
-                if mode == _MODE_REPLAY:
-                    XS[s, t] = x
-        if mode == _MODE_REPLAY:
-            X[s] = x
+                x = (max(ts[i] - GAPT[code, g], 0) / 1e9) / tau
+                e, em = _exp_expm1(-x)
+                mu = e
+                if interp == 0:
+                    nu = 1.0
+                elif interp == 1:
+                    nu = -em / x if x > 0.0 else 1.0
+                else:
+                    nu = mu
+                z = zc[t]
+                zp = zpc[t]
+                ca[t] = mu
+                cb[t] = ((nu - mu) * zp + (1.0 - nu) * z) if zm else nu * (z - zp)
+    # ---- all recurrences, four at a time (independent dependency chains overlap) ----------------
+    g = 0
+    while g + 4 <= S:
+        a0 = CA[g]
+        a1 = CA[g + 1]
+        a2 = CA[g + 2]
+        a3 = CA[g + 3]
+        q0 = CB[g]
+        q1 = CB[g + 1]
+        q2 = CB[g + 2]
+        q3 = CB[g + 3]
+        if mode != _MODE_REPLAY:
+            A0, A1, A2, A3 = A[g], A[g + 1], A[g + 2], A[g + 3]
+            B0, B1, B2, B3 = B[g], B[g + 1], B[g + 2], B[g + 3]
+            for t in range(nb):
+                A0 = a0[t] * A0
+                B0 = a0[t] * B0 + q0[t]
+                A1 = a1[t] * A1
+                B1 = a1[t] * B1 + q1[t]
+                A2 = a2[t] * A2
+                B2 = a2[t] * B2 + q2[t]
+                A3 = a3[t] * A3
+                B3 = a3[t] * B3 + q3[t]
+            A[g], A[g + 1], A[g + 2], A[g + 3] = A0, A1, A2, A3
+            B[g], B[g + 1], B[g + 2], B[g + 3] = B0, B1, B2, B3
         else:
-            A[s] = Aa
-            B[s] = Bb
-    # ---- advance the skip-NaN carries ----------------------------------------------------------
-    for c in range(N_LF):
-        for t in range(nb - 1, -1, -1):
-            if _isfinite(Z[c, t]):
-                cj[c] = b0 + t
-                cz[c] = Z[c, t]
-                ct[c] = ts[b0 + t]
-                break
+            x0, x1, x2, x3 = X[g], X[g + 1], X[g + 2], X[g + 3]
+            o0 = XS[g]
+            o1 = XS[g + 1]
+            o2 = XS[g + 2]
+            o3 = XS[g + 3]
+            for t in range(nb):
+                x0 = a0[t] * x0 + q0[t]
+                o0[t] = x0
+                x1 = a1[t] * x1 + q1[t]
+                o1[t] = x1
+                x2 = a2[t] * x2 + q2[t]
+                o2[t] = x2
+                x3 = a3[t] * x3 + q3[t]
+                o3[t] = x3
+            X[g], X[g + 1], X[g + 2], X[g + 3] = x0, x1, x2, x3
+        g += 4
+    for s in range(g, S):
+        a0 = CA[s]
+        q0 = CB[s]
+        if mode != _MODE_REPLAY:
+            A0 = A[s]
+            B0 = B[s]
+            for t in range(nb):
+                A0 = a0[t] * A0
+                B0 = a0[t] * B0 + q0[t]
+            A[s] = A0
+            B[s] = B0
+        else:
+            x0 = X[s]
+            o0 = XS[s]
+            for t in range(nb):
+                x0 = a0[t] * x0 + q0[t]
+                o0[t] = x0
+            X[s] = x0
     if mode != _MODE_REPLAY:
         return
     # ---- post transforms ---------------------------------------------------------------------
@@ -524,52 +560,73 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
         s3 = p_int[r, 4]
         always = s_kind[s1] == K_DECAY
         c1 = s_code[s1] if not always else 0
+        x1 = XS[s1]
+        stc = ST[c1]
         if col >= n_out:  # scratch: forward-filled log mid, into Y
             for t in range(nb):
-                Y[W - 1 + t] = XS[s1, t] if (always or ST[c1, t]) else nan
+                Y[W - 1 + t] = x1[t] if (always or stc[t]) else nan
             continue
+        o = out[col, b0:b1]
         if typ == 0:
             for t in range(nb):
-                out[col, b0 + t] = XS[s1, t] if (always or ST[c1, t]) else nan
+                o[t] = x1[t] if (always or stc[t]) else nan
         elif typ == 1:
             for t in range(nb):
-                out[col, b0 + t] = XS[s1, t]
+                o[t] = x1[t]
         elif typ == 2:
             for t in range(nb):
-                out[col, b0 + t] = h_mu + h_alpha * XS[s1, t]
+                o[t] = h_mu + h_alpha * x1[t]
         elif typ == 3:
             for t in range(nb):
-                out[col, b0 + t] = math.sqrt(XS[s1, t])
+                o[t] = math.sqrt(x1[t])
         elif typ == 4:
             pt = p_tau[r]
+            x2 = XS[s2]
             for t in range(nb):
-                var = XS[s2, t] * pt
-                st = always or ST[c1, t]
-                out[col, b0 + t] = XS[s1, t] / tick / math.sqrt(var) if (st and var > 0.0) else nan
+                var = x2[t] * pt
+                st = always or stc[t]
+                o[t] = x1[t] / tick / math.sqrt(var) if (st and var > 0.0) else nan
         elif typ == 5:
             pt = p_tau[r]
+            x2 = XS[s2]
+            x3 = XS[s3]
             for t in range(nb):
-                var = XS[s3, t] * pt
-                d = XS[s1, t] - XS[s2, t]
-                st = always or ST[c1, t]
-                out[col, b0 + t] = d / tick / math.sqrt(var) if (st and var > 0.0) else nan
+                var = x3[t] * pt
+                d = x1[t] - x2[t]
+                st = always or stc[t]
+                o[t] = d / tick / math.sqrt(var) if (st and var > 0.0) else nan
         elif typ == 6:
             for t in range(nb):
-                out[col, b0 + t] = math.log1p(XS[s1, t])
+                o[t] = math.log1p(x1[t])
         else:
             for t in range(nb):
-                out[col, b0 + t] = _slog(XS[s1, t], lut1p)
-    # ---- fractional differencing: ACC[t] = sum_k w_k Y[W - 1 + t - k], k = 0, 1, ... ----------
+                o[t] = _signed_log1p(x1[t])
+    # ---- fractional differencing: sum_k w_k Y[W - 1 + t - k], k = 0, 1, ... per row ----------
+    # four weights per pass (fewer loads and stores of the sums; same order of the terms)
     acc = ACC[:nb]
     acc[:] = 0.0
-    for kk in range(W):
+    kk = 0
+    while kk + 4 <= W:
+        w0 = fd_w[kk]
+        w1 = fd_w[kk + 1]
+        w2 = fd_w[kk + 2]
+        w3 = fd_w[kk + 3]
+        y0 = Y[W - 1 - kk : W - 1 - kk + nb]
+        y1 = Y[W - 2 - kk : W - 2 - kk + nb]
+        y2 = Y[W - 3 - kk : W - 3 - kk + nb]
+        y3 = Y[W - 4 - kk : W - 4 - kk + nb]
+        for t in range(nb):
+            acc[t] = (((acc[t] + w0 * y0[t]) + w1 * y1[t]) + w2 * y2[t]) + w3 * y3[t]
+        kk += 4
+    while kk < W:
         wk = fd_w[kk]
         y = Y[W - 1 - kk : W - 1 - kk + nb]
         for t in range(nb):
             acc[t] += wk * y[t]
+        kk += 1
     o = out[fd_col, b0:b1]
     for t in range(nb):
-        o[t] = acc[t] if b0 + t >= W - 1 else nan
+        o[t] = ACC[t] if b0 + t >= W - 1 else nan
     # slide the window: keep the last W - 1 values in front
     for q in range(W - 1):
         Y[q] = Y[nb + q]
@@ -601,7 +658,7 @@ def _fd_prefix(out, lo, W, Y):
 @numba.njit(cache=True, nogil=True)
 def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, lo, hi, n_out,
                s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp, p_int, p_tau, h_mu, h_alpha,
-               fd_col, fd_w, jprev, x0, lastf, ab, lut1p, lutlog):  # fmt: skip
+               fd_col, fd_w, jprev, x0, lastf, ab, lut1p):  # fmt: skip
     """One chunk ``[lo, hi)``: mode 0 row-wise (+ ``lastf``), 1 compose (``ab``), 2 replay +
     post + fractional differencing from ``x0``, 3 all of it from the segment start."""
     S = s_kind.shape[0]
@@ -623,19 +680,26 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
     XS = np.empty((S, Bk))
     Y = np.empty(W - 1 + Bk)
     ACC = np.empty(Bk)
+    DT = np.empty(Bk)
+    HAS = np.empty((N_LF, Bk), dtype=np.bool_)
+    ZP = np.empty((N_LF, Bk))
+    GAP = np.empty((N_LF, Bk), dtype=np.int64)
+    GAPT = np.empty((N_LF, Bk), dtype=np.int64)
+    NG = np.zeros(N_LF, dtype=np.int64)
+    CA = np.empty((S, Bk))
+    CB = np.empty((S, Bk))
     X = x0.copy()
     A = np.ones(S)
     B = np.zeros(S)
     cj = jprev.copy()
     cz = np.zeros(N_LF)
     ct = np.zeros(N_LF, dtype=np.int64)
-    memo = np.array([math.nan, math.nan])
     L_ = L
     smode = _MODE_COMPOSE if mode == _MODE_COMPOSE else _MODE_REPLAY
     if mode != _MODE_ROWWISE:
         for c in range(N_LF):
             if cj[c] >= 0:
-                cz[c] = _z_at(c, cj[c], out, L_, buy, sell, cnt, lutlog)
+                cz[c] = _z_at(c, cj[c], out, L_, buy, sell, cnt)
                 ct[c] = ts[cj[c]]
         if mode != _MODE_COMPOSE:
             _fd_prefix(out, lo, W, Y)
@@ -645,15 +709,14 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
             _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L_, depth_w, out, b0, b1,
                            PB, PA, QB, QA, TWO, S1, S2, lut1p)  # fmt: skip
         if mode != _MODE_ROWWISE:
-            _scan_block(smode, ts, buy, sell, cnt, L_, out, b0,
-                        b1, n_out, s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp, p_int, p_tau, tick,
-                        h_mu, h_alpha, fd_col, fd_w, cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, lut1p, lutlog,
-                        memo)  # fmt: skip
+            _scan_block(smode, ts, buy, sell, cnt, L_, out, b0, b1, n_out, s_kind, s_code, s_tau, s_scale, s_tix,
+                        taus, tau_nu, interp, p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w, cj, cz, ct, X, A, B,
+                        Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB)  # fmt: skip
     if mode == _MODE_ROWWISE:
         for c in range(N_LF):
             lastf[c] = -1
             for i in range(hi - 1, lo - 1, -1):
-                if _isfinite(_z_at(c, i, out, L_, buy, sell, cnt, lutlog)):
+                if _isfinite(_z_at(c, i, out, L_, buy, sell, cnt)):
                     lastf[c] = i
                     break
     if mode == _MODE_COMPOSE:
@@ -665,14 +728,14 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
 # driver
 # --------------------------------------------------------------------------------------------
 
-_LUTS: tuple[np.ndarray, np.ndarray] | None = None
+_LUT: np.ndarray | None = None
 
 
-def _luts() -> tuple[np.ndarray, np.ndarray]:
-    global _LUTS
-    if _LUTS is None:
-        _LUTS = _make_luts(LUT_N)
-    return _LUTS
+def _lut() -> np.ndarray:
+    global _LUT
+    if _LUT is None:
+        _LUT = _make_lut(LUT_N)
+    return _LUT
 
 
 def _tau_tables(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -746,7 +809,7 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     if n == 0:
         return np.empty((plan.n_out, 0))
     out = _out_buffer((plan.n_out, n))
-    lut1p, lutlog = _luts()
+    lut1p = _lut()
     taus, tix, tau_nu = _tau_tables(plan)
     S = plan.s_kind.shape[0]
     args_in = (cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"], cols["buy_volume"],
@@ -757,7 +820,7 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     def chunk(mode: int, lo: int, hi: int, jprev: np.ndarray, x0: np.ndarray):
         lastf = np.full(N_LF, -1, dtype=np.int64)
         ab = np.empty((2, S))
-        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut1p, lutlog)
+        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut1p)
         return lastf if mode == _MODE_ROWWISE else ab
 
     none = np.full(N_LF, -1, dtype=np.int64)

@@ -228,7 +228,9 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
     specs: list[FeatureSpec] = []
     lay = np.zeros(N_LAYOUT, dtype=np.int64)
     scan_cpu = "alphafeat.features.cpu._scan_block (njit, chunked linear scan with exact carries)"
-    scan_cuda = "alphafeat.cuda.kernels.coef_kernel + device_linear_scan + post_kernel"
+    scan_cuda = (
+        "alphafeat.cuda.kernels.scan_compose_kernel + scan_carry_kernel + scan_replay_kernel (MODE_REC) + post_kernel"
+    )
 
     def add(name, unit, desc, source, formula="", params=None, min_depth=1, scan=False) -> int:
         specs.append(

@@ -13,11 +13,17 @@ import math
 import numba
 import numpy as np
 
+from alphafeat.features import _twin
 from alphafeat.features.registry import INTERPOLATIONS, frac_diff_weights
 
 # --------------------------------------------------------------------------------------------
 # scalar building blocks
 # --------------------------------------------------------------------------------------------
+
+
+#: The per-row functions of the CUDA kernels, compiled with ``numba.njit`` (one source).
+_ROWS = _twin.load("cpu")
+_ofi_level = _ROWS.ofi_level
 
 
 @numba.njit(cache=True)
@@ -27,30 +33,10 @@ def ofi_step(pb0: float, qb0: float, pa0: float, qa0: float, pb1: float, qb1: fl
     ``e = 1{Pb1>=Pb0} qb1 - 1{Pb1<=Pb0} qb0 - 1{Pa1<=Pa0} qa1 + 1{Pa1>=Pa0} qa0``
     (non-strict inequalities). Index 0 is the previous snapshot, 1 the current one. Prices in
     index points, sizes in contracts; a NaN price is an empty level: bid price ``-inf``, ask
-    price ``+inf``, size 0. Returns contracts (float).
+    price ``+inf``, size 0. Returns contracts (float). The formula is
+    :func:`alphafeat.features._rows.ofi_level`, the one the CUDA kernels compile.
     """
-    if math.isnan(pb0):
-        pb0 = -math.inf
-        qb0 = 0.0
-    if math.isnan(pb1):
-        pb1 = -math.inf
-        qb1 = 0.0
-    if math.isnan(pa0):
-        pa0 = math.inf
-        qa0 = 0.0
-    if math.isnan(pa1):
-        pa1 = math.inf
-        qa1 = 0.0
-    e = 0.0
-    if pb1 >= pb0:
-        e += qb1
-    if pb1 <= pb0:
-        e -= qb0
-    if pa1 <= pa0:
-        e -= qa1
-    if pa1 >= pa0:
-        e += qa0
-    return e
+    return _ofi_level(pb0, qb0, pa0, qa0, pb1, qb1, pa1, qa1)
 
 
 @numba.njit(cache=True)
@@ -248,7 +234,6 @@ def trade_rate_ema(t_ns: np.ndarray, counts: np.ndarray, tau_s: float) -> np.nda
     """
     a, b = trade_rate_coefficients(t_ns, counts, tau_s)
     return linear_scan(a, b, 0.0)
-
 
 
 # --------------------------------------------------------------------------------------------
