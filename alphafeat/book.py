@@ -19,6 +19,7 @@ records of the same stream unless a trades file is given.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
@@ -392,24 +393,52 @@ def trades_from_records(records: np.ndarray) -> Trades:
     )
 
 
-def to_book_arrays(book: RawBook, trades: Trades) -> BookArrays:
+def to_book_arrays(
+    book: RawBook, trades: Trades, *, buffer: Callable[[int], np.ndarray] | None = None
+) -> BookArrays:
     """Convert to float index points and attach trade flow to each snapshot row.
 
     A trade belongs to the first snapshot at or after it: by stream position when the trade
     came from the book stream (``pos >= 0``), by ``ts_recv`` otherwise (a trade received at
     the same nanosecond as a snapshot counts in that snapshot). Trades after the last
     snapshot belong to no row. No row sees a trade that happened after it.
+
+    Parameters
+    ----------
+    book, trades : RawBook, Trades
+        One instrument's snapshots and trades.
+    buffer : callable, optional
+        ``buffer(nbytes)`` returns a uint8 array of at least ``nbytes``; the float columns
+        (prices, sizes, counts, trade flow) are written into it instead of fresh arrays
+        (e.g. :func:`alphafeat.cuda.kernels.pinned_buffer`: page-locked memory the GPU reads
+        without a staging copy). Values are the same either way.
+
+    Returns
+    -------
+    BookArrays
+        Prices float64 index points (``x / 1e9``, NaN for ``UNDEF_PRICE``), sizes and counts
+        float64, trade flow per row float64.
     """
     n = len(book)
+    lv = book.bid_px.shape[1] if book.bid_px.ndim == 2 else LEVELS
+    shapes = [(n, lv)] * 6 + [(n,)] * 3
+    if buffer is None:
+        out = [np.empty(sh) for sh in shapes]
+    else:
+        sizes = [-(-8 * int(np.prod(sh)) // 64) * 64 for sh in shapes]  # 64-byte aligned pieces
+        flat = buffer(sum(sizes))
+        starts = np.cumsum([0] + sizes)
+        out = [flat[a : a + 8 * int(np.prod(sh))].view(np.float64).reshape(sh) for a, sh in zip(starts, shapes)]
+    bid_px, ask_px, bid_sz, ask_sz, bid_ct, ask_ct, buy, sell, count = out
 
-    def px(a: np.ndarray) -> np.ndarray:
-        out = a.astype(np.float64) / PRICE_SCALE
-        out[a == UNDEF_PRICE] = np.nan
-        return out
+    def px(a: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        np.divide(a, PRICE_SCALE, out=dst)
+        dst[a == UNDEF_PRICE] = np.nan
+        return dst
 
-    buy = np.zeros(n)
-    sell = np.zeros(n)
-    count = np.zeros(n)
+    for dst, src in ((bid_sz, book.bid_sz), (ask_sz, book.ask_sz), (bid_ct, book.bid_ct), (ask_ct, book.ask_ct)):
+        np.copyto(dst, src)
+    buy[:], sell[:], count[:] = 0.0, 0.0, 0.0
     if len(trades) and n:
         if np.all(trades.pos >= 0):
             idx = np.searchsorted(book.pos, trades.pos, side="left")
@@ -417,18 +446,18 @@ def to_book_arrays(book: RawBook, trades: Trades) -> BookArrays:
             idx = np.searchsorted(book.ts_recv, trades.ts_recv, side="left")
         ok = idx < n
         idx, size, agg = idx[ok], trades.size[ok].astype(np.float64), trades.aggressor[ok]
-        buy = np.bincount(idx, weights=np.where(agg > 0, size, 0.0), minlength=n)
-        sell = np.bincount(idx, weights=np.where(agg < 0, size, 0.0), minlength=n)
-        count = np.bincount(idx, minlength=n).astype(np.float64)
+        buy[:] = np.bincount(idx, weights=np.where(agg > 0, size, 0.0), minlength=n)
+        sell[:] = np.bincount(idx, weights=np.where(agg < 0, size, 0.0), minlength=n)
+        count[:] = np.bincount(idx, minlength=n)
     return BookArrays(
         ts_event=book.ts_event,
         ts_recv=book.ts_recv,
-        bid_px=px(book.bid_px),
-        ask_px=px(book.ask_px),
-        bid_sz=book.bid_sz.astype(np.float64),
-        ask_sz=book.ask_sz.astype(np.float64),
-        bid_ct=book.bid_ct.astype(np.float64),
-        ask_ct=book.ask_ct.astype(np.float64),
+        bid_px=px(book.bid_px, bid_px),
+        ask_px=px(book.ask_px, ask_px),
+        bid_sz=bid_sz,
+        ask_sz=ask_sz,
+        bid_ct=bid_ct,
+        ask_ct=ask_ct,
         buy_volume=buy,
         sell_volume=sell,
         trade_count=count,

@@ -608,6 +608,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     ]
     n_crossed, min_rows = 0, 1 << 62
     t_feat = task(f"features + labels ({device})", len(segments))
+    pinned = None  # on a GPU the book is built in page-locked memory: sent without a staging copy
+    if device == "cuda" and not bar_volume:
+        from alphafeat.cuda.kernels import pinned_buffer as pinned
     with CacheWriter(cfg.out) as writer:
         for day, iid, sym in segments:
             root = cfg.root if mode.kind == "front-month" else _root_of(sym)
@@ -624,7 +627,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 summary.rows += rows
             else:
                 raw_seg = raw.take(in_seg)
-                b = bk.to_book_arrays(raw_seg, trades.take(tsess == day))
+                b = bk.to_book_arrays(raw_seg, trades.take(tsess == day), buffer=pinned)
                 if bar_volume:
                     raw_seg = raw_seg.take(volume_bar_ends(b, bar_volume))
                     b = volume_bars(b, bar_volume)

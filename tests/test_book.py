@@ -122,3 +122,33 @@ def test_mbp_depth_columns(n_levels):
     empty = bk.Trades(*(np.zeros(0, np.int64) for _ in range(5)), np.zeros(0, np.int8))
     b = bk.to_book_arrays(raw, empty)
     assert b.depth == n_levels and np.isnan(b.bid_px).all() and (b.trade_count == 0).all()
+
+
+def test_book_in_a_reused_buffer_equals_fresh_arrays_and_is_never_overwritten_while_alive():
+    """to_book_arrays(buffer=pinned_buffer) gives the same values; the pool hands out a
+    buffer again only once no array of the book built in it is alive."""
+    from pathlib import Path
+
+    from alphafeat.cuda.kernels import pinned_buffer
+    from alphafeat.dbn import read_dbn
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    _, recs = read_dbn(data / "glbx-mdp3-20240306.mbp-10.dbn.zst")
+    mbp = recs[0x0A]
+    iid = np.bincount(mbp["instrument_id"]).argmax()
+    _, tr = read_dbn(data / "glbx-mdp3-20240306.trades.dbn.zst", instrument_ids=[int(iid)])
+    raw, _ = bk.mbp_snapshots(mbp[mbp["instrument_id"] == iid])
+    trades = bk.trades_from_records(tr[0x00])
+    fresh = bk.to_book_arrays(raw, trades)
+    assert trades.size.sum() > 0 and fresh.buy_volume.sum() + fresh.sell_volume.sum() == trades.size.sum()
+    names = ["bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct", "buy_volume", "sell_volume", "trade_count"]
+    b1 = bk.to_book_arrays(raw, trades, buffer=pinned_buffer)
+    b2 = bk.to_book_arrays(raw.take(np.arange(len(raw)) < len(raw) // 2), trades, buffer=pinned_buffer)
+    for name in names:
+        np.testing.assert_array_equal(getattr(b1, name), getattr(fresh, name), err_msg=name)
+        assert not np.shares_memory(getattr(b1, name), getattr(b2, name))  # b1 alive: not reused
+    snapshot = {name: getattr(b1, name).copy() for name in names}
+    b3 = bk.to_book_arrays(raw, trades, buffer=pinned_buffer)  # b1 and b2 alive: a third buffer
+    for name in names:
+        np.testing.assert_array_equal(getattr(b1, name), snapshot[name], err_msg=name)
+        np.testing.assert_array_equal(getattr(b3, name), snapshot[name], err_msg=name)

@@ -350,8 +350,10 @@ COPY_PIECE = 8 << 20
 _LOCK = threading.RLock()
 #: Device buffers by name (flat, grow only); views of them are handed to the kernels.
 _DEV: dict[str, object] = {}
-#: Pinned result matrices (flat); one is reused when no view of it is alive any more.
+#: Pinned result matrices and input buffers (flat); one is reused when no view of it is
+#: alive any more.
 _HOST_OUT: list[np.ndarray] = []
+_HOST_IN: list[np.ndarray] = []
 #: Pinned host staging buffers, reused between calls (grow only).
 _POOL: dict[str, np.ndarray] = {}
 _EXEC: list = []
@@ -376,6 +378,7 @@ def release_buffers() -> None:
     with _LOCK:
         _DEV.clear()
         _HOST_OUT.clear()
+        _HOST_IN.clear()
         _POOL.clear()
 
 
@@ -430,31 +433,40 @@ def _host_buffer(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
     return np.empty(shape, dtype=dtype)
 
 
-def _result_buffer(shape: tuple[int, int], dtype=np.float64) -> np.ndarray:
-    """Pinned host matrix for the results.
+def _pooled(pool: list[np.ndarray], nbytes: int, size: int = 2) -> np.ndarray:
+    """A pinned uint8 buffer of at least ``nbytes`` from ``pool`` (at most ``size`` kept).
 
-    A matrix handed out by an earlier call is reused only when nothing refers to it any more
-    (no view of it is alive: its reference count is back to the pool's own), so results the
-    caller keeps are never overwritten; otherwise a new one is allocated (allocating and
-    pinning gigabytes costs far more than the copy itself).
+    A buffer handed out earlier is reused only when nothing refers to it any more (no view of
+    it is alive: its reference count is back to the pool's own), so arrays a caller keeps are
+    never overwritten; otherwise a new one is allocated (allocating and pinning gigabytes
+    costs far more than a copy).
     """
+    with _LOCK:
+        for buf in pool:
+            # references: the pool list, the loop variable, getrefcount's argument
+            if sys.getrefcount(buf) <= 3 and buf.nbytes >= nbytes:
+                return buf
+        pool[:] = [buf for buf in pool if sys.getrefcount(buf) > 3]  # too small and unused: give back
+        buf = _pinned_flat(nbytes)
+        pool.append(buf)
+        if len(pool) > size:
+            del pool[0]
+        return buf
+
+
+def _result_buffer(shape: tuple[int, int], dtype=np.float64) -> np.ndarray:
+    """Pinned host matrix for the results (from the pool :func:`_pooled` describes)."""
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize * int(np.prod(shape))
-    for buf in _HOST_OUT:
-        # references: the pool list, the loop variable, getrefcount's argument
-        if sys.getrefcount(buf) <= 3 and buf.nbytes >= nbytes:
-            return buf[:nbytes].view(dtype).reshape(shape)
-    keep = []
-    for buf in _HOST_OUT:  # too small and unused: give it back before allocating
-        if sys.getrefcount(buf) > 3:
-            keep.append(buf)
-    _HOST_OUT[:] = keep
-    del keep
-    buf = _pinned_flat(nbytes)
-    _HOST_OUT.append(buf)
-    if len(_HOST_OUT) > 2:
-        del _HOST_OUT[0]
-    return buf[:nbytes].view(dtype).reshape(shape)
+    return _pooled(_HOST_OUT, nbytes)[:nbytes].view(dtype).reshape(shape)
+
+
+def pinned_buffer(nbytes: int) -> np.ndarray:
+    """A pinned uint8 host buffer of at least ``nbytes`` for input columns (a plain array under
+    the simulator), from a pool of two: reused once no view of it is alive (see
+    :func:`_pooled`). ``alphafeat.book.to_book_arrays(..., buffer=pinned_buffer)`` builds a
+    session's book in it, so :func:`run_features` sends it without a staging copy."""
+    return _pooled(_HOST_IN, int(nbytes))
 
 
 def _executor():
