@@ -340,46 +340,54 @@ def _zstd_problem(f: BinaryIO) -> tuple[int, str] | None:
     Returns ``(compressed offset, problem)`` or None when the structure is complete. Bytes
     that are not a frame at all are left to the decompressor, which rejects them.
     """
-    import mmap
-
-    size = os.fstat(f.fileno()).st_size
+    fd = f.fileno()
+    size = os.fstat(fd).st_size
     if size == 0:
         return None
-    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        pos = 0
-        while pos < size:
-            if pos + 4 > size:
-                return pos, "zstd stream ends inside a frame magic (truncated file)"
-            magic = int.from_bytes(m[pos : pos + 4], "little")
-            if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame
-                if pos + 8 > size:
-                    return pos, "zstd stream ends inside a skippable frame (truncated file)"
-                pos += 8 + int.from_bytes(m[pos + 4 : pos + 8], "little")
-                if pos > size:
-                    return size, "zstd stream ends inside a skippable frame (truncated file)"
-                continue
-            if magic != 0xFD2FB528:
-                return None  # not zstd here: the decompressor reports it
-            if pos + 5 > size:
-                return pos, "zstd stream ends in the middle of a frame (truncated file)"
-            fhd = m[pos + 4]
-            single = (fhd >> 5) & 1
-            fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
-            pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
-            while True:
-                if pos + 3 > size:
-                    return pos, "zstd stream ends in the middle of a frame (truncated file)"
-                h = int.from_bytes(m[pos : pos + 3], "little")
-                btype = (h >> 1) & 3
-                if btype == 3:
-                    return None  # reserved block type: corrupt, the decompressor reports it
-                pos += 3 + (1 if btype == 1 else h >> 3)
-                if h & 1:
-                    break
-            if fhd & 0x04:
-                pos += 4
+
+    win = [0, b""]  # a 1 MiB window read with pread: no whole-file map, so RSS does not grow with the file
+
+    def u(pos: int, n: int) -> int:  # little-endian integer of the n bytes at pos
+        off = pos - win[0]
+        if off < 0 or off + n > len(win[1]):
+            win[0], win[1] = pos, os.pread(fd, 1 << 20, pos)
+            off = 0
+        return int.from_bytes(win[1][off : off + n], "little")
+
+    pos = 0
+    while pos < size:
+        if pos + 4 > size:
+            return pos, "zstd stream ends inside a frame magic (truncated file)"
+        magic = u(pos, 4)
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame
+            if pos + 8 > size:
+                return pos, "zstd stream ends inside a skippable frame (truncated file)"
+            pos += 8 + u(pos + 4, 4)
             if pos > size:
-                return size, "zstd stream ends in the middle of a frame (truncated file)"
+                return size, "zstd stream ends inside a skippable frame (truncated file)"
+            continue
+        if magic != 0xFD2FB528:
+            return None  # not zstd here: the decompressor reports it
+        if pos + 5 > size:
+            return pos, "zstd stream ends in the middle of a frame (truncated file)"
+        fhd = u(pos + 4, 1)
+        single = (fhd >> 5) & 1
+        fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
+        pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
+        while True:
+            if pos + 3 > size:
+                return pos, "zstd stream ends in the middle of a frame (truncated file)"
+            h = u(pos, 3)
+            btype = (h >> 1) & 3
+            if btype == 3:
+                return None  # reserved block type: corrupt, the decompressor reports it
+            pos += 3 + (1 if btype == 1 else h >> 3)
+            if h & 1:
+                break
+        if fhd & 0x04:
+            pos += 4
+        if pos > size:
+            return size, "zstd stream ends in the middle of a frame (truncated file)"
     return None
 
 

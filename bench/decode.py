@@ -172,10 +172,24 @@ def _warm(path: Path) -> None:
     sc.close()
 
 
+def _peak_rss_kb() -> int:
+    """Peak resident set of this process, KiB: ``VmHWM`` of ``/proc/self/status`` (Linux: the
+    high-water mark of this process's own memory map, reset by ``exec``), else ``ru_maxrss``
+    (which on Linux survives ``exec``: a spawned child would report its parent's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _ours_rss(path: str, ids: list[int] | None, q: mp.Queue) -> None:
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _peak_rss_kb()
     _ours(Path(path), ids)
-    q.put((base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+    q.put((base, _peak_rss_kb()))
 
 
 def _touch(arr: np.ndarray) -> int:
