@@ -434,11 +434,8 @@ class _Stream:
             try:
                 k = self._r.readinto(view[got : got + step])
             except zstandard.ZstdError as e:
-                raise InputError(
-                    self.path,
-                    f"corrupt zstd data within the {_ZSTD_STEP >> 10} KiB after this offset ({e})",
-                    offset=self.produced + got,
-                ) from None
+                problem = f"corrupt zstd data ({e}) at most {_ZSTD_STEP >> 10} KiB after"
+                raise InputError(self.path, problem, offset=self.produced + got) from None
             if not k:
                 break
             got += k

@@ -639,17 +639,17 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             n_crossed += int(((bp != UNDEF_PRICE) & (ap != UNDEF_PRICE) & (bp > ap)).sum())
             min_rows = min(min_rows, rows)
             advance(t_feat)
+        if n_crossed:
+            summary.notes.append(f"{n_crossed:,} snapshots have a crossed book (bid above ask, e.g. pre-open): "
+                                 "flagged in book_crossed, their labels are NaN")
+        unit = "bars" if bar_volume else "snapshots"
+        long = [h for h in cfg.horizons if h >= min_rows]
+        if long:
+            summary.notes.append(f"label horizons {long} ({unit}) reach past the end of a session of {min_rows:,} "
+                                 f"{unit}: those labels are NaN there")
         manifest = dict(common, schedule=schedule, sources=[e for _, e in sources], notes=summary.notes,
                         partitions=[str(p.relative_to(writer.out)) for p in summary.partitions])
         writer.commit(manifest)
-    if n_crossed:
-        summary.notes.append(f"{n_crossed:,} snapshots have a crossed book (bid above ask, e.g. pre-open): "
-                             "flagged in book_crossed, their labels are NaN")
-    unit = "bars" if bar_volume else "snapshots"
-    long = [h for h in cfg.horizons if h >= min_rows]
-    if long:
-        summary.notes.append(f"label horizons {long} ({unit}) reach past the end of a session of {min_rows:,} "
-                             f"{unit}: those labels are NaN there")
     summary.seconds = time.perf_counter() - t0
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary

@@ -1,4 +1,4 @@
-"""Decode throughput on a large MBP-10 ``.dbn.zst`` (issue 3): prints a table and one JSON line.
+"""Decode throughput on a large MBP-10 ``.dbn.zst``: prints a table and one JSON line.
 
 Stages, one core each (records/s = records in the file / wall seconds):
 

@@ -129,7 +129,7 @@ def _synth(args: argparse.Namespace) -> int:
     rep = out / synth.REPORT_NAME
     if rep.is_file():
         r = json.loads(rep.read_text())
-        print(f"{r['mbp10_records']:,} MBP-10 and {r['mbo_records']:,} MBO records; report: {rep}")
+        print(f"{r['mbp10_records']:,} MBP-10 records (from {r['mbo_records']:,} simulated MBO records); report: {rep}")
         print("AUC ceiling per label horizon (snapshots) of "
               f"{r['auc_ceiling']['instrument']} on {r['auc_ceiling']['session']}: "
               + ", ".join(f"h={h}: {v:.3f}" for h, v in r["auc_ceiling"]["auc"].items()))
@@ -168,7 +168,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _read_options(p: argparse.ArgumentParser) -> None:
-    """Options of the DBN reading stage (issue 3), shared by precompute and roll-schedule."""
+    """Options of the DBN reading stage, shared by precompute and roll-schedule."""
     p.add_argument("--roll-rule", default="volume", choices=("volume", "calendar"),
                    help="front month: most volume in the previous session (default), or calendar")
     p.add_argument("--roll-days", type=int, default=8,
@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", default="snapshot",
                    help="snapshot (a row per book snapshot, default) or volume:V (a row per V-contract volume bar)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _read_options(p)  # issue 3: --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
+    _read_options(p)  # --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
     p.set_defaults(func=_precompute)
 
     r = sub.add_parser("roll-schedule", help="print the front-month contract chosen per CME Globex session")

@@ -171,6 +171,8 @@ def test_embedded_default_front_month_switches(tmp_path, capsys):
     finally:
         os.chdir(cwd)
     man = read_manifest(out)
+    # the run's notes (horizon 6000 is longer than these sessions) are saved with the cache
+    assert any("label horizons [6000]" in n for n in man["notes"])
     syms = [c["raw_symbol"] for c in man["schedule"]]
     assert syms[0] == "ESH4" and syms[-1] == "ESM4"
     assert all("-" not in s for s in syms)  # the calendar spread is never front
