@@ -1469,7 +1469,9 @@ class _Buffers:
         buf = self._bufs.get(key)
         if buf is None or buf.nbytes < nbytes:
             self._bufs.pop(key, None)
-            buf = np.empty(nbytes, np.uint8)
+            # 1/8 headroom: a slightly bigger later session reuses the touched pages (pages
+            # never written cost no memory)
+            buf = np.empty(nbytes + nbytes // 8, np.uint8)
             self._bufs[key] = buf
         return buf[:nbytes].view(dtype)
 
@@ -1542,7 +1544,8 @@ def _simulate_instrument(
     b0 = int(math.floor(lat0 - 0.5))  # the opening mid b0 + 0.5 within half a tick of fair
     sigma = 0.0
     lat_ev = np.zeros(0)
-    if ref is None:
+    lead = ref is None
+    if lead:
         sigma = vol * abs(lat0) / math.sqrt(max(times.shape[0], 1))
         ref = np.zeros(1)
         lat_ev = np.empty(times.shape[0])
@@ -1563,8 +1566,11 @@ def _simulate_instrument(
     s_fst = np.zeros((ns, 4))
     hdr_mbo = (_MBO_SIZE // 4) | (0xA0 << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
     hdr_mbp = (_MBP_SIZE // 4) | (0x0A << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
-    cap_m = int(1.6 * n) + 8 * _RESERVE if write_mbo else 0
-    cap_p = int(1.4 * n) + 8 * _RESERVE
+    # records per event: about 1.2 MBP-10 (1.4 MBO) for the leader, 1.6 for spreads and over 4
+    # for a following outright (its re-quotes); a too small buffer reruns the simulation
+    per_ev = 1.4 if lead else (6.0 if follow else 2.0)
+    cap_m = int((per_ev + 0.2) * n) + 8 * _RESERVE if write_mbo else 0
+    cap_p = int(per_ev * n) + 8 * _RESERVE
     while True:
         # the kernel writes every byte of every record (header included): no zeroing needed
         if bufs is None:
@@ -1657,7 +1663,11 @@ class _Session:
         rows = rows or max(1, _CHUNK_BYTES // (8 * w))
         part, row = self.order(kind)
         parts = self.parts(kind)
-        buf = np.empty((min(rows, max(part.shape[0], 1)), w), np.int64)
+        m = min(rows, max(part.shape[0], 1))
+        if self.bufs is None:
+            buf = np.empty((m, w), np.int64)
+        else:  # reused by the next files (their pages are already touched)
+            buf = self.bufs.get("chunk", np.dtype(np.int64), m * w).reshape(m, w)
         for lo in range(0, part.shape[0], rows):
             hi = min(lo + rows, part.shape[0])
             _gather_rows(parts, part, row, lo, hi, buf)
@@ -1750,8 +1760,9 @@ def _simulate_session(
     return _Session(day, cons, runs, leader.symbol if leader else "", bufs)
 
 
-#: Bytes per chunk of merged records handed to zstd (stays in cache between gather and zstd).
-_CHUNK_BYTES = 1 << 20
+#: Bytes per chunk of merged records handed to zstd: big chunks cut the per-call overhead of
+#: the streaming compressor (about 10 % faster than 1 MiB chunks; the frame is the same).
+_CHUNK_BYTES = 1 << 24
 
 
 @numba.njit(cache=True)
