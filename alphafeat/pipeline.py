@@ -187,6 +187,26 @@ def _by_instrument(arr: np.ndarray) -> dict[int, np.ndarray]:
     return {int(u): arr[order[bounds[k] : bounds[k + 1]]] for k, u in enumerate(uniq)}
 
 
+def build_book(
+    schema: str, book_recs: np.ndarray, trade_recs: np.ndarray | None = None
+) -> tuple[bk.RawBook, bk.Trades, int]:
+    """One instrument's snapshots and trades from its records in stream order.
+
+    ``schema`` ``'mbo'``: the book is rebuilt (:func:`alphafeat.book.rebuild_mbo`); MBP-10 /
+    MBP-1: read as they are (:func:`alphafeat.book.mbp_snapshots`). Trades come from
+    ``trade_recs`` (a trades-schema array) when given, else from the book stream. Returns
+    ``(raw, trades, cancels of unknown orders)`` (the count is 0 for MBP).
+    """
+    n_unknown = 0
+    if schema == "mbo":
+        raw, trades, n_unknown = bk.rebuild_mbo(book_recs)
+    else:
+        raw, trades = bk.mbp_snapshots(book_recs)
+    if trade_recs is not None:
+        trades = bk.trades_from_records(trade_recs)
+    return raw, trades, n_unknown
+
+
 def _utc_date(ts_ns: int) -> dt.date:
     return dt.datetime.fromtimestamp(int(ts_ns) // 1_000_000_000, dt.timezone.utc).date()
 
@@ -350,7 +370,8 @@ def _segment_table(
     for name, need in _min_depth(cfg).items():
         if b.depth < need:
             feats[name] = np.full(len(b), np.nan)
-    labels = _labels(feats, b, cfg)
+    is_crossed = crossed(b)
+    labels = _labels(feats, b, is_crossed, cfg)
     n = len(b)
     cols: dict[str, pa.Array] = {
         "ts_event": pa.array(b.ts_event, pa.timestamp("ns", tz="UTC")),
@@ -369,7 +390,7 @@ def _segment_table(
     cols["buy_volume"] = pa.array(b.buy_volume)
     cols["sell_volume"] = pa.array(b.sell_volume)
     cols["trade_count"] = pa.array(b.trade_count)
-    cols["book_crossed"] = pa.array(crossed(b))
+    cols["book_crossed"] = pa.array(is_crossed)
     for k, v in feats.items():
         cols[k] = pa.array(np.asarray(v, dtype=np.float64))
     for k, v in labels.items():
@@ -402,13 +423,15 @@ def crossed(b: BookArrays) -> np.ndarray:
         return b.bid_px[:, 0] > b.ask_px[:, 0]
 
 
-def _labels(feats: dict[str, np.ndarray], b: BookArrays, cfg: PrecomputeConfig) -> dict[str, np.ndarray]:
+def _labels(
+    feats: dict[str, np.ndarray], b: BookArrays, is_crossed: np.ndarray, cfg: PrecomputeConfig
+) -> dict[str, np.ndarray]:
     """Direction labels (snapshots, seconds) and the triple barrier, each with its end time.
 
     The mid of a crossed book is not a price: labels are computed on a mid that is NaN there,
     so a label is NaN where its start or end row is crossed.
     """
-    mid = np.where(crossed(b), np.nan, feats["mid"])
+    mid = np.where(is_crossed, np.nan, feats["mid"])
     out = direction_labels(mid, cfg.horizons, ts=b.ts_recv)
     if cfg.horizons_s:
         out.update(direction_labels_seconds(mid, b.ts_recv, cfg.horizons_s))
@@ -514,17 +537,12 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     t_book = task(f"book ({schema})", len(book_parts))
     books: dict[int, tuple[bk.RawBook, bk.Trades, np.ndarray, np.ndarray]] = {}
     for iid, parts in book_parts.items():
-        recs = np.concatenate(parts)
-        if schema == "mbo":
-            raw, trades, n_unknown = bk.rebuild_mbo(recs)
-            if n_unknown:
-                summary.notes.append(
-                    f"instrument {iid}: {n_unknown} cancels of unknown orders (stream starts without a snapshot)"
-                )
-        else:
-            raw, trades = bk.mbp_snapshots(recs)
-        if iid in trade_parts:
-            trades = bk.trades_from_records(np.concatenate(trade_parts[iid]))
+        trade_recs = np.concatenate(trade_parts[iid]) if iid in trade_parts else None
+        raw, trades, n_unknown = build_book(schema, np.concatenate(parts), trade_recs)
+        if n_unknown:
+            summary.notes.append(
+                f"instrument {iid}: {n_unknown} cancels of unknown orders (stream starts without a snapshot)"
+            )
         summary.snapshots += len(raw)
         books[iid] = (raw, trades, session_dates(raw.ts_recv), session_dates(trades.ts_recv))
         advance(t_book)

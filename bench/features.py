@@ -44,7 +44,7 @@ def load_sessions(
     from alphafeat import book as bk
     from alphafeat.dbn import SCHEMA_RTYPES
     from alphafeat.instruments import session_dates
-    from alphafeat.pipeline import discover
+    from alphafeat.pipeline import _by_instrument, build_book, discover
     from alphafeat.reader import roll_schedule
 
     schedule, rr = roll_schedule(discover(inputs), root=root, rule=rule, n_jobs=jobs)
@@ -63,10 +63,8 @@ def load_sessions(
         arr = f.arrays.get(rt)
         if arr is None or not len(arr):
             continue
-        ids = np.asarray(arr["instrument_id"])
-        for iid in wanted:
-            sel = arr[ids == iid]
-            if len(sel):
+        for iid, sel in _by_instrument(arr).items():
+            if iid in wanted:
                 parts.setdefault(iid, []).append(sel)
     books: list[BookArrays] = []
     built: dict[int, tuple] = {}
@@ -75,10 +73,8 @@ def load_sessions(
         if iid not in book_parts:
             continue
         if iid not in built:
-            recs = np.concatenate(book_parts[iid])
-            raw, trades = bk.rebuild_mbo(recs)[:2] if schema == "mbo" else bk.mbp_snapshots(recs)
-            if iid in trade_parts:
-                trades = bk.trades_from_records(np.concatenate(trade_parts[iid]))
+            trade_recs = np.concatenate(trade_parts[iid]) if iid in trade_parts else None
+            raw, trades, _ = build_book(schema, np.concatenate(book_parts[iid]), trade_recs)
             built[iid] = (raw, trades, session_dates(raw.ts_recv), session_dates(trades.ts_recv))
         raw, trades, sess, tsess = built[iid]
         in_seg = sess == np.datetime64(c.session)
