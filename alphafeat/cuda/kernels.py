@@ -423,16 +423,6 @@ def is_pinned(v: np.ndarray) -> bool:
     return False
 
 
-def _host_buffer(shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
-    """Fresh pinned host buffer (plain array if unavailable)."""
-    if int(np.prod(shape)) > 0 and not config.ENABLE_CUDASIM:
-        try:
-            return cuda.pinned_array(shape, dtype=dtype)
-        except Exception:
-            pass
-    return np.empty(shape, dtype=dtype)
-
-
 def _pooled(pool: list[np.ndarray], nbytes: int, size: int = 2) -> np.ndarray:
     """A pinned uint8 buffer of at least ``nbytes`` from ``pool`` (at most ``size`` kept).
 
@@ -638,7 +628,7 @@ def direction_labels_device(mid: np.ndarray, horizons: np.ndarray) -> np.ndarray
     """Direction labels on the device: float32 ``(len(horizons), n)``."""
     n = int(mid.shape[0])
     H = int(horizons.shape[0])
-    host = _host_buffer((H, n), np.float32)
+    host = pinned_empty((H, n), np.float32)
     if n == 0 or H == 0:
         return host
     d_mid = cuda.to_device(np.ascontiguousarray(mid, dtype=np.float64))
