@@ -570,9 +570,7 @@ def nominal_events(scale: float) -> float:
 
 def _session_vols(scale: float, ords: Sequence[int]) -> np.ndarray:
     """:func:`_session_vol` of the trade dates with ordinals ``ords``."""
-    n = nominal_events(scale)
-    cap = SIGMA_EVENT_MAX * math.sqrt(n) * OUTRIGHT_TICK * 1e-9
-    return np.array([min(DAILY_VOL, cap / _level(datetime.date.fromordinal(o))) for o in ords])
+    return np.array([_session_vol(scale, _level(datetime.date.fromordinal(o))) for o in ords])
 
 
 def _index_level(day: datetime.date, seed: int, scale: float) -> tuple[float, float]:
