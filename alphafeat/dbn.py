@@ -434,7 +434,8 @@ class _Stream:
             try:
                 k = self._r.readinto(view[got : got + step])
             except zstandard.ZstdError as e:
-                problem = f"corrupt zstd data ({e}) at most {_ZSTD_STEP >> 10} KiB after"
+                kib = _ZSTD_STEP >> 10
+                problem = f"corrupt zstd data ({e}) in a block that starts at most {kib} KiB past this offset"
                 raise InputError(self.path, problem, offset=self.produced + got) from None
             if not k:
                 break
