@@ -57,6 +57,19 @@ def partition_metadata(path: str | os.PathLike[str]) -> dict | None:
         return None
 
 
+def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dict) -> None:
+    """Write ``table`` as an Arrow IPC file at ``path`` (parents created) with ``metadata``
+    (JSON-able) under the schema key ``alphafeat``. Used for staged files only: the rename
+    into the cache is :meth:`CacheWriter.commit`'s."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(table.schema.metadata or {})
+    meta[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
+    table = table.replace_schema_metadata(meta)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+
+
 class CacheWriter:
     """Stage partitions, then swap them into ``out`` at :meth:`commit` (rules in the module doc).
 
@@ -103,13 +116,14 @@ class CacheWriter:
 
     def write(self, relpath: str, table: pa.Table, metadata: dict) -> Path:
         """Stage ``table`` for ``relpath`` with ``metadata`` (JSON-able) in its schema."""
-        path = self.staging / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        meta = dict(table.schema.metadata or {})
-        meta[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
-        table = table.replace_schema_metadata(meta)
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-            w.write_table(table)
+        write_partition(self.staging / relpath, table, metadata)
+        return self.staged(relpath)
+
+    def staged(self, relpath: str) -> Path:
+        """Record ``relpath`` as staged: another process wrote ``staging / relpath`` with
+        :func:`write_partition`. Returns its final path (valid after :meth:`commit`)."""
+        if not (self.staging / relpath).is_file():
+            raise AlphafeatError(f"{self.staging / relpath}: partition was not staged")
         self.written.append(relpath)
         return self.out / relpath
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import alphafeat
 from alphafeat import book as bk
 from alphafeat.bars import volume_bar_ends, volume_bars
-from alphafeat.cache import FORMAT_VERSION, CacheWriter
+from alphafeat.cache import FORMAT_VERSION, CacheWriter, write_partition
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn
 from alphafeat.errors import AlphafeatError, InputError, SelectionError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
@@ -88,7 +88,10 @@ class PrecomputeConfig:
         ``raise`` (a bad input file stops the run) or ``skip`` (warn, process the other files,
         list the skipped ones in ``Summary.skipped``).
     jobs : int
-        Processes decoding files in parallel (joblib; -1 for all cores).
+        Processes (joblib, loky; -1 for all cores) decoding files in parallel; on the CPU also
+        the segments: each worker builds one segment's book, features and labels and stages its
+        partition (segments are independent, so the result equals the one-process run). On a
+        GPU the segments run in order in this process (one device, pinned buffers).
     predecoded_dir : Path or None
         Where decoded, filtered columns of each source file are kept (:mod:`alphafeat.predecoded`);
         None: ``<parent of out>/.predecoded``.
@@ -401,6 +404,21 @@ def _segment_table(
     return pa.table(cols)
 
 
+def _stage_segment(
+    path: Path, raw_seg: bk.RawBook, trades_seg: bk.Trades, iid: int, symbol: str, meta: dict,
+    cfg: PrecomputeConfig, device: str, bar_volume: float, buffer: object | None = None,
+) -> int:
+    """Build one segment's book, features and labels and write its partition to ``path``
+    (a staging file); returns its row count. Runs in a worker process on the CPU path."""
+    b = bk.to_book_arrays(raw_seg, trades_seg, buffer=buffer)
+    if bar_volume:
+        raw_seg = raw_seg.take(volume_bar_ends(b, bar_volume))
+        b = volume_bars(b, bar_volume)
+    table = _segment_table(b, raw_seg, iid, symbol, cfg, device)
+    write_partition(path, table, meta)
+    return table.num_rows
+
+
 def _barrier_widths(feats: dict[str, np.ndarray], cfg: PrecomputeConfig) -> np.ndarray:
     """Triple-barrier half-width per row, index points (see PrecomputeConfig.barrier)."""
     kind, _, k = (cfg.barrier or "").partition(":")
@@ -630,31 +648,49 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     if device == "cuda" and not bar_volume:
         from alphafeat.cuda.kernels import pinned_buffer as pinned
     with CacheWriter(cfg.out) as writer:
-        for day, iid, sym in segments:
+        staged: list[tuple[str, int]] = []  # (relpath, index into segments) of partitions to write
+
+        def stage_calls():  # one call per partition to write, made as the workers take them
+            for rel, k in staged:
+                day, iid, _sym = segments[k]
+                raw, trades, sess, tsess = books[iid]
+                yield (rel, raw.take(sess == day), trades.take(tsess == day), iid, _sym, metas[k])
+
+        metas: dict[int, dict] = {}
+        for k, (day, iid, sym) in enumerate(segments):
             root = cfg.root if mode.kind == "front-month" else _root_of(sym)
             safe = re.sub(r"[^A-Za-z0-9_.-]", "_", sym)
             rel = f"root={root}/session={day.isoformat()}/{safe}.arrow"
             meta = _partition_metadata(common, day, iid, schedule, sources)
             summary.partitions.append(writer.out / rel)
-            raw, trades, sess, tsess = books[iid]
+            raw, _, sess, _ = books[iid]
             in_seg = sess == day
             summary.snapshots_kept += int(in_seg.sum())
             if writer.current(rel, meta["fingerprint"]):
                 summary.partitions_skipped += 1
                 rows = _partition_rows(writer.out / rel)
                 summary.rows += rows
+                min_rows = min(min_rows, rows)
+                advance(t_feat)
             else:
-                raw_seg = raw.take(in_seg)
-                b = bk.to_book_arrays(raw_seg, trades.take(tsess == day), buffer=pinned)
-                if bar_volume:
-                    raw_seg = raw_seg.take(volume_bar_ends(b, bar_volume))
-                    b = volume_bars(b, bar_volume)
-                table = _segment_table(b, raw_seg, iid, sym, cfg, device)
-                writer.write(rel, table, meta)
-                summary.rows += table.num_rows
-                rows = table.num_rows
+                staged.append((rel, k))
+                metas[k] = meta
             bp, ap = raw.bid_px[in_seg, 0], raw.ask_px[in_seg, 0]
             n_crossed += int(((bp != UNDEF_PRICE) & (ap != UNDEF_PRICE) & (bp > ap)).sum())
+        n_jobs = (os.cpu_count() or 1) if cfg.jobs < 0 else max(1, cfg.jobs)
+        if device == "cpu" and n_jobs > 1 and len(staged) > 1:
+            # CPU: one partition per joblib process (each segment restarts its state: independent)
+            from joblib import Parallel, delayed
+
+            par = Parallel(n_jobs=min(n_jobs, len(staged)), return_as="generator")
+            done = par(delayed(_stage_segment)(writer.staging / rel, *args, cfg, device, bar_volume)
+                       for rel, *args in stage_calls())  # fmt: skip
+        else:
+            done = (_stage_segment(writer.staging / rel, *args, cfg, device, bar_volume, buffer=pinned)
+                    for rel, *args in stage_calls())  # fmt: skip
+        for (rel, _), rows in zip(staged, done):
+            writer.staged(rel)
+            summary.rows += rows
             min_rows = min(min_rows, rows)
             advance(t_feat)
         if n_crossed:

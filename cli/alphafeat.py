@@ -177,7 +177,9 @@ def _read_options(p: argparse.ArgumentParser) -> None:
                    help="a bad input file stops the run (raise, default) or is skipped with a warning")
     p.add_argument("--rebuild-predecoded", action="store_true",
                    help="clear the predecoded cache (<out parent>/.predecoded) before reading")
-    p.add_argument("--jobs", type=int, default=1, help="processes decoding files in parallel (-1: all cores)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes decoding files in parallel; precompute on the CPU also computes and writes "
+                        "session segments in parallel (-1: all cores)")
 
 
 def _roll_schedule(args: argparse.Namespace) -> int:

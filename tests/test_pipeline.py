@@ -266,3 +266,27 @@ def test_crossed_book_rows_flagged_and_unlabelled(esh4_cache):
         assert np.isnan(tab.column(name).to_numpy()[flag]).all()
     y = tab.column("label_h30").to_numpy()
     assert not np.isnan(y[~flag]).all()
+
+
+def test_parallel_segments_equal_one_process(tmp_path):
+    """--jobs 2 on the CPU computes and stages the session partitions in worker processes; the
+    cache is the same as the one-process run's, partition by partition."""
+    data = PROJECT / "data"
+    if not any(data.glob("*.dbn.zst")):
+        pytest.skip("data/ has no embedded sample")
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert _run("--input", str(data), "--out", str(one), "--device", "cpu") == 0
+    assert _run("--input", str(data), "--out", str(two), "--device", "cpu", "--jobs", "2") == 0
+    parts = sorted(p.relative_to(one) for p in one.rglob("*.arrow"))
+    assert len(parts) >= 3 and parts == sorted(p.relative_to(two) for p in two.rglob("*.arrow"))
+    for rel in parts:
+        a, b = (pa.ipc.open_file(str(d / rel)).read_all() for d in (one, two))
+        assert a.num_rows > 0 and a.schema.equals(b.schema, check_metadata=True), rel
+        for name in a.column_names:  # bit for bit; NaN where NaN
+            x, y = a.column(name), b.column(name)
+            if pa.types.is_floating(x.type):
+                assert np.array_equal(x.to_numpy(), y.to_numpy(), equal_nan=True), (rel, name)
+            else:
+                assert x.equals(y), (rel, name)
+    m1, m2 = read_manifest(one), read_manifest(two)
+    assert m1["schedule"] == m2["schedule"] and m1["partitions"] == m2["partitions"]
