@@ -117,6 +117,7 @@ Determinism: no wall clock; every random stream is a numpy ``Generator`` seeded 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import math
@@ -558,8 +559,10 @@ def _session_vol(scale: float, level: float) -> float:
     return min(DAILY_VOL, SIGMA_EVENT_MAX * math.sqrt(nominal_events(scale)) * OUTRIGHT_TICK * 1e-9 / level)
 
 
+@functools.lru_cache(maxsize=64)
 def nominal_events(scale: float) -> float:
-    """Expected book events of one outright with volume share 1 in a 23-hour session."""
+    """Expected book events of one outright with volume share 1 in a 23-hour session (cached:
+    :func:`_index_level` needs it for some 1500 dates a session)."""
     hours = 0.0
     for a, b, m in ACTIVITY_PROFILE:
         ha, ma = map(int, a.split(":"))
@@ -570,7 +573,14 @@ def nominal_events(scale: float) -> float:
 
 def _session_vols(scale: float, ords: Sequence[int]) -> np.ndarray:
     """:func:`_session_vol` of the trade dates with ordinals ``ords``."""
-    return np.array([_session_vol(scale, _level(datetime.date.fromordinal(o))) for o in ords])
+    return np.array([_session_vol_on(scale, o) for o in ords])
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _session_vol_on(scale: float, ordinal: int) -> float:
+    """:func:`_session_vol` of the trade date with ordinal ``ordinal`` (cached: consecutive
+    sessions share all but one of their :data:`_X_WINDOW` dates)."""
+    return _session_vol(scale, _level(datetime.date.fromordinal(ordinal)))
 
 
 def _index_level(day: datetime.date, seed: int, scale: float) -> tuple[float, float]:
@@ -1655,21 +1665,32 @@ class _Session:
             cache[kind] = (part, row)
         return cache[kind]
 
-    def chunks(self, kind: str, rows: int = 0) -> Iterator[np.ndarray]:
-        """The merged records of ``kind`` as consecutive byte chunks (one reused buffer)."""
+    def chunks(self, kind: str, rows: int = 0, trades: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """The merged records of ``kind`` as consecutive byte chunks (one reused buffer).
+
+        Merged and copied in one pass (:func:`_merge_rows`; no merged order is stored). With
+        ``trades`` (kind "mbp", :data:`TRADE_DTYPE`, one per MBP-10 'T' record: the sum of the
+        runs' ``stats[7]``) the pass also fills it as :meth:`trades` would."""
         w = _MBO_W if kind == "mbo" else _MBP_W
         rows = rows or max(1, _CHUNK_BYTES // (8 * w))
-        part, row = self.order(kind)
         parts = self.parts(kind)
-        m = min(rows, max(part.shape[0], 1))
+        n = sum(p.shape[0] for p in parts)
+        m = min(rows, max(n, 1))
         if self.bufs is None:
             buf = np.empty((m, w), np.int64)
         else:  # reused by the next files (their pages are already touched)
             buf = self.bufs.get("chunk", np.dtype(np.int64), m * w).reshape(m, w)
-        for lo in range(0, part.shape[0], rows):
-            hi = min(lo + rows, part.shape[0])
-            _gather_rows(parts, part, row, lo, hi, buf)
-            yield buf[: hi - lo].view(np.uint8).reshape(-1)
+        tw = TRADE_DTYPE.itemsize // 8
+        tr = np.zeros((0, tw), np.int64) if trades is None else trades.view(np.int64).reshape(-1, tw)
+        pos = np.zeros(len(parts), np.int64)
+        done = 0
+        nt = 0
+        while done < n:
+            got, nt = _merge_rows(parts, 5 if kind == "mbo" else 4, pos, buf, tr, nt)
+            done += got
+            yield buf[:got].view(np.uint8).reshape(-1)
+        if nt != tr.shape[0]:
+            raise RuntimeError(f"{nt} trade records merged, {tr.shape[0]} expected")
 
     def merged(self, kind: str) -> np.ndarray:
         """All records of ``kind`` ("mbo" / "mbp") in one array, merged by ``ts_recv``."""
@@ -1793,6 +1814,67 @@ def _merge_order(parts, col, part, row, keys):
         part[i] = best
         row[i] = pos[best] - start[best]
         pos[best] += 1
+
+
+@numba.njit(cache=True)
+def _merge_rows(parts, col, pos, out, trades, nt):
+    """Next rows of the k-way merge of the parts (each non-decreasing in word ``col``, ts_recv;
+    equal keys keep part order, as a stable sort of the concatenation), copied into ``out``.
+
+    ``pos[p]``: the next row of part ``p`` (advanced; the merge resumes from it). The best part
+    is copied in runs: while its key stays below those of the parts before it and at most those
+    after it. With rows in ``trades`` (kind mbp-10), each 'T' record also goes to
+    ``trades[nt]`` as TradeMsg words (as :func:`_gather_trades`). Returns (rows copied, nt)."""
+    k = len(parts)
+    m = out.shape[0]
+    w = out.shape[1]
+    want = trades.shape[0] > 0
+    big = np.iinfo(np.int64).max
+    i = 0
+    while i < m:
+        best = -1
+        bt = np.int64(0)
+        for p in range(k):
+            if pos[p] < parts[p].shape[0]:
+                t = parts[p][pos[p], col]
+                if best < 0 or t < bt:
+                    best = p
+                    bt = t
+        if best < 0:
+            break
+        lo = big  # keys of earlier parts: the run's keys must stay strictly below
+        hi = big  # keys of later parts: at most equal
+        lo_set = False
+        for q in range(k):
+            if q != best and pos[q] < parts[q].shape[0]:
+                t = parts[q][pos[q], col]
+                if q < best:
+                    if t < lo:
+                        lo = t
+                        lo_set = True
+                elif t < hi:
+                    hi = t
+        src = parts[best]
+        r = pos[best]
+        end = src.shape[0]
+        while i < m and r < end:
+            t = src[r, col]
+            if t > hi or (lo_set and t >= lo):
+                break
+            if r > 0 and t < src[r - 1, col]:
+                raise ValueError("records of an instrument are not in ts_recv order")
+            for b in range(w):
+                out[i, b] = src[r, b]
+            if want and ((src[r, 3] >> 32) & 0xFF) == 84:  # action 'T'
+                for b in range(6):
+                    trades[nt, b] = src[r, b]
+                trades[nt, 0] = (trades[nt, 0] & ~np.int64(0xFFFF)) | 12  # length 48 // 4, rtype 0
+                trades[nt, 3] |= np.int64(F_LAST) << 48
+                nt += 1
+            r += 1
+            i += 1
+        pos[best] = r
+    return i, nt
 
 
 @numba.njit(cache=True)
@@ -2097,23 +2179,30 @@ def _session_job(
     t0, t1 = session_bounds(day)
     sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas)
     stem = f"glbx-mdp3-{day:%Y%m%d}"
-    paths: list[str] = []
     counts: dict[str, int] = {}
     n_mbp = sum(r.mbp.shape[0] for r in sess.runs.values())
     n_mbo = sum(r.n_mbo for r in sess.runs.values())
-    for schema in schemas:
+    trades: np.ndarray | None = None
+    if "mbp-10" in schemas and "trades" in schemas:  # the trades are collected as mbp-10 is merged
+        n_tr = sum(int(r.stats[7]) for r in sess.runs.values())
+        trades = np.empty(n_tr, TRADE_DTYPE) if sess.bufs is None else sess.bufs.get("trades", TRADE_DTYPE, n_tr)
+    for schema in sorted(schemas, key=lambda s: s != "mbp-10"):  # mbp-10 first (files are independent)
         path = out / f"{stem}.{schema}.dbn.zst"
         header = _metadata(schema, sess.contracts, t0, t1)
         if schema in ("mbp-10", "mbo"):  # merged chunk by chunk: no session-sized copy
             kind, n = ("mbp", n_mbp) if schema == "mbp-10" else ("mbo", n_mbo)
             size = _MBP_SIZE if kind == "mbp" else _MBO_SIZE
-            _write_atomic(path, header, sess.chunks(kind), n * size, level)
+            _write_atomic(path, header, sess.chunks(kind, trades=trades if kind == "mbp" else None), n * size, level)
         else:
-            recs = sess.trades() if schema == "trades" else _definitions(sess.contracts, day, t0)
+            if schema == "trades":
+                recs = trades if trades is not None else sess.trades()
+            else:
+                recs = _definitions(sess.contracts, day, t0)
             n = recs.shape[0]
             _write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
-        paths.append(str(path))
         counts[schema] = int(n)
+    paths = [str(out / f"{stem}.{schema}.dbn.zst") for schema in schemas]
+    counts = {schema: counts[schema] for schema in schemas}  # in the order of ``schemas``
     inst = {}
     c_ids = {c.symbol: c.instrument_id for c in sess.contracts}
     for sym, r in sess.runs.items():
