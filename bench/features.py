@@ -1,18 +1,65 @@
-"""Feature throughput: CUDA path (transfers included) vs CPU path on all cores (exact chunks, threads)
-vs a plain numpy/pandas vectorised version of the same features.
-
-Input: a random-walk 10-level ES-like book of ``--rows`` snapshots built in memory, or with
-``--input`` the front-month book rows of each session of real or generated DBN files (built
-with alphafeat's reader, roll schedule and book code, as ``alphafeat precompute`` does; one
-call per session). Prints a table and one JSON line. Usage::
+"""Feature throughput: CUDA path (transfers included) vs CPU path on all cores vs a plain
+numpy/pandas vectorised version of the same features. Prints a table and one JSON line. Usage::
 
     python bench/features.py --rows 20000000 [--jobs N] [--skip-cuda] [--skip-pandas]
     python bench/features.py --input DIR_OR_FILES [...] [--root ES] [--jobs N] ...
+    python bench/features.py --input DIR --stream [--jobs N] [--batch 16] [--json-out FILE]
+        [--deadline S] [--build-jobs N] [--scratch DIR] [--roll-rule volume|calendar] ...
 
-The CUDA rows: float64 results from ordinary (pageable) input, as the pipeline calls it; float32
-results (``compute_features_cuda(..., dtype="float32")``); and both with the input columns
-already in page-locked memory (``alphafeat.cuda.pinned_empty``, no staging copy). Beside them:
-the copy ceilings measured on the same machine and the time of each stage run alone.
+``--rows`` / ``--input`` (everything in memory): a random-walk 10-level ES-like book of
+``--rows`` snapshots, or the front-month book rows of each session of DBN files (reader, roll
+schedule and book code of ``alphafeat precompute``). Rows: CPU with ``--jobs`` threads over
+exact chunks of each session (best of 2); CPU one core on 0.5 M rows; CUDA float64 results from
+ordinary (pageable) input, as the pipeline calls it, and float32 results
+(``compute_features_cuda(..., dtype="float32")``), both also with the input columns already in
+page-locked memory (``alphafeat.cuda.pinned_empty``, no staging copy) (best of 3, after one
+untimed full-size call); beside them the copy ceilings of the machine and the time of each
+stage alone; numpy/pandas on ``--pandas-rows`` rows.
+
+``--input ... --stream`` (a set larger than memory, e.g. a quarter: 63 sessions, ~280 M
+front-month rows), ``--batch`` sessions at a time:
+
+- *front-month schedule* (not a rate): computed once over all sessions before the batches:
+  candidates from the book files' metadata mappings, volumes from the trades files (decoded
+  in ``--jobs`` processes), :func:`alphafeat.instruments.front_month_schedule` (volume rule:
+  most volume in the previous session; calendar rule for the first session, or for all without
+  trades files). Equal to ``alphafeat.reader.roll_schedule`` here, which would decode every book
+  record first.
+- *build books -> scratch* (untimed in the rates, its time printed): ``--build-jobs`` joblib
+  processes, one per session: the chosen instrument's records decoded (filtered while
+  decoding), its book read (MBP, piece by piece) or rebuilt (MBO) with the trade flow of the
+  trades file, cut to the CME session -- the same columns ``load_sessions`` gives -- and the 8
+  columns the features read saved as .npy in a scratch directory (/dev/shm when it has room).
+  Saving and memory-mapping beats returning the arrays: the CPU workers and the parent read
+  them without a pickle round trip. The parent never holds more than one batch (one session
+  at a time); each batch's files are deleted after use.
+- *CPU njit, N procs x 1 session (wall)*: ``--jobs`` joblib (loky) processes (warmed up
+  untimed), one task per session of the batch; each memory-maps its book, runs
+  ``compute_features(book, p)`` (sequential fused path, one core) and returns only a NaN count
+  and a checksum. Seconds: the wall time of the batches (the slowest session of each batch
+  sets it), summed; per core: rows / wall / ``--jobs``. *in those procs*: the seconds inside
+  the workers (map + compute), summed; rows / those seconds = the rate of one core under full
+  load.
+- *CPU njit, N threads chunked, 1st/batch*: in the parent, ``compute_features(book, p,
+  n_chunks=jobs, n_jobs=jobs)`` on the first session of each batch (its result is the CPU
+  float64 reference for the CUDA check). *1 core, 1st session*: ``compute_features(book, p)``
+  in the parent on the whole first session. CPU times include allocating the 69 result columns.
+- *CUDA float64 / float32* (in the parent, one session at a time): the book's float columns
+  copied into a pinned buffer (``alphafeat.cuda.kernels.pinned_buffer``, the layout
+  ``alphafeat.book.to_book_arrays(..., buffer=pinned_buffer)`` writes; untimed, since the
+  pipeline builds the book there directly; ``ts_recv`` stays in ordinary memory as there), then
+  ``compute_features_cuda(b, p, dtype="float64")`` and ``dtype="float32"``, each timed once,
+  host columns to host results (transfers included). Device buffers and pinned result pools
+  are grown to the batch's largest session by an untimed call first. The float64 results of
+  the first session of each batch are compared with the CPU's (``cuda_vs_cpu_max_rel``: the
+  largest ``|g - r| / max(|r|, 1)``; ``cuda_vs_cpu_nan_mismatches``).
+- *numpy/pandas vectorised, 1 core* (:func:`pandas_features`): the first
+  ``min(rows, --pandas-rows)`` rows of the first session of each batch; ``pandas_rows`` says
+  how many in all.
+
+Progress goes to stderr after each batch, and the partial result to ``--json-out`` (so a run
+stopped at a time limit still leaves numbers; ``complete`` says whether every session was
+done). ``--deadline S`` starts no batch that would end past S seconds.
 """
 
 from __future__ import annotations
@@ -86,13 +133,16 @@ def load_sessions(
     return books
 
 
-def stream_bench(inputs: list[str], p: FeatureParams, root: str, jobs: int, cuda: bool) -> dict:
-    """A data set larger than memory (e.g. a quarter of generated sessions), one session at a
-    time: the session's files are read, its front-month book built (calendar roll rule, as a
-    session alone has no previous session's volume), and timed on the CPU path (``jobs``
-    threads) and, with ``cuda``, on the CUDA path as the pipeline runs it (book built in a
-    pinned buffer, :func:`alphafeat.cuda.kernels.pinned_buffer`), float64 and float32
-    results. Every CUDA result is compared with the CPU's. Times are summed over sessions."""
+# ---- --input DIR --stream: a quarter of sessions, in batches ------------------------------------
+
+#: The book columns the features read (``alphafeat.features._prepare``); only these go to scratch.
+BOOK_COLS = ("ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sell_volume", "trade_count")
+#: Pinned-buffer layout of the float columns (as ``alphafeat.book.to_book_arrays(..., buffer=...)``).
+_PIN_COLS = BOOK_COLS[1:]
+
+
+def _session_files(inputs: list[str]) -> dict:
+    """session date -> the DBN files whose data starts in that CME session (header only)."""
     from alphafeat.dbn import open_dbn
     from alphafeat.instruments import session_dates
     from alphafeat.pipeline import discover
@@ -100,53 +150,501 @@ def stream_bench(inputs: list[str], p: FeatureParams, root: str, jobs: int, cuda
     groups: dict = {}
     for f in discover(inputs):
         day = session_dates(np.array([open_dbn(f).metadata.start], dtype=np.int64))[0]
-        groups.setdefault(day, []).append(f)
-    buffer = None
-    if cuda:
-        from alphafeat.cuda import compute_features_cuda
-        from alphafeat.cuda.kernels import pinned_buffer as buffer
+        groups.setdefault(day.astype(object), []).append(f)
+    return dict(sorted(groups.items()))
 
-        compute_features(make_book(5000, 1), p, device="cuda")  # compile / load the kernels
-    compute_features(make_book(5000, 1), p, n_chunks=jobs, n_jobs=jobs)
-    t = {"read": 0.0, "cpu": 0.0, "cuda": 0.0, "cuda_f32": 0.0}
-    res: dict = {"sessions": 0, "rows": 0, "rows_per_session_max": 0, "cuda_vs_cpu_max_rel": 0.0,
-                 "cuda_vs_cpu_nan_mismatches": 0}  # fmt: skip
-    for day, files in sorted(groups.items()):
-        t0 = time.perf_counter()
-        books = load_sessions(files, root, jobs=1, rule="calendar", buffer=buffer)
-        t["read"] += time.perf_counter() - t0
-        for b in books:
-            res["sessions"] += 1
-            res["rows"] += len(b)
-            res["rows_per_session_max"] = max(res["rows_per_session_max"], len(b))
-            if res["sessions"] == 1:
-                b1 = head(b, min(len(b), 500_000))
-                t1 = _time(lambda b1=b1: compute_features(b1, p), repeat=3)
-                res.update(cpu_1core_s=round(t1, 3), cpu_1core_Msnap_s=round(len(b1) / t1 / 1e6, 3))
-            t0 = time.perf_counter()
-            ref = compute_features(b, p, n_chunks=jobs, n_jobs=jobs)
-            t["cpu"] += time.perf_counter() - t0
-            if cuda:
-                for key, dtype in (("cuda", "float64"), ("cuda_f32", "float32")):
-                    t0 = time.perf_counter()
-                    got = compute_features_cuda(b, p, dtype=dtype)
-                    t[key] += time.perf_counter() - t0
-                    if dtype == "float64":
-                        w, nd = _max_rel(got, ref)
-                        res["cuda_vs_cpu_max_rel"] = max(res["cuda_vs_cpu_max_rel"], w)
-                        res["cuda_vs_cpu_nan_mismatches"] += nd
-                    del got
-            del ref
-        log_line = f"{day}: {sum(len(b) for b in books):,} rows"
-        print(log_line, file=sys.stderr, flush=True)
-        del books
-    for key, sec in t.items():
-        if key != "read" and not sec:
+
+def _trade_volume(path: str) -> dict:
+    """Worker: {(session, instrument_id): contracts} of one trades file (as roll_schedule counts)."""
+    from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner
+    from alphafeat.reader import _session_groups
+
+    vol: dict = {}
+    for chunk in RecordScanner(path, chunk_bytes=16 << 20):
+        arr = chunk.get(SCHEMA_RTYPES["trades"])
+        if arr is None or not len(arr):
             continue
-        res[f"{key}_s"] = round(sec, 3)
-        res[f"{key}_Msnap_s"] = round(res["rows"] / sec / 1e6, 2)
-    res["cpu_Msnap_s_per_core"] = round(res["cpu_Msnap_s"] / jobs, 3)
+        for key, (_, v) in _session_groups(arr, np.asarray(arr["size"]).astype(np.float64)).items():
+            vol[key] = vol.get(key, 0.0) + v
+    return vol
+
+
+def stream_schedule(groups: dict, root: str, rule: str, jobs: int) -> tuple[dict, str]:
+    """The front-month choice of every session, computed once over all files without decoding a
+    book file: candidates are the outrights of ``root`` mapped on the session's date in the book
+    files' metadata, volumes come from the trades files (decoded in ``jobs`` processes), and
+    :func:`alphafeat.instruments.front_month_schedule` applies the rule (volume: most volume in
+    the previous session, calendar for the first). ``alphafeat.reader.roll_schedule`` gives the
+    same choices but decodes every book record first (about 120 GB for the quarter, more than
+    that machine's memory or disk). Returns ``({session: Choice}, how)``; sessions without a
+    candidate are left out (their workers fall back to the calendar rule on their own files)."""
+    import datetime as dt
+
+    import joblib
+
+    from alphafeat.dbn import open_dbn
+    from alphafeat.instruments import Symbology, front_month_schedule, is_candidate
+
+    metas, cand, trade_files = [], {}, []
+    for day, files in groups.items():
+        for f in files:
+            d = open_dbn(f)
+            if d.schema == "trades":
+                trade_files.append(str(f))
+            if d.schema not in ("mbo", "mbp-10", "mbp-1"):
+                continue
+            metas.append(d.metadata)
+            for sym, ivs in (d.metadata.mappings or {}).items():
+                if not is_candidate(sym, root):
+                    continue
+                for iv in ivs:  # the session spans UTC dates day-1 and day
+                    if iv["start_date"] <= day and iv["end_date"] > day - dt.timedelta(days=1):
+                        try:
+                            cand.setdefault(day, {})[int(iv["symbol"])] = sym
+                        except ValueError:
+                            pass
+    if not cand:
+        return {}, "calendar per session (no outright of the root in the metadata mappings)"
+    volume: dict = {}
+    if rule == "volume" and not trade_files:
+        rule = "calendar"  # volumes here come from trades files only (book files are not decoded)
+    if rule == "volume":
+        parts = joblib.Parallel(n_jobs=jobs)(  # the loky pool of the later stages (started once)
+            joblib.delayed(_trade_volume)(f) for f in trade_files
+        )
+        for part in parts:
+            for k, v in part.items():
+                volume[k] = volume.get(k, 0.0) + v
+    how = f"{rule}, once over all sessions (metadata candidates, {len(trade_files)} trades files)"
+    sched = front_month_schedule(cand, volume, Symbology.build(metas), root, rule=rule)
+    return {c.session: c for c in sched}, how
+
+
+def _save_book(b: BookArrays, d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    for k in BOOK_COLS:
+        np.save(d / f"{k}.npy", np.ascontiguousarray(getattr(b, k)))
+    (d / "depth").write_text(str(int(b.depth)))
+
+
+def load_book(d: str | Path, mmap: bool = True) -> BookArrays:
+    """A book saved by :func:`_save_book` (memory-mapped, copy-on-write); ``ts_event`` is
+    ``ts_recv`` and the order counts are zero views: the features read neither."""
+    d = Path(d)
+    c = {k: np.load(d / f"{k}.npy", mmap_mode="c" if mmap else None) for k in BOOK_COLS}
+    zero = np.broadcast_to(np.zeros(1), c["bid_px"].shape)
+    return BookArrays(c["ts_recv"], c["ts_recv"], c["bid_px"], c["ask_px"], c["bid_sz"], c["ask_sz"], zero, zero,
+                      c["buy_volume"], c["sell_volume"], c["trade_count"], int((d / "depth").read_text()))  # fmt: skip
+
+
+def _mbp_book_streamed(path, schema: str, iid: int, day, trade_recs, out: Path, max_rows: int | None) -> int:
+    """One instrument's MBP book of session ``day``, built piece by piece while the file is
+    decoded (``chunk`` MiB of records at a time) and written to ``out`` as .npy; returns its
+    rows. Each piece goes through :func:`alphafeat.book.mbp_snapshots` (stream positions made
+    global) and :func:`alphafeat.book.to_book_arrays` with the trades not yet assigned whose
+    position (book-stream trades) or ``ts_recv`` (trades file) is at or before the piece's last
+    row; later trades wait for the next piece. Trades go to the first row at or after them in
+    both cases, so the columns equal those of one call on the whole session (checked in the
+    local tests). Memory: the output columns and one piece, not the whole file's records."""
+    from alphafeat import book as bk
+    from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner
+    from alphafeat.instruments import session_dates
+
+    day64 = np.datetime64(day)
+    rt = SCHEMA_RTYPES[schema]
+    pending = None
+    if trade_recs is not None:
+        pending = bk.trades_from_records(trade_recs)
+        pending = pending.take(session_dates(pending.ts_recv) == day64)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in BOOK_COLS}
+    pos0, rows, depth = 0, 0, LEVELS
+    for chunk in RecordScanner(path, instrument_ids=[iid], chunk_bytes=8 << 20):
+        recs = chunk.get(rt)
+        if recs is None or not len(recs):
+            continue
+        raw, st = bk.mbp_snapshots(recs)
+        raw.pos += pos0  # positions in the instrument's whole stream, not in the piece
+        st.pos += pos0
+        pos0 += len(recs)
+        depth = raw.depth
+        seg = session_dates(raw.ts_recv) == day64
+        if not seg.all():
+            raw = raw.take(seg)
+        if trade_recs is None:  # trades of the book stream, matched by position
+            st = st.take(session_dates(st.ts_recv) == day64)
+            pending = st if pending is None else bk.Trades(*(np.concatenate([getattr(pending, f), getattr(st, f)])
+                                                             for f in ("ts_event", "ts_recv", "pos", "price", "size",
+                                                                       "aggressor")))  # fmt: skip
+        if not len(raw):
+            continue
+        key, last = (pending.pos, raw.pos[-1]) if trade_recs is None else (pending.ts_recv, raw.ts_recv[-1])
+        if len(key) < 2 or key[-1] >= key[0] and np.all(key[1:] >= key[:-1]):  # in order: a slice
+            cut = int(np.searchsorted(key, last, side="right"))
+            mine, rest = slice(0, cut), slice(cut, None)
+        else:
+            mine = key <= last
+            rest = ~mine
+        b = bk.to_book_arrays(raw, pending.take(mine))
+        pending = pending.take(rest)
+        if max_rows and rows + len(b) > max_rows:
+            b = head(b, max_rows - rows)
+        for k in BOOK_COLS:
+            parts[k].append(getattr(b, k))
+        rows += len(b)
+        if max_rows and rows >= max_rows:
+            break
+    if rows:
+        out.mkdir(parents=True, exist_ok=True)
+        for k, ps in parts.items():
+            dst = np.lib.format.open_memmap(out / f"{k}.npy", mode="w+", dtype=ps[0].dtype,
+                                            shape=(rows, *ps[0].shape[1:]))  # fmt: skip
+            np.concatenate(ps, out=dst)
+            dst.flush()
+            del dst
+            ps.clear()
+        (out / "depth").write_text(str(int(depth)))
+    return rows
+
+
+def _build_session(files: list, day, iid: int | None, root: str, out: str, max_rows: int | None) -> list[dict]:
+    """Worker: the front-month book of one session saved as .npy under ``out``.
+
+    With ``iid`` (from :func:`stream_schedule`) only that instrument's records are decoded (the
+    scanner filters while decoding) and its book is cut to the session with the trades of the
+    trades files (else of the book stream), as the pipeline does: MBP-10 / MBP-1 piece by piece
+    (:func:`_mbp_book_streamed`), MBO rebuilt from the whole stream. Without one:
+    :func:`load_sessions` on these files alone with the calendar rule (a lone session has no
+    previous session's volume). Returns one ``{"session", "rows", "dir", ...}`` per book."""
+    from alphafeat import book as bk
+    from alphafeat.dbn import SCHEMA_RTYPES, open_dbn
+    from alphafeat.instruments import session_dates
+    from alphafeat.pipeline import build_book
+    from alphafeat.reader import read_files
+
+    t0 = time.perf_counter()
+    sub = Path(out) / f"{day}-0"
+    schemas = {str(f): open_dbn(f).schema for f in files}
+    book_files = [f for f in files if schemas[str(f)] in ("mbo", "mbp-10", "mbp-1")]
+    trade_files = [f for f in files if schemas[str(f)] == "trades"]
+    if iid is None:
+        res = []
+        for k, b in enumerate(load_sessions(files, root, jobs=1, rule="calendar")):
+            b = head(b, min(len(b), max_rows)) if max_rows else b
+            _save_book(b, Path(out) / f"{day}-{k}")
+            res.append({"session": str(day), "rows": len(b), "dir": str(Path(out) / f"{day}-{k}")})
+        return [dict(r, build_s=time.perf_counter() - t0) for r in res]
+    trecs = None
+    if trade_files:
+        ts = [f.arrays[SCHEMA_RTYPES["trades"]] for f in read_files(trade_files, instrument_ids=[iid]).files]
+        trecs = np.concatenate(ts) if len(ts) > 1 else ts[0]
+    schema = schemas[str(book_files[0])] if book_files else None
+    if schema in ("mbp-10", "mbp-1") and len(book_files) == 1:
+        rows = _mbp_book_streamed(book_files[0], schema, iid, day, trecs, sub, max_rows)
+    elif book_files:
+        parts = [f.arrays[SCHEMA_RTYPES[schema]] for f in read_files(book_files, instrument_ids=[iid]).files]
+        raw, trades, _ = build_book(schema, np.concatenate(parts), trecs)
+        del parts
+        raw = raw.take(session_dates(raw.ts_recv) == np.datetime64(day))
+        trades = trades.take(session_dates(trades.ts_recv) == np.datetime64(day))
+        b = bk.to_book_arrays(raw, trades)
+        del raw, trades
+        b = head(b, min(len(b), max_rows)) if max_rows else b
+        rows = len(b)
+        if rows:
+            _save_book(b, sub)
+    else:
+        rows = 0
+    return [{"session": str(day), "rows": rows, "dir": str(sub), "build_s": time.perf_counter() - t0}]
+
+
+def _cpu_task(d: str, p: FeatureParams) -> dict:
+    """Worker: features of one saved session on this core (sequential fused path); returns
+    only the row count, the NaN count of the 69 columns, a checksum and the times."""
+    t0 = time.perf_counter()
+    b = load_book(d)
+    f = compute_features(b, p)
+    t1 = time.perf_counter()
+    nan = sum(int(np.count_nonzero(np.isnan(v))) for v in f.values())
+    chk = float(sum(np.nansum(v[-64:]) for v in f.values()))
+    return {"rows": len(b), "compute_s": t1 - t0, "check_s": time.perf_counter() - t1, "nan": nan, "checksum": chk}
+
+
+def _warm_worker(p: FeatureParams) -> int:
+    """Worker: load the compiled kernels (numba's cache) before a timed batch."""
+    compute_features(make_book(2000, 1), p)
+    time.sleep(0.3)  # so that each worker of the pool takes one of these tasks
+    return os.getpid()
+
+
+def _pinned_copy(b: BookArrays, threads: int = 8) -> BookArrays:
+    """``b`` with its float columns copied into one pinned buffer (``pinned_buffer``, 64-byte
+    aligned pieces, the layout ``to_book_arrays(..., buffer=pinned_buffer)`` writes) and
+    ``ts_recv`` in ordinary memory, as the pipeline hands a session to the GPU."""
+    import dataclasses
+    from concurrent.futures import ThreadPoolExecutor
+
+    from alphafeat.cuda.kernels import pinned_buffer
+
+    src = {k: getattr(b, k) for k in _PIN_COLS}
+    sizes = [-(-v.nbytes // 64) * 64 for v in src.values()]
+    flat = pinned_buffer(sum(sizes))
+    starts = np.cumsum([0, *sizes])
+    dst = {k: flat[a : a + v.nbytes].view(np.float64).reshape(v.shape) for a, (k, v) in zip(starts, src.items())}
+    jobs = []
+    for k, v in src.items():
+        n = len(v)
+        jobs += [(dst[k][n * i // threads : n * (i + 1) // threads], v[n * i // threads : n * (i + 1) // threads])
+                 for i in range(threads)]  # fmt: skip
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(lambda ab: np.copyto(*ab), jobs))
+    del flat
+    ts = np.array(b.ts_recv)
+    return dataclasses.replace(b, ts_recv=ts, ts_event=ts, **dst)
+
+
+def _scratch_root(groups: dict, batch: int, want: str | None) -> str:
+    """``want``, else /dev/shm when it can hold a batch of books (about 12x the compressed book
+    files of the largest batch), else the temp directory."""
+    import shutil
+    import tempfile
+
+    if want:
+        return want
+    sizes = [sum(f.stat().st_size for f in fs if ".trades." not in f.name) for fs in groups.values()]
+    need = 1.5 * 12 * max(sum(sizes[i : i + batch]) for i in range(0, max(len(sizes), 1), batch))
+    if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > need:
+        return "/dev/shm"
+    return tempfile.gettempdir()
+
+
+def _rates(res: dict) -> None:
+    """Fill the derived seconds / rates of ``res`` from its accumulators (in place)."""
+    r = lambda x, k=3: round(x, k)  # noqa: E731
+    acc = res["_acc"]
+    for key in ("build", "cpu", "cpu_threads", "cpu_1core", "cuda", "cuda_f32", "pandas"):
+        sec, rows = acc.get(f"{key}_s", 0.0), acc.get(f"{key}_rows", 0)
+        if sec and rows:
+            res[f"{key}_s"] = r(sec)
+            res[f"{key}_rows"] = rows
+            res[f"{key}_Msnap_s"] = r(rows / sec / 1e6)
+    if acc.get("cpu_s"):
+        res["cpu_Msnap_s_per_core"] = r(acc["cpu_rows"] / acc["cpu_s"] / 1e6 / res["jobs"])
+        res["cpu_worker_compute_s"] = r(acc["cpu_worker_s"])
+        res["cpu_worker_Msnap_s"] = r(acc["cpu_rows"] / acc["cpu_worker_s"] / 1e6)
+        res["cpu_worker_check_s"] = r(acc["cpu_check_s"])
+    for k in ("pin_copy_s", "cuda_warm_s", "schedule_s"):
+        if k in acc:
+            res[k] = r(acc[k])
+    res["elapsed_s"] = r(time.perf_counter() - acc["t0"], 1)
+
+
+def _public(res: dict) -> dict:
+    return {k: v for k, v in res.items() if not k.startswith("_")}
+
+
+def _write_json(path: str | None, res: dict) -> None:
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(_public(res), fh, indent=1, default=str)
+        os.replace(tmp, path)
+
+
+def stream_bench(
+    inputs: list[str], p: FeatureParams, root: str, jobs: int, cuda: bool, *, batch: int = 16,
+    build_jobs: int | None = None, scratch: str | None = None, rule: str = "volume", json_out: str | None = None,
+    pandas: bool = True, pandas_rows: int = 2_000_000, deadline: float | None = None, max_rows: int | None = None,
+) -> dict:  # fmt: skip
+    """A data set larger than memory (e.g. a quarter of generated sessions), ``batch`` sessions
+    at a time; see the module docstring for what each row measures. Progress to stderr after
+    each batch; the partial result to ``json_out`` after each batch. ``deadline`` (seconds
+    since the start): no batch is started that would end past it (the result says
+    ``complete: false``)."""
+    import shutil
+    import signal
+    import tempfile
+
+    import joblib
+
+    t_start = time.perf_counter()
+    build_jobs = build_jobs or jobs
+    groups = _session_files(inputs)
+    res: dict = {"_acc": {"t0": t_start}, "input": inputs, "cores": os.cpu_count(), "jobs": jobs,
+                 "build_jobs": build_jobs, "batch": batch, "sessions_total": len(groups), "sessions": 0, "rows": 0,
+                 "rows_per_session_max": 0, "batches": 0, "complete": False, "cuda_vs_cpu_max_rel": 0.0,
+                 "cuda_vs_cpu_nan_mismatches": 0, "cuda_vs_cpu_rows": 0, "cpu_workers_nan": 0,
+                 "cpu_workers_checksum": 0.0}  # fmt: skip
+    acc = res["_acc"]
+    if max_rows:
+        res["max_rows_per_session"] = max_rows
+    t0 = time.perf_counter()
+    sched, how = stream_schedule(groups, root, rule, jobs)
+    acc["schedule_s"] = time.perf_counter() - t0
+    res["roll_rule"] = how
+    res["schedule"] = {str(d): c.raw_symbol for d, c in sched.items()}
+    scratch_root = _scratch_root(groups, batch, scratch)
+    work = Path(tempfile.mkdtemp(prefix="alphafeat-bench-", dir=scratch_root))
+    res["scratch"] = str(work)
+    log = lambda msg: print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log(f"{len(groups)} sessions, schedule ({how}) in {acc['schedule_s']:.1f}s, scratch {work}")
+    _rates(res)
+    _write_json(json_out, res)
+    def on_term(*_):
+        raise SystemExit(143)  # so that the scratch directory is removed (finally below)
+
+    prev_term = signal.signal(signal.SIGTERM, on_term)
+    cuda_f = None
+    try:
+        if cuda:
+            from alphafeat.cuda import compute_features_cuda as cuda_f
+
+            compute_features(make_book(5000, 1), p, device="cuda")  # compile / load the kernels
+        compute_features(make_book(5000, 1), p)  # fills numba's cache for the workers too
+        compute_features(make_book(5000, 1), p, n_chunks=jobs, n_jobs=jobs)
+        warmed = 0  # rows the CUDA pools (device buffers, pinned results) were sized for
+        days = list(groups)
+        last_batch_s = 0.0
+        for bi in range(0, len(days), batch):
+            if deadline and bi and time.perf_counter() - t_start + 1.15 * last_batch_s > deadline:
+                log(f"deadline {deadline:.0f}s: stopping before batch {bi // batch + 1}")
+                break
+            tb = time.perf_counter()
+            part = days[bi : bi + batch]
+            bdir = work / f"b{bi // batch}"
+            # 1. build the batch's books in processes (untimed in the rates)
+            t0 = time.perf_counter()
+            built = joblib.Parallel(n_jobs=build_jobs)(
+                joblib.delayed(_build_session)(
+                    groups[d], d, sched[d].instrument_id if d in sched else None, root, str(bdir), max_rows
+                )
+                for d in part
+            )
+            t_build = time.perf_counter() - t0
+            sess = [s for lst in built for s in lst if s["rows"]]
+            n_rows = sum(s["rows"] for s in sess)
+            acc["build_s"] = acc.get("build_s", 0.0) + t_build
+            acc["build_rows"] = acc.get("build_rows", 0) + n_rows
+            if not sess:
+                shutil.rmtree(bdir, ignore_errors=True)
+                res["batches"] += 1
+                continue
+            # 2. CPU, all cores: one process per session, sequential fused path each (timed)
+            for _ in range(5):  # every worker of the pool warm (a resized pool starts new ones)
+                pids = joblib.Parallel(n_jobs=jobs)(joblib.delayed(_warm_worker)(p) for _ in range(2 * jobs))
+                if len(set(pids)) >= jobs:
+                    break
+            t0 = time.perf_counter()
+            outs = joblib.Parallel(n_jobs=jobs)(joblib.delayed(_cpu_task)(s["dir"], p) for s in sess)
+            t_cpu = time.perf_counter() - t0
+            acc["cpu_s"] = acc.get("cpu_s", 0.0) + t_cpu
+            acc["cpu_rows"] = acc.get("cpu_rows", 0) + sum(o["rows"] for o in outs)
+            acc["cpu_worker_s"] = acc.get("cpu_worker_s", 0.0) + sum(o["compute_s"] for o in outs)
+            acc["cpu_check_s"] = acc.get("cpu_check_s", 0.0) + sum(o["check_s"] for o in outs)
+            res["cpu_workers_nan"] += sum(o["nan"] for o in outs)
+            res["cpu_workers_checksum"] += sum(o["checksum"] for o in outs)
+            # the batch's first session in this process: threads (chunked), 1 core, pandas
+            first = load_book(sess[0]["dir"])
+            nf = len(first)
+            if bi == 0:
+                t0 = time.perf_counter()
+                compute_features(first, p)
+                acc["cpu_1core_s"], acc["cpu_1core_rows"] = time.perf_counter() - t0, nf
+            t0 = time.perf_counter()
+            ref = compute_features(first, p, n_chunks=jobs, n_jobs=jobs)
+            acc["cpu_threads_s"] = acc.get("cpu_threads_s", 0.0) + time.perf_counter() - t0
+            acc["cpu_threads_rows"] = acc.get("cpu_threads_rows", 0) + nf
+            if pandas:
+                bpd = head(first, min(nf, pandas_rows))
+                t0 = time.perf_counter()
+                with np.errstate(all="ignore"):
+                    pandas_features(bpd, p)
+                acc["pandas_s"] = acc.get("pandas_s", 0.0) + time.perf_counter() - t0
+                acc["pandas_rows"] = acc.get("pandas_rows", 0) + len(bpd)
+                del bpd
+            # 3. CUDA in this process: each book in a pinned buffer (untimed), then float64 and
+            # float32 results (timed, transfers included); the first session checked against ref
+            t_cuda = 0.0
+            if cuda_f is not None:
+                big = max(sess, key=lambda s: s["rows"])
+                if big["rows"] > warmed:  # grow the pools (device, pinned results) once, outside the timing
+                    t0 = time.perf_counter()
+                    b = _pinned_copy(load_book(big["dir"]))
+                    cuda_f(b, p, dtype="float64")
+                    cuda_f(b, p, dtype="float32")
+                    del b
+                    warmed = big["rows"]
+                    acc["cuda_warm_s"] = acc.get("cuda_warm_s", 0.0) + time.perf_counter() - t0
+                for k, s in enumerate(sess):
+                    t0 = time.perf_counter()
+                    b = _pinned_copy(load_book(s["dir"]) if k else first)
+                    acc["pin_copy_s"] = acc.get("pin_copy_s", 0.0) + time.perf_counter() - t0
+                    for key, dtype in (("cuda", "float64"), ("cuda_f32", "float32")):
+                        t0 = time.perf_counter()
+                        got = cuda_f(b, p, dtype=dtype)
+                        dt_ = time.perf_counter() - t0
+                        t_cuda += dt_
+                        acc[f"{key}_s"] = acc.get(f"{key}_s", 0.0) + dt_
+                        acc[f"{key}_rows"] = acc.get(f"{key}_rows", 0) + len(b)
+                        if k == 0 and dtype == "float64":
+                            w, nd = _max_rel(got, ref)
+                            res["cuda_vs_cpu_max_rel"] = max(res["cuda_vs_cpu_max_rel"], w)
+                            res["cuda_vs_cpu_nan_mismatches"] += nd
+                            res["cuda_vs_cpu_rows"] += len(b)
+                        del got
+                    del b
+            del ref, first
+            shutil.rmtree(bdir, ignore_errors=True)
+            res["sessions"] += len(sess)
+            res["rows"] += n_rows
+            res["rows_per_session_max"] = max(res["rows_per_session_max"], *(s["rows"] for s in sess))
+            res["batches"] += 1
+            last_batch_s = time.perf_counter() - tb
+            _rates(res)
+            _write_json(json_out, res)
+            log(f"batch {bi // batch + 1}/{-(-len(days) // batch)}: {part[0]}..{part[-1]} {len(sess)} sessions "
+                f"{n_rows:,} rows | build {t_build:.1f}s | CPU {jobs} procs {t_cpu:.2f}s "
+                f"({n_rows / t_cpu / 1e6:.1f} M/s) | CUDA f64+f32 {t_cuda:.2f}s "
+                f"| batch {last_batch_s:.1f}s")  # fmt: skip
+        res["complete"] = res["sessions"] > 0 and res["batches"] == -(-len(days) // batch)
+    finally:
+        signal.signal(signal.SIGTERM, prev_term)
+        shutil.rmtree(work, ignore_errors=True)
+    _rates(res)
+    _write_json(json_out, res)
     return res
+
+
+STREAM_ROWS = (
+    ("front-month schedule, all sessions (untimed)", "schedule"),
+    ("build books -> scratch, {bj} procs (untimed)", "build"),
+    ("CUDA float64 (pinned book, transfers incl.)", "cuda"),
+    ("CUDA float32 results", "cuda_f32"),
+    ("CPU njit, {j} procs x 1 session (wall)", "cpu"),
+    ("CPU njit, in those procs (sum of seconds)", "cpu_worker"),
+    ("CPU njit, {j} threads chunked, 1st/batch", "cpu_threads"),
+    ("CPU njit, 1 core, 1st session", "cpu_1core"),
+    ("numpy/pandas vectorised, 1 core", "pandas"),
+)
+
+
+def print_stream_table(res: dict) -> None:
+    """The table of :func:`stream_bench`'s result."""
+    print(f"{'path':46s} {'rows':>12s} {'seconds':>9s} {'M snapshots/s':>14s} {'per core':>9s}")
+    for label, key in STREAM_ROWS:
+        label = label.format(j=res["jobs"], bj=res["build_jobs"])
+        if key == "schedule":
+            print(f"{label:46s} {'':>12s} {res.get('schedule_s', float('nan')):9.2f} {'(not a rate)':>14s}")
+            continue
+        if key == "cpu_worker":
+            if "cpu_worker_compute_s" in res:
+                print(f"{label:46s} {res['cpu_rows']:12,d} {res['cpu_worker_compute_s']:9.2f} "
+                      f"{'':>14s} {res['cpu_worker_Msnap_s']:9.3f}")  # fmt: skip
+            continue
+        if f"{key}_Msnap_s" not in res:
+            continue
+        cores = {"cpu": res["jobs"], "cpu_threads": res["jobs"], "cpu_1core": 1, "pandas": 1}.get(key)
+        per = f"{res[key + '_Msnap_s'] / cores:9.3f}" if cores else ""
+        print(f"{label:46s} {res[key + '_rows']:12,d} {res[key + '_s']:9.2f} {res[key + '_Msnap_s']:14.2f} {per}")
 
 
 def head(b: BookArrays, n: int) -> BookArrays:
@@ -222,16 +720,17 @@ def pandas_features(b: BookArrays, p: FeatureParams) -> dict[str, np.ndarray]:
     tsec = (b.ts_recv - b.ts_recv[0]) / 1e9
 
     def decayed(x: np.ndarray, tau: float) -> np.ndarray:
-        # sum_j exp(-(t_i - t_j)/tau) x_j, vectorised by rescaling (blocks keep exp in range)
+        # sum_j exp(-(t_i - t_j)/tau) x_j, vectorised by rescaling; blocks of at most 600 tau
+        # seconds keep exp in range (a session break or quiet hour would overflow a fixed row count)
         out = np.empty_like(x)
-        blk = max(1, int(500 * tau / max(np.median(dt[1:]) if len(dt) > 1 else 1.0, 1e-9)))
-        carry, t_prev = 0.0, tsec[0]
-        for lo in range(0, len(x), blk):
-            t = tsec[lo : lo + blk]
+        carry, t_prev, lo = 0.0, tsec[0], 0
+        while lo < len(x):
+            hi = max(lo + 1, int(np.searchsorted(tsec, tsec[lo] + 600.0 * tau, side="right")))
+            t = tsec[lo:hi]
             g = np.exp((t - t[0]) / tau)
-            c = np.cumsum(x[lo : lo + blk] * g) / g + carry * np.exp(-(t - t_prev) / tau)
-            out[lo : lo + blk] = c
-            carry, t_prev = c[-1], t[-1]
+            c = np.cumsum(x[lo:hi] * g) / g + carry * np.exp(-(t - t_prev) / tau)
+            out[lo:hi] = c
+            carry, t_prev, lo = c[-1], t[-1], hi
         return out
 
     for tau in p.ema_taus_s:
@@ -391,24 +890,28 @@ def main() -> int:
     ap.add_argument("--root", default="ES", help="product root of the front month (with --input)")
     ap.add_argument(
         "--stream", action="store_true",
-        help="with --input: one session at a time (sets larger than memory), CPU and CUDA only",
+        help="with --input: sessions in batches (sets larger than memory); see the module docstring",
     )  # fmt: skip
+    ap.add_argument("--batch", type=int, default=16, help="--stream: sessions per batch (default 16)")
+    ap.add_argument("--build-jobs", type=int, help="--stream: processes building the books (default --jobs)")
+    ap.add_argument("--scratch", help="--stream: where the books go (default /dev/shm if it has room, else TMPDIR)")
+    ap.add_argument("--roll-rule", choices=("volume", "calendar"), default="volume", help="--stream: front-month rule")
+    ap.add_argument("--json-out", help="--stream: the (partial) result as JSON, rewritten after every batch")
+    ap.add_argument("--deadline", type=float, help="--stream: start no batch that would end past this many seconds")
+    ap.add_argument("--max-rows-per-session", type=int, help=argparse.SUPPRESS)  # smoke tests (CUDA simulator)
     args = ap.parse_args()
     p = FeatureParams()
     if args.stream:
         if not args.input:
             ap.error("--stream needs --input")
-        res = stream_bench(args.input, p, args.root, args.jobs, cuda=not args.skip_cuda and cuda_available())
-        res.update(input=args.input, cores=os.cpu_count(), jobs=args.jobs)
-        print(f"{'path':40s} {'seconds':>9s} {'M snapshots/s':>14s}")
-        for label, key in (
-            ("read + book (1 core, not in the rates)", "read"), ("CUDA float64 (pinned book, transfers incl.)", "cuda"),
-            ("CUDA float32 results", "cuda_f32"), (f"CPU njit, {args.jobs} threads", "cpu"),
-            ("CPU njit, 1 core, 0.5M rows of session 1", "cpu_1core"),
-        ):  # fmt: skip
-            if f"{key}_s" in res:
-                print(f"{label:40s} {res[key + '_s']:9.3f} {res[key + '_Msnap_s']:14.2f}")
-        print(json.dumps(res))
+        res = stream_bench(
+            args.input, p, args.root, args.jobs, cuda=not args.skip_cuda and cuda_available(), batch=args.batch,
+            build_jobs=args.build_jobs, scratch=args.scratch, rule=args.roll_rule, json_out=args.json_out,
+            pandas=not args.skip_pandas, pandas_rows=args.pandas_rows, deadline=args.deadline,
+            max_rows=args.max_rows_per_session,
+        )  # fmt: skip
+        print_stream_table(res)
+        print(json.dumps(_public(res), default=str))
         return 0
     t0 = time.perf_counter()
     books = load_sessions(args.input, args.root, args.jobs) if args.input else [make_book(args.rows)]
