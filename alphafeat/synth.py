@@ -1865,16 +1865,25 @@ def _merge_rows(parts, col, pos, out, trades, nt):
                 raise ValueError("records of an instrument are not in ts_recv order")
             for b in range(w):
                 out[i, b] = src[r, b]
-            if want and ((src[r, 3] >> 32) & 0xFF) == 84:  # action 'T'
-                for b in range(6):
-                    trades[nt, b] = src[r, b]
-                trades[nt, 0] = (trades[nt, 0] & ~np.int64(0xFFFF)) | 12  # length 48 // 4, rtype 0
-                trades[nt, 3] |= np.int64(F_LAST) << 48
+            if want and _trade_into(src, r, trades, nt):
                 nt += 1
             r += 1
             i += 1
         pos[best] = r
     return i, nt
+
+
+@numba.njit(cache=True, inline="always")
+def _trade_into(src, r, out, m):
+    """When MBP-10 record ``src[r]`` (int64 words) is a trade (action 'T'), write its TradeMsg
+    (first 6 words, length 12, rtype 0, F_LAST set) to ``out[m]`` and return True."""
+    if ((src[r, 3] >> 32) & 0xFF) != 84:  # action 'T'
+        return False
+    for b in range(6):
+        out[m, b] = src[r, b]
+    out[m, 0] = (out[m, 0] & ~np.int64(0xFFFF)) | 12  # length 48 // 4, rtype 0
+    out[m, 3] |= np.int64(F_LAST) << 48
+    return True
 
 
 @numba.njit(cache=True)
@@ -1906,11 +1915,7 @@ def _gather_trades(parts, part, row, out):
         src = parts[p]
         while i < n and part[i] == p:
             r = row[i]
-            if ((src[r, 3] >> 32) & 0xFF) == 84:  # action 'T'
-                for b in range(6):
-                    out[m, b] = src[r, b]
-                out[m, 0] = (out[m, 0] & ~np.int64(0xFFFF)) | 12  # length 48 // 4, rtype 0
-                out[m, 3] |= np.int64(F_LAST) << 48
+            if _trade_into(src, r, out, m):
                 m += 1
             i += 1
     return m
