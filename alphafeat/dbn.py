@@ -207,12 +207,12 @@ _OK, _ERR_ZERO, _ERR_RTYPE, _ERR_LENGTH = 0, 1, 2, 3
 
 
 @intrinsic
-def _memcpy(typingctx, dst, d0, src, s0, nbytes):  # noqa: ARG001 (numba intrinsic signature)
-    """``dst[d0:d0+nbytes] = src[s0:s0+nbytes]`` for 1-D uint8 arrays, as one ``llvm.memcpy``.
+def _memmove(typingctx, dst, d0, src, s0, nbytes):  # noqa: ARG001 (numba intrinsic signature)
+    """``dst[d0:d0+nbytes] = src[s0:s0+nbytes]`` for 1-D uint8 arrays, as one ``llvm.memmove``
+    (the ranges may overlap: the scanner compacts kept records within its own buffer).
 
-    A plain element loop is not turned into ``memcpy`` by LLVM (the arrays may alias), and
-    copies about 3x slower; the buffers passed here never overlap. No bounds check: the
-    caller guarantees the ranges.
+    A plain element loop is not turned into a library copy by LLVM (the arrays may alias),
+    and copies about 3x slower. No bounds check: the caller guarantees the ranges.
     """
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
         return None
@@ -221,7 +221,7 @@ def _memcpy(typingctx, dst, d0, src, s0, nbytes):  # noqa: ARG001 (numba intrins
     def codegen(context, builder, signature, args):
         d = context.make_array(signature.args[0])(context, builder, args[0])
         s = context.make_array(signature.args[2])(context, builder, args[2])
-        cgutils.raw_memcpy(builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], 1)
+        cgutils.raw_memmove(builder, builder.gep(d.data, [args[1]]), builder.gep(s.data, [args[3]]), args[4], 1)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -243,7 +243,8 @@ def _scan(
     A record is kept when its rtype is always kept (``keep_rtype[rtype] == 2``) or when the
     filter is off (``ids`` empty) or its ``instrument_id`` (u4 at byte 4; ``buf32`` is the
     uint32 view of ``buf``) is in the sorted ``ids``. Kept records are packed back to back
-    into ``out`` (uint8), whole runs of consecutive kept records at a time (one memcpy
+    into ``out`` (uint8; may be ``buf`` itself, compacted in place: a record only moves
+    towards the start), whole runs of consecutive kept records at a time (one memmove
     each); a run that starts at byte 0 and is never broken is not copied at all and
     ``-1`` is returned as the byte count (the kept records are ``buf[:consumed]``).
     ``out_rt[k]`` is the rtype of the k-th kept record. Stops at the first incomplete
@@ -291,7 +292,7 @@ def _scan(
             out_rt[kept] = rt
             kept += 1
         elif run >= 0:
-            _memcpy(out, opos, buf, run, pos - run)
+            _memmove(out, opos, buf, run, pos - run)
             opos += pos - run
             run = -1
         walked += 1
@@ -299,9 +300,19 @@ def _scan(
     if run >= 0:
         if run == 0 and opos == 0:
             return pos, walked, kept, -1, code
-        _memcpy(out, opos, buf, run, pos - run)
+        _memmove(out, opos, buf, run, pos - run)
         opos += pos - run
     return pos, walked, kept, opos, code
+
+
+@numba.njit(cache=True, nogil=True)
+def _one_rtype(out_rt: np.ndarray, kept: int) -> int:
+    """The rtype shared by all ``out_rt[:kept]``, or -1 when they differ."""
+    rt = out_rt[0]
+    for k in range(1, kept):
+        if out_rt[k] != rt:
+            return -1
+    return int(rt)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -327,6 +338,23 @@ def _split(out: np.ndarray, out_rt: np.ndarray, kept: int, sizes: np.ndarray, rt
 # --------------------------------------------------------------------------------------
 # byte stream
 # --------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk_blocks(win: np.ndarray, off: int) -> tuple[int, int]:
+    """Walk zstd block headers (RFC 8878 3.1.1.2) in ``win`` from ``off``: returns the offset
+    reached and 0 (the next header is not wholly inside the window), 1 (past the frame's last
+    block) or 2 (reserved block type at the offset returned)."""
+    n = win.shape[0]
+    while off + 3 <= n:
+        h = np.int64(win[off]) | (np.int64(win[off + 1]) << 8) | (np.int64(win[off + 2]) << 16)
+        btype = (h >> 1) & 3
+        if btype == 3:
+            return off, 2
+        off += 3 + (1 if btype == 1 else h >> 3)
+        if h & 1:
+            return off, 1
+    return off, 0
 
 
 def _zstd_problem(f: BinaryIO) -> tuple[int, str] | None:
@@ -374,15 +402,15 @@ def _zstd_problem(f: BinaryIO) -> tuple[int, str] | None:
         single = (fhd >> 5) & 1
         fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
         pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
-        while True:
+        while True:  # block headers, walked in numba a window at a time
             if pos + 3 > size:
                 return pos, "zstd stream ends in the middle of a frame (truncated file)"
-            h = u(pos, 3)
-            btype = (h >> 1) & 3
-            if btype == 3:
+            u(pos, 3)  # the window holds this header
+            off, state = _walk_blocks(np.frombuffer(win[1], dtype=np.uint8), pos - win[0])
+            pos = win[0] + off
+            if state == 2:
                 return None  # reserved block type: corrupt, the decompressor reports it
-            pos += 3 + (1 if btype == 1 else h >> 3)
-            if h & 1:
+            if state == 1:
                 break
         if fhd & 0x04:
             pos += 4
@@ -635,7 +663,7 @@ class RecordScanner:
         cap = self.chunk_bytes + max_rec
         cap = (cap + 7) // 8 * 8
         buf = np.empty(cap, dtype=np.uint8)
-        out = np.empty(cap, dtype=np.uint8)
+        out = buf  # kept records are compacted in place (still in cache: no second buffer to fill)
         buf32 = buf.view(np.uint32)
         out_rt = np.empty(cap // int(self.sizes[self.sizes > 0].min()) + 1, dtype=np.uint8)
         ids = np.empty(0, dtype=np.uint32) if self._filter_off else self._ids
@@ -653,11 +681,11 @@ class RecordScanner:
                     self.records += walked
                     raise self._error(code, buf, used)
                 if kept:
-                    rts = np.unique(out_rt[:kept])
-                    if len(rts) == 1:
-                        rt = int(rts[0])
+                    rt = _one_rtype(out_rt, kept)
+                    if rt >= 0:
                         chunk = {rt: src[:nbytes].view(record_dtype(rt, version, ts_out))}
                     else:
+                        rts = np.unique(out_rt[:kept])
                         chunk = {
                             int(rt): _split(src, out_rt, kept, self.sizes, int(rt)).view(
                                 record_dtype(int(rt), version, ts_out)
