@@ -14,13 +14,16 @@ zero-division checks) so that LLVM can vectorise the ones without libm calls:
 * ``exp``, ``expm1``, ``log`` and ``log1p`` are libm's (``math``; the CUDA path uses
   libdevice); ``exp(-dt/tau)`` and the 'linear' weight
   ``-expm1(-x)/x`` are computed once per row and distinct time constant for the common step
-  ``dt = t_i - t_{i-1}``; a Zumbach–Müller row whose last finite observation is older than
-  the previous row (after a NaN run) gets its own factor in a patch-up pass;
-* ``log1p`` of integer-valued sizes, counts and flows comes from a table filled with
-  ``math.log1p``;
+  ``dt = t_i - t_{i-1}`` (one loop per time constant fills both); a Zumbach–Müller row whose
+  last finite observation is older than the previous row (after a NaN run) gets its own
+  factor in a patch-up pass;
+* ``log1p`` of integer-valued sizes, counts and flows, and ``log`` of the spread in ticks,
+  come from tables filled with ``math.log1p`` / ``math.log``: a branch-free loop looks up a
+  block's column, and only a block where some value is not a table index is redone with
+  libm (same values either way);
 * the coefficients ``(a_i, b_i)`` of every recurrence are built per block in vectorised
   loops, then one scan runs four recurrences side by side (their dependency chains overlap);
-* fractional differencing accumulates ``w_k y_{i-k}`` for a block of rows, four weights per
+* fractional differencing accumulates ``w_k y_{i-k}`` for a block of rows, eight weights per
   pass (the sum of each row still runs k = 0, 1, ... as in the formula).
 
 Sequential (one chunk): one pass, block by block (row-wise features, recurrences, post
@@ -92,10 +95,12 @@ _MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED = 0, 1, 2, 3
 
 @numba.njit(cache=True)
 def _make_lut(n):
-    l1p = np.empty(n)
+    """Row 0: ``math.log1p(k)``; row 1: ``math.log(k)`` (NaN at k = 0, never read)."""
+    lut = np.empty((2, n))
     for k in range(n):
-        l1p[k] = math.log1p(float(k))
-    return l1p
+        lut[0, k] = math.log1p(float(k))
+        lut[1, k] = math.log(float(k)) if k > 0 else math.nan
+    return lut
 
 
 @numba.njit(cache=True, inline="always")
@@ -114,6 +119,44 @@ def _slog(x, lut):
     if x < 0.0:
         return -_log1p(-x, lut)
     return _log1p(x, lut)
+
+
+@numba.njit(cache=True, inline="always")
+def _log1p_col(q, o, lut):
+    """``o[t] = _log1p(q[t], lut)`` for every t: table look-ups in a loop without branches
+    (LLVM keeps it scalar: no gathers on AVX2), then libm for the whole run only when some
+    value is not a table index."""
+    top = float(lut.shape[0] - 1)
+    nbad = 0
+    for t in range(q.shape[0]):
+        x = q[t]
+        ok = (x >= 0.0) & (x <= top)
+        k = np.int32(x if ok else 0.0)
+        good = ok & (k == x)
+        nbad += not good
+        o[t] = lut[k]
+    if nbad:
+        for t in range(q.shape[0]):
+            o[t] = _log1p(q[t], lut)
+
+
+@numba.njit(cache=True, inline="always")
+def _slog_col(x, o, lut):
+    """``o[t] = _slog(x[t], lut)`` for every t (as :func:`_log1p_col`)."""
+    top = float(lut.shape[0] - 1)
+    nbad = 0
+    for t in range(x.shape[0]):
+        v = x[t]
+        a = abs(v)
+        ok = (a >= 0.0) & (a <= top)
+        k = np.int32(a if ok else 0.0)
+        good = ok & (k == a)
+        nbad += not good
+        r = lut[k]
+        o[t] = -r if v < 0.0 else r
+    if nbad:
+        for t in range(x.shape[0]):
+            o[t] = _slog(x[t], lut)
 
 
 @numba.njit(cache=True, inline="always")
@@ -185,15 +228,17 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     t1 = t0 + nb
     for i in range(start, b1):
         t = i - start
-        for m in range(n_lv):
+        for m in range(n_lv):  # sizes loaded unconditionally: no branches
             p = bid_px[i, m]
+            q = bid_sz[i, m]
             e = p != p
             PB[m, t] = -inf if e else p
-            QB[m, t] = 0.0 if e else bid_sz[i, m]
+            QB[m, t] = 0.0 if e else q
             p = ask_px[i, m]
+            q = ask_sz[i, m]
             e = p != p
             PA[m, t] = inf if e else p
-            QA[m, t] = 0.0 if e else ask_sz[i, m]
+            QA[m, t] = 0.0 if e else q
     for t in range(t1):
         TWO[t] = PB[0, t] != -inf and PA[0, t] != inf
     # ---- level-1 features --------------------------------------------------------------
@@ -270,12 +315,8 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
             out[c, start + t] = v if p1 != lim else nan
     # ---- log depth -----------------------------------------------------------------------
     for m in range(n_dep):
-        cb = L[L_LDB] + m
-        ca = L[L_LDA] + m
-        for t in range(t0, t1):
-            out[cb, start + t] = _log1p(QB[m, t], lut1p)
-        for t in range(t0, t1):
-            out[ca, start + t] = _log1p(QA[m, t], lut1p)
+        _log1p_col(QB[m, t0:t1], out[L[L_LDB] + m, b0:b1], lut1p)
+        _log1p_col(QA[m, t0:t1], out[L[L_LDA] + m, b0:b1], lut1p)
     # ---- OFI per level and integrated ----------------------------------------------------
     c_ofi = L[L_OFI]
     c_int = L[L_OFI_INT]
@@ -315,10 +356,7 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     for t in range(tt0, t1):
         dep = S2[t] / four_m
         out[c_int, start + t] = S1[t] / dep if dep > 0.0 else nan
-    c = L[L_SLOG_OFI1]
-    for t in range(t0, t1):
-        i = start + t
-        out[c, i] = _slog(out[c_ofi, i], lut1p)
+    _slog_col(out[c_ofi, b0:b1], out[L[L_SLOG_OFI1], b0:b1], lut1p)
     # ---- trade flow ----------------------------------------------------------------------
     c_sv = L[L_SV]
     c_ssv = L[L_SLOG_SV]
@@ -327,10 +365,10 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     for i in range(b0, b1):
         sv = buy[i] - sell[i]
         out[c_sv, i] = sv
-        out[c_ssv, i] = _slog(sv, lut1p)
         vol = buy[i] + sell[i]
         out[c_ag, i] = sv / vol if vol > 0.0 else 0.0
-        out[c_tc, i] = _log1p(cnt[i], lut1p)
+    _slog_col(out[c_sv, b0:b1], out[c_ssv, b0:b1], lut1p)
+    _log1p_col(cnt[b0:b1], out[c_tc, b0:b1], lut1p)
     # ---- time step and tick return -------------------------------------------------------
     c_dt = L[L_LOGDT]
     c_r = L[L_RET]
@@ -338,6 +376,8 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
         i = start + t
         dt = (ts[i] - ts[i - 1]) / 1e9
         out[c_dt, i] = math.log(max(dt, 1e-9))
+    for t in range(tt0, t1):
+        i = start + t
         r = (0.5 * (PB[0, t] + PA[0, t]) - 0.5 * (PB[0, t - 1] + PA[0, t - 1])) / tick
         out[c_r, i] = r if (TWO[t] and TWO[t - 1]) else nan
     if b0 == 0:
@@ -351,7 +391,7 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
+def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
                 s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp,
                 p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w,
                 cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB):  # fmt: skip
@@ -375,16 +415,28 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
     # ---- inputs ----------------------------------------------------------------------------
     c_ret = L[L_RET]
     c_sv = L[L_SV]
+    top = float(lutlog.shape[0] - 1)
+    nbad = 0
+    for t in range(nb):  # log of the spread (ticks: small integers) from the table
+        s = out[1, b0 + t]
+        ok = (s >= 1.0) & (s <= top)
+        k = np.int32(s if ok else 1.0)
+        good = ok & (k == s)
+        nbad += not good
+        Z[3, t] = lutlog[k]
+    if nbad:
+        for t in range(nb):
+            s = out[1, b0 + t]
+            Z[3, t] = math.log(s) if s > 0.0 else nan
+    for t in range(nb):
+        m = out[0, b0 + t]
+        Z[4, t] = math.log(m) if m > 0.0 else nan
     for t in range(nb):
         i = b0 + t
-        m = out[0, i]
-        s = out[1, i]
         r = out[c_ret, i]
-        Z[0, t] = m
+        Z[0, t] = out[0, i]
         Z[1, t] = r * r
-        Z[2, t] = s
-        Z[3, t] = math.log(s) if s > 0.0 else nan
-        Z[4, t] = math.log(m) if m > 0.0 else nan
+        Z[2, t] = out[1, i]
         Z[5, t] = cnt[i]
         Z[6, t] = 1.0 if buy[i] > 0.0 else 0.0
         Z[7, t] = 1.0 if sell[i] > 0.0 else 0.0
@@ -397,14 +449,16 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
     for k in range(taus.shape[0]):
         tau = taus[k]
         Ek = E[k]
-        for t in range(nb):
-            Ek[t] = math.exp(-(DT[t] / tau))
         if tau_nu[k]:
             NUk = NU[k]
             for t in range(nb):
                 x = DT[t] / tau
-                em = _exp_expm1(-x)[1]
+                e, em = _exp_expm1(-x)
+                Ek[t] = e
                 NUk[t] = -em / x if x > 0.0 else 1.0
+        else:
+            for t in range(nb):
+                Ek[t] = math.exp(-(DT[t] / tau))
     # ---- skip-NaN inputs: previous finite value, started flags, rows after a gap -----------
     for c in range(N_LF):
         j = cj[c]
@@ -564,12 +618,12 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
         stc = ST[c1]
         if col >= n_out:  # scratch: forward-filled log mid, into Y
             for t in range(nb):
-                Y[W - 1 + t] = x1[t] if (always or stc[t]) else nan
+                Y[W - 1 + t] = x1[t] if (always | stc[t]) else nan
             continue
         o = out[col, b0:b1]
         if typ == 0:
             for t in range(nb):
-                o[t] = x1[t] if (always or stc[t]) else nan
+                o[t] = x1[t] if (always | stc[t]) else nan
         elif typ == 1:
             for t in range(nb):
                 o[t] = x1[t]
@@ -582,19 +636,18 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
         elif typ == 4:
             pt = p_tau[r]
             x2 = XS[s2]
-            for t in range(nb):
+            for t in range(nb):  # no branches (sqrt of var <= 0 is discarded)
                 var = x2[t] * pt
-                st = always or stc[t]
-                o[t] = x1[t] / tick / math.sqrt(var) if (st and var > 0.0) else nan
+                v = x1[t] / tick / math.sqrt(var)
+                o[t] = v if ((always | stc[t]) & (var > 0.0)) else nan
         elif typ == 5:
             pt = p_tau[r]
             x2 = XS[s2]
             x3 = XS[s3]
             for t in range(nb):
                 var = x3[t] * pt
-                d = x1[t] - x2[t]
-                st = always or stc[t]
-                o[t] = d / tick / math.sqrt(var) if (st and var > 0.0) else nan
+                v = (x1[t] - x2[t]) / tick / math.sqrt(var)
+                o[t] = v if ((always | stc[t]) & (var > 0.0)) else nan
         elif typ == 6:
             for t in range(nb):
                 o[t] = math.log1p(x1[t])
@@ -602,10 +655,31 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out,
             for t in range(nb):
                 o[t] = _signed_log1p(x1[t])
     # ---- fractional differencing: sum_k w_k Y[W - 1 + t - k], k = 0, 1, ... per row ----------
-    # four weights per pass (fewer loads and stores of the sums; same order of the terms)
+    # eight (then four, then one) weights per pass (fewer loads and stores of the sums; same order of the terms)
     acc = ACC[:nb]
     acc[:] = 0.0
     kk = 0
+    while kk + 8 <= W:
+        w0 = fd_w[kk]
+        w1 = fd_w[kk + 1]
+        w2 = fd_w[kk + 2]
+        w3 = fd_w[kk + 3]
+        w4 = fd_w[kk + 4]
+        w5 = fd_w[kk + 5]
+        w6 = fd_w[kk + 6]
+        w7 = fd_w[kk + 7]
+        y0 = Y[W - 1 - kk : W - 1 - kk + nb]
+        y1 = Y[W - 2 - kk : W - 2 - kk + nb]
+        y2 = Y[W - 3 - kk : W - 3 - kk + nb]
+        y3 = Y[W - 4 - kk : W - 4 - kk + nb]
+        y4 = Y[W - 5 - kk : W - 5 - kk + nb]
+        y5 = Y[W - 6 - kk : W - 6 - kk + nb]
+        y6 = Y[W - 7 - kk : W - 7 - kk + nb]
+        y7 = Y[W - 8 - kk : W - 8 - kk + nb]
+        for t in range(nb):
+            a = (((acc[t] + w0 * y0[t]) + w1 * y1[t]) + w2 * y2[t]) + w3 * y3[t]
+            acc[t] = (((a + w4 * y4[t]) + w5 * y5[t]) + w6 * y6[t]) + w7 * y7[t]
+        kk += 8
     while kk + 4 <= W:
         w0 = fd_w[kk]
         w1 = fd_w[kk + 1]
@@ -658,7 +732,7 @@ def _fd_prefix(out, lo, W, Y):
 @numba.njit(cache=True, nogil=True)
 def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, lo, hi, n_out,
                s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp, p_int, p_tau, h_mu, h_alpha,
-               fd_col, fd_w, jprev, x0, lastf, ab, lut1p):  # fmt: skip
+               fd_col, fd_w, jprev, x0, lastf, ab, lut):  # fmt: skip
     """One chunk ``[lo, hi)``: mode 0 row-wise (+ ``lastf``), 1 compose (``ab``), 2 replay +
     post + fractional differencing from ``x0``, 3 all of it from the segment start."""
     S = s_kind.shape[0]
@@ -695,6 +769,8 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
     cz = np.zeros(N_LF)
     ct = np.zeros(N_LF, dtype=np.int64)
     L_ = L
+    lut1p = lut[0]
+    lutlog = lut[1]
     smode = _MODE_COMPOSE if mode == _MODE_COMPOSE else _MODE_REPLAY
     if mode != _MODE_ROWWISE:
         for c in range(N_LF):
@@ -709,9 +785,9 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
             _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L_, depth_w, out, b0, b1,
                            PB, PA, QB, QA, TWO, S1, S2, lut1p)  # fmt: skip
         if mode != _MODE_ROWWISE:
-            _scan_block(smode, ts, buy, sell, cnt, L_, out, b0, b1, n_out, s_kind, s_code, s_tau, s_scale, s_tix,
-                        taus, tau_nu, interp, p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w, cj, cz, ct, X, A, B,
-                        Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB)  # fmt: skip
+            _scan_block(smode, ts, buy, sell, cnt, L_, out, b0, b1, n_out, lutlog, s_kind, s_code, s_tau, s_scale,
+                        s_tix, taus, tau_nu, interp, p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w, cj, cz, ct, X, A,
+                        B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB)  # fmt: skip
     if mode == _MODE_ROWWISE:
         for c in range(N_LF):
             lastf[c] = -1
@@ -809,7 +885,7 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     if n == 0:
         return np.empty((plan.n_out, 0))
     out = _out_buffer((plan.n_out, n))
-    lut1p = _lut()
+    lut = _lut()
     taus, tix, tau_nu = _tau_tables(plan)
     S = plan.s_kind.shape[0]
     args_in = (cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"], cols["buy_volume"],
@@ -820,7 +896,7 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     def chunk(mode: int, lo: int, hi: int, jprev: np.ndarray, x0: np.ndarray):
         lastf = np.full(N_LF, -1, dtype=np.int64)
         ab = np.empty((2, S))
-        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut1p)
+        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut)
         return lastf if mode == _MODE_ROWWISE else ab
 
     none = np.full(N_LF, -1, dtype=np.int64)
