@@ -20,8 +20,9 @@ work), and ``read_files cold`` on all cores (each file decoded into a fresh pred
 decode, write and fsync, so the disk joins in; needs K times the kept bytes of disk).
 
 ``--generate GB`` writes a file of about GB decompressed bytes with the project's generator
-(``alphafeat.synth``, ``scale="full"`` sessions merged into one file); ``--ids front`` (the
-default) keeps its front-month contract.
+(``alphafeat.synth``, ``scale="full"`` sessions merged into one file), then re-executes itself
+so that the timings run in a fresh process; ``--ids front`` (the default) keeps its
+front-month contract.
 
 Usage::
 
@@ -246,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             log.info("generating %s", path)
             generate(path, args.generate)
+            # time in a fresh process: generating leaves this one with a large, fragmented heap
+            # and worker pools, which slowed every stage after it (ours most) on the GPU host
+            log.info("generated; timing in a fresh process")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     if path is None:
         ap.error("--input or --generate is required")
     if args.ids == "all":
