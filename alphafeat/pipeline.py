@@ -649,14 +649,14 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         from alphafeat.cuda.kernels import pinned_buffer as pinned
     with CacheWriter(cfg.out) as writer:
         staged: list[tuple[str, int]] = []  # (relpath, index into segments) of partitions to write
-
-        def stage_calls():  # one call per partition to write, made as the workers take them
-            for rel, k in staged:
-                day, iid, _sym = segments[k]
-                raw, trades, sess, tsess = books[iid]
-                yield (rel, raw.take(sess == day), trades.take(tsess == day), iid, _sym, metas[k])
-
         metas: dict[int, dict] = {}
+
+        def stage_calls():  # the arguments of each partition to write, cut as the workers take them
+            for rel, k in staged:
+                day, iid, sym = segments[k]
+                raw, trades, sess, tsess = books[iid]
+                yield (rel, raw.take(sess == day), trades.take(tsess == day), iid, sym, metas[k])
+
         for k, (day, iid, sym) in enumerate(segments):
             root = cfg.root if mode.kind == "front-month" else _root_of(sym)
             safe = re.sub(r"[^A-Za-z0-9_.-]", "_", sym)
@@ -682,7 +682,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             # CPU: one partition per joblib process (each segment restarts its state: independent)
             from joblib import Parallel, delayed
 
-            par = Parallel(n_jobs=min(n_jobs, len(staged)), return_as="generator")
+            # at most n_jobs segments cut ahead of the workers (each a copy of its rows)
+            par = Parallel(n_jobs=min(n_jobs, len(staged)), return_as="generator", pre_dispatch="n_jobs")
             done = par(delayed(_stage_segment)(writer.staging / rel, *args, cfg, device, bar_volume)
                        for rel, *args in stage_calls())  # fmt: skip
         else:
