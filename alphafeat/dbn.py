@@ -5,9 +5,10 @@ Records come back as numpy structured arrays whose dtypes are exactly the ones t
 prices are int64 in 1e-9 fixed point (``UNDEF_PRICE`` = 2**63-1 when absent), timestamps are
 uint64 ns since the UNIX epoch. No Python object is built per record:
 a numba loop walks the records of each chunk, checks each ``length`` against its rtype,
-tests ``instrument_id`` against the filter and copies the kept records (whole runs at a time)
-into a reused buffer; chunks that are kept whole are not copied at all. zstd data is
-decompressed straight into that reused buffer (``stream_reader.readinto``). Live data
+tests ``instrument_id`` against the filter and moves the kept records (whole runs at a time)
+towards the start of the same reused buffer the chunk was decompressed into
+(``stream_reader.readinto``), so nothing leaves the cache; chunks kept whole are not moved
+at all. Live data
 interleaves symbol-mapping, system and error records with market records: they are split by
 rtype and always kept.
 
