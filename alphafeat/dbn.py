@@ -464,7 +464,11 @@ class _Stream:
                 k = self._r.readinto(view[got : got + step])
             except zstandard.ZstdError as e:
                 kib = _ZSTD_STEP >> 10
-                problem = f"corrupt zstd data ({e}) in a block that starts at most {kib} KiB past this offset"
+                if "checksum" in str(e):
+                    problem = (f"corrupt zstd frame: its content checksum does not match the decompressed data "
+                               f"(the frame ends at most {kib} KiB past this offset; every record of it is suspect)")
+                else:
+                    problem = f"corrupt zstd data ({e}) in a block that starts at most {kib} KiB past this offset"
                 raise InputError(self.path, problem, offset=self.produced + got) from None
             if not k:
                 break
