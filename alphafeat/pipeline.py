@@ -695,8 +695,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             min_rows = min(min_rows, rows)
             advance(t_feat)
         if n_crossed:
-            summary.notes.append(f"{n_crossed:,} snapshots have a crossed book (bid above ask, e.g. pre-open): "
-                                 "flagged in book_crossed, their labels are NaN")
+            summary.notes.append(f"{n_crossed:,} snapshot{'s have' if n_crossed > 1 else ' has'} a crossed book "
+                                 "(bid above ask, e.g. pre-open): "
+                                 "flagged in book_crossed, with NaN labels")
         unit = "bars" if bar_volume else "snapshots"
         long = [h for h in cfg.horizons if h >= min_rows]
         if long:

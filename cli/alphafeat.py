@@ -67,7 +67,7 @@ def _precompute(args: argparse.Namespace) -> int:
     t.add_column("")
     t.add_column("", justify="right")
     for k, v in (("files", f"{s.files}"), ("records read", f"{s.records:,}"), ("snapshots", f"{s.snapshots:,}"),
-                 ("snapshots kept", f"{s.snapshots_kept:,}"), ("rows written", f"{s.rows:,}"),
+                 ("snapshots kept", f"{s.snapshots_kept:,}"), ("rows in the cache", f"{s.rows:,}"),
                  ("partitions (already current)", f"{len(s.partitions)} ({s.partitions_skipped})"),
                  ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}")):
         t.add_row(k, v)
@@ -215,7 +215,7 @@ def _features(args: argparse.Namespace) -> int:
         return 0
     table = Table(title="alphafeat features (default parameters)")
     for col in ("name", "unit", "formula", "source", "parameters", "min_depth"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col == "name")
     for r in rows:
         params = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
         table.add_row(r["name"], r["unit"], r["formula"], r["source"], params, str(r["min_depth"]))
@@ -259,11 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--default", action="store_true",
                    help="write the embedded default sample (into data/ unless --out)")
     s.add_argument("--start", help="first trade date, YYYY-MM-DD")
-    s.add_argument("--sessions", type=int, default=1)
+    s.add_argument("--sessions", type=int, default=1, help="number of trading sessions (default 1)")
     s.add_argument("--out", help="output directory")
     s.add_argument("--schemas", default="mbp-10,trades", help="any of mbo,mbp-10,trades,definition")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--scale", default="quiet", choices=("quiet", "normal", "busy", "full"))
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0; same seed, same bytes)")
+    s.add_argument("--scale", default="quiet", choices=("quiet", "normal", "busy", "full"),
+                   help="activity level (default quiet: the embedded sample's)")
     s.add_argument("--jobs", type=int, default=1, help="worker processes, one session each (default 1)")
     s.add_argument("--zstd-level", type=int, default=None,
                    help="zstd level (default: 12 for quiet, 1 for bigger scales)")
