@@ -680,18 +680,6 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
             a = (((acc[t] + w0 * y0[t]) + w1 * y1[t]) + w2 * y2[t]) + w3 * y3[t]
             acc[t] = (((a + w4 * y4[t]) + w5 * y5[t]) + w6 * y6[t]) + w7 * y7[t]
         kk += 8
-    while kk + 4 <= W:
-        w0 = fd_w[kk]
-        w1 = fd_w[kk + 1]
-        w2 = fd_w[kk + 2]
-        w3 = fd_w[kk + 3]
-        y0 = Y[W - 1 - kk : W - 1 - kk + nb]
-        y1 = Y[W - 2 - kk : W - 2 - kk + nb]
-        y2 = Y[W - 3 - kk : W - 3 - kk + nb]
-        y3 = Y[W - 4 - kk : W - 4 - kk + nb]
-        for t in range(nb):
-            acc[t] = (((acc[t] + w0 * y0[t]) + w1 * y1[t]) + w2 * y2[t]) + w3 * y3[t]
-        kk += 4
     while kk < W:
         wk = fd_w[kk]
         y = Y[W - 1 - kk : W - 1 - kk + nb]
