@@ -1648,29 +1648,12 @@ class _Session:
         arrs = [getattr(r, kind) for r in self.runs.values()]
         return tuple(a.view(np.int64).reshape(a.shape[0], w) for a in arrs)
 
-    def order(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
-        """Merged order: instrument index and row of each record (cached)."""
-        cache = self.__dict__.setdefault("_order", {})
-        if kind not in cache:
-            parts = self.parts(kind)
-            n = sum(p.shape[0] for p in parts)
-            i64 = np.dtype(np.int64)
-            if self.bufs is None:
-                part, row, keys = np.empty(n, i64), np.empty(n, i64), np.empty(n, i64)
-            else:
-                part, row = self.bufs.get(("part", kind), i64, n), self.bufs.get(("row", kind), i64, n)
-                keys = self.bufs.get("keys", i64, n)
-            if n:
-                _merge_order(parts, 5 if kind == "mbo" else 4, part, row, keys)
-            cache[kind] = (part, row)
-        return cache[kind]
-
     def chunks(self, kind: str, rows: int = 0, trades: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """The merged records of ``kind`` as consecutive byte chunks (one reused buffer).
 
         Merged and copied in one pass (:func:`_merge_rows`; no merged order is stored). With
         ``trades`` (kind "mbp", :data:`TRADE_DTYPE`, one per MBP-10 'T' record: the sum of the
-        runs' ``stats[7]``) the pass also fills it as :meth:`trades` would."""
+        runs' ``stats[7]``) the pass also fills it with the TradeMsg of each 'T' record."""
         w = _MBO_W if kind == "mbo" else _MBP_W
         rows = rows or max(1, _CHUNK_BYTES // (8 * w))
         parts = self.parts(kind)
@@ -1692,32 +1675,12 @@ class _Session:
         if nt != tr.shape[0]:
             raise RuntimeError(f"{nt} trade records merged, {tr.shape[0]} expected")
 
-    def merged(self, kind: str) -> np.ndarray:
-        """All records of ``kind`` ("mbo" / "mbp") in one array, merged by ``ts_recv``."""
-        dtype = MBO_DTYPE if kind == "mbo" else MBP10_DTYPE
-        part, row = self.order(kind)
-        out = np.empty(part.shape[0], dtype)
-        if part.shape[0]:
-            w = dtype.itemsize // 8
-            _gather_rows(self.parts(kind), part, row, 0, part.shape[0], out.view(np.int64).reshape(-1, w))
-        return out
-
-    @property
-    def mbp(self) -> np.ndarray:
-        return self.merged("mbp")
-
-    @property
-    def mbo(self) -> np.ndarray:
-        return self.merged("mbo")
-
     def trades(self) -> np.ndarray:
-        """TradeMsg records equal to the merged MBP-10 'T' records (F_LAST set)."""
-        part, row = self.order("mbp")
-        parts = self.parts("mbp")
-        n = sum(int(r.stats[7]) for r in self.runs.values())
-        out = np.empty(n, TRADE_DTYPE)
-        m = _gather_trades(parts, part, row, out.view(np.int64).reshape(n, TRADE_DTYPE.itemsize // 8))
-        assert m == n
+        """TradeMsg records equal to the merged MBP-10 'T' records (F_LAST set), from a merge
+        pass of :meth:`chunks` whose MBP-10 chunks are dropped."""
+        out = np.empty(sum(int(r.stats[7]) for r in self.runs.values()), TRADE_DTYPE)
+        for _ in self.chunks("mbp", trades=out):
+            pass
         return out
 
 
@@ -1785,38 +1748,6 @@ _CHUNK_BYTES = 1 << 24
 
 
 @numba.njit(cache=True)
-def _merge_order(parts, col, part, row, keys):
-    """k-way merge of the parts (each non-decreasing in word ``col``, ts_recv) into
-    ``part[i], row[i]``; equal keys keep part order (as a stable sort of the concatenation).
-    ``keys``: scratch of the same length (the parts' keys, contiguous)."""
-    k = len(parts)
-    n = part.shape[0]
-    start = np.zeros(k + 1, np.int64)
-    for p in range(k):
-        src = parts[p]
-        m = src.shape[0]
-        start[p + 1] = start[p] + m
-        o = start[p]
-        for r in range(m):
-            keys[o + r] = src[r, col]
-            if r > 0 and keys[o + r] < keys[o + r - 1]:
-                raise ValueError("records of an instrument are not in ts_recv order")
-    pos = start[:k].copy()
-    for i in range(n):
-        best = -1
-        bt = np.int64(0)
-        for p in range(k):
-            if pos[p] < start[p + 1]:
-                t = keys[pos[p]]
-                if best < 0 or t < bt:
-                    best = p
-                    bt = t
-        part[i] = best
-        row[i] = pos[best] - start[best]
-        pos[best] += 1
-
-
-@numba.njit(cache=True)
 def _merge_rows(parts, col, pos, out, trades, nt):
     """Next rows of the k-way merge of the parts (each non-decreasing in word ``col``, ts_recv;
     equal keys keep part order, as a stable sort of the concatenation), copied into ``out``.
@@ -1824,7 +1755,7 @@ def _merge_rows(parts, col, pos, out, trades, nt):
     ``pos[p]``: the next row of part ``p`` (advanced; the merge resumes from it). The best part
     is copied in runs: while its key stays below those of the parts before it and at most those
     after it. With rows in ``trades`` (kind mbp-10), each 'T' record also goes to
-    ``trades[nt]`` as TradeMsg words (as :func:`_gather_trades`). Returns (rows copied, nt)."""
+    ``trades[nt]`` as TradeMsg words (:func:`_trade_into`). Returns (rows copied, nt)."""
     k = len(parts)
     m = out.shape[0]
     w = out.shape[1]
@@ -1884,41 +1815,6 @@ def _trade_into(src, r, out, m):
     out[m, 0] = (out[m, 0] & ~np.int64(0xFFFF)) | 12  # length 48 // 4, rtype 0
     out[m, 3] |= np.int64(F_LAST) << 48
     return True
-
-
-@numba.njit(cache=True)
-def _gather_rows(parts, part, row, lo, hi, out):
-    """``out[i - lo] = parts[part[i]][row[i]]`` for ``lo <= i < hi`` (records as int64 words)."""
-    w = out.shape[1]
-    i = lo
-    while i < hi:
-        p = part[i]
-        src = parts[p]
-        j = i
-        while j < hi and part[j] == p:
-            r = row[j]
-            for b in range(w):
-                out[j - lo, b] = src[r, b]
-            j += 1
-        i = j
-
-
-@numba.njit(cache=True)
-def _gather_trades(parts, part, row, out):
-    """TradeMsg words of the merged MBP-10 'T' records: their first 6 words with length 12,
-    rtype 0 and F_LAST set. Returns the number written."""
-    m = 0
-    i = 0
-    n = part.shape[0]
-    while i < n:
-        p = part[i]
-        src = parts[p]
-        while i < n and part[i] == p:
-            r = row[i]
-            if _trade_into(src, r, out, m):
-                m += 1
-            i += 1
-    return m
 
 
 # --------------------------------------------------------------------------------------------
