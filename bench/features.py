@@ -10,8 +10,8 @@ numpy/pandas vectorised version of the same features. Prints a table and one JSO
 ``--rows`` snapshots, or the front-month book rows of each session of DBN files (reader, roll
 schedule and book code of ``alphafeat precompute``). Rows: CPU with ``--jobs`` threads over
 exact chunks of each session (best of 2); CPU one core on 0.5 M rows; CUDA float64 results from
-ordinary (pageable) input, as the pipeline calls it, and float32 results
-(``compute_features_cuda(..., dtype="float32")``), both also with the input columns already in
+ordinary (pageable) input and float32 results, the sessions streamed
+(``compute_features_cuda_many(books, p, dtype=...)``), both also with the input columns already in
 page-locked memory (``alphafeat.cuda.pinned_empty``, no staging copy) (best of 3, after one
 untimed full-size call); beside them the copy ceilings of the machine and the time of each
 stage alone; numpy/pandas on ``--pandas-rows`` rows.
@@ -44,14 +44,16 @@ front-month rows), ``--batch`` sessions at a time:
   n_chunks=jobs, n_jobs=jobs)`` on the first session of each batch (its result is the CPU
   float64 reference for the CUDA check). *1 core, 1st session*: ``compute_features(book, p)``
   in the parent on the whole first session. CPU times include allocating the 69 result columns.
-- *CUDA float64 / float32* (in the parent, one session at a time): the book's float columns
-  copied into a pinned buffer (``alphafeat.cuda.kernels.pinned_buffer``, the layout
-  ``alphafeat.book.to_book_arrays(..., buffer=pinned_buffer)`` writes; untimed, since the
-  pipeline builds the book there directly; ``ts_recv`` stays in ordinary memory as there), then
-  ``compute_features_cuda(b, p, dtype="float64")`` and ``dtype="float32"``, each timed once,
-  host columns to host results (transfers included). Device buffers and pinned result pools
-  are grown to the batch's largest session by an untimed call first. The float64 results of
-  the first session of each batch are compared with the CPU's (``cuda_vs_cpu_max_rel``: the
+- *CUDA float64 / float32* (in the parent, the batch streamed): the float columns of the
+  batch's books copied into one pinned arena (the layout ``alphafeat.book.to_book_arrays(...,
+  buffer=pinned_buffer)`` writes; untimed, since the pipeline builds the book there directly;
+  ``ts_recv`` stays in ordinary memory as there), then the whole batch through
+  ``compute_features_cuda_many(books, p, dtype="float64")`` and ``dtype="float32"`` (each
+  session submitted before the previous one's results are back, so copies in, kernels and
+  copies out of neighbouring sessions overlap), each timed once, host columns to host results
+  (transfers included). Device buffers and the three pinned result matrices are grown to the
+  batch's largest session by an untimed pass first. The float64 results of the first session
+  of each batch (an untimed call) are compared with the CPU's (``cuda_vs_cpu_max_rel``: the
   largest ``|g - r| / max(|r|, 1)``; ``cuda_vs_cpu_nan_mismatches``).
 - *numpy/pandas vectorised, 1 core* (:func:`pandas_features`): the first
   ``min(rows, --pandas-rows)`` rows of the first session of each batch; ``pandas_rows`` says
@@ -376,30 +378,42 @@ def _warm_worker(p: FeatureParams) -> int:
     return os.getpid()
 
 
-def _pinned_copy(b: BookArrays, threads: int = 8) -> BookArrays:
-    """``b`` with its float columns copied into one pinned buffer (``pinned_buffer``, 64-byte
-    aligned pieces, the layout ``to_book_arrays(..., buffer=pinned_buffer)`` writes) and
-    ``ts_recv`` in ordinary memory, as the pipeline hands a session to the GPU."""
+def _pinned_copies(books: list[BookArrays], threads: int = 8) -> list[BookArrays]:
+    """``books`` with their float columns copied into one pinned arena (64-byte aligned pieces,
+    the layout ``to_book_arrays(..., buffer=pinned_buffer)`` writes for one session) and
+    ``ts_recv`` in ordinary memory, as the pipeline hands a session to the GPU. The arena is
+    kept for the next batch (grown when too small)."""
     import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
-    from alphafeat.cuda.kernels import pinned_buffer
+    from alphafeat.cuda.kernels import pinned_empty
 
-    src = {k: getattr(b, k) for k in _PIN_COLS}
-    sizes = [-(-v.nbytes // 64) * 64 for v in src.values()]
-    flat = pinned_buffer(sum(sizes))
-    starts = np.cumsum([0, *sizes])
-    dst = {k: flat[a : a + v.nbytes].view(np.float64).reshape(v.shape) for a, (k, v) in zip(starts, src.items())}
-    jobs = []
-    for k, v in src.items():
-        n = len(v)
-        jobs += [(dst[k][n * i // threads : n * (i + 1) // threads], v[n * i // threads : n * (i + 1) // threads])
-                 for i in range(threads)]  # fmt: skip
+    sizes = [[-(-getattr(b, k).nbytes // 64) * 64 for k in _PIN_COLS] for b in books]
+    total = sum(map(sum, sizes))
+    if _ARENA and _ARENA[0].nbytes < total:
+        _ARENA.clear()
+    if not _ARENA:
+        _ARENA.append(pinned_empty(total, np.uint8))
+    flat = _ARENA[0]
+    out, jobs, a = [], [], 0
+    for b, sz in zip(books, sizes, strict=True):
+        dst = {}
+        for k, nb in zip(_PIN_COLS, sz, strict=True):
+            v = getattr(b, k)
+            dst[k] = flat[a : a + v.nbytes].view(np.float64).reshape(v.shape)
+            a += nb
+            n = len(v)
+            jobs += [(dst[k][n * i // threads : n * (i + 1) // threads], v[n * i // threads : n * (i + 1) // threads])
+                     for i in range(threads)]  # fmt: skip
+        ts = np.array(b.ts_recv)
+        out.append(dataclasses.replace(b, ts_recv=ts, ts_event=ts, **dst))
     with ThreadPoolExecutor(threads) as ex:
         list(ex.map(lambda ab: np.copyto(*ab), jobs))
-    del flat
-    ts = np.array(b.ts_recv)
-    return dataclasses.replace(b, ts_recv=ts, ts_event=ts, **dst)
+    return out
+
+
+#: The pinned arena of :func:`_pinned_copies` (one flat uint8 buffer).
+_ARENA: list[np.ndarray] = []
 
 
 def _scratch_root(groups: dict, batch: int, want: str | None) -> str:
@@ -493,10 +507,10 @@ def stream_bench(
         raise SystemExit(143)  # so that the scratch directory is removed (finally below)
 
     prev_term = signal.signal(signal.SIGTERM, on_term)
-    cuda_f = None
+    cuda_many = None
     try:
         if cuda:
-            from alphafeat.cuda import compute_features_cuda as cuda_f
+            from alphafeat.cuda import compute_features_cuda_many as cuda_many
 
             compute_features(make_book(5000, 1), p, device="cuda")  # compile / load the kernels
         compute_features(make_book(5000, 1), p)  # fills numba's cache for the workers too
@@ -561,37 +575,39 @@ def stream_bench(
                 acc["pandas_s"] = acc.get("pandas_s", 0.0) + time.perf_counter() - t0
                 acc["pandas_rows"] = acc.get("pandas_rows", 0) + len(bpd)
                 del bpd
-            # 3. CUDA in this process: each book in a pinned buffer (untimed), then float64 and
-            # float32 results (timed, transfers included); the first session checked against ref
+            # 3. CUDA in this process: the batch's books in a pinned arena (untimed), then streamed
+            # through the device with float64 and with float32 results (timed, transfers
+            # included); the first session checked against ref
             t_cuda = 0.0
-            if cuda_f is not None:
+            if cuda_many is not None:
+                t0 = time.perf_counter()
+                pins = _pinned_copies([first] + [load_book(s["dir"]) for s in sess[1:]])
+                acc["pin_copy_s"] = acc.get("pin_copy_s", 0.0) + time.perf_counter() - t0
                 big = max(sess, key=lambda s: s["rows"])
-                if big["rows"] > warmed:  # grow the pools (device, pinned results) once, outside the timing
+                if big["rows"] > warmed:  # grow the pools (device, 3 pinned results) once, untimed
                     t0 = time.perf_counter()
-                    b = _pinned_copy(load_book(big["dir"]))
-                    cuda_f(b, p, dtype="float64")
-                    cuda_f(b, p, dtype="float32")
-                    del b
+                    b = pins[sess.index(big)]
+                    for dtype in ("float64", "float32"):
+                        for _ in cuda_many([b, b, b], p, dtype=dtype):
+                            pass
                     warmed = big["rows"]
                     acc["cuda_warm_s"] = acc.get("cuda_warm_s", 0.0) + time.perf_counter() - t0
-                for k, s in enumerate(sess):
+                got = next(cuda_many(pins[:1], p))  # the check, untimed
+                w, nd = _max_rel(got, ref)
+                res["cuda_vs_cpu_max_rel"] = max(res["cuda_vs_cpu_max_rel"], w)
+                res["cuda_vs_cpu_nan_mismatches"] += nd
+                res["cuda_vs_cpu_rows"] += len(pins[0])
+                del got
+                n_pinned = sum(len(b) for b in pins)
+                for key, dtype in (("cuda", "float64"), ("cuda_f32", "float32")):
                     t0 = time.perf_counter()
-                    b = _pinned_copy(load_book(s["dir"]) if k else first)
-                    acc["pin_copy_s"] = acc.get("pin_copy_s", 0.0) + time.perf_counter() - t0
-                    for key, dtype in (("cuda", "float64"), ("cuda_f32", "float32")):
-                        t0 = time.perf_counter()
-                        got = cuda_f(b, p, dtype=dtype)
-                        dt_ = time.perf_counter() - t0
-                        t_cuda += dt_
-                        acc[f"{key}_s"] = acc.get(f"{key}_s", 0.0) + dt_
-                        acc[f"{key}_rows"] = acc.get(f"{key}_rows", 0) + len(b)
-                        if k == 0 and dtype == "float64":
-                            w, nd = _max_rel(got, ref)
-                            res["cuda_vs_cpu_max_rel"] = max(res["cuda_vs_cpu_max_rel"], w)
-                            res["cuda_vs_cpu_nan_mismatches"] += nd
-                            res["cuda_vs_cpu_rows"] += len(b)
+                    for got in cuda_many(pins, p, dtype=dtype):
                         del got
-                    del b
+                    dt_ = time.perf_counter() - t0
+                    t_cuda += dt_
+                    acc[f"{key}_s"] = acc.get(f"{key}_s", 0.0) + dt_
+                    acc[f"{key}_rows"] = acc.get(f"{key}_rows", 0) + n_pinned
+                del pins
             del ref, first
             shutil.rmtree(bdir, ignore_errors=True)
             res["sessions"] += len(sess)
@@ -792,7 +808,7 @@ def cuda_bench(books: list[BookArrays], p: FeatureParams, cpu_ref: list[dict[str
 
     from numba import cuda
 
-    from alphafeat.cuda import compute_features_cuda, kernels, pinned_empty
+    from alphafeat.cuda import compute_features_cuda, compute_features_cuda_many, kernels, pinned_empty
     from alphafeat.features import _prepare
     from alphafeat.features.registry import make_plan
 
@@ -801,8 +817,11 @@ def cuda_bench(books: list[BookArrays], p: FeatureParams, cpu_ref: list[dict[str
     compute_features(make_book(5000, 1), p, device="cuda")  # compile / load the kernels
 
     def timed(key: str, bs: list[BookArrays], dtype: str) -> None:
-        run = lambda: [compute_features_cuda(b, p, dtype=dtype) for b in bs] and None  # noqa: E731
-        run()  # first full-size call: pinned pools, device buffers
+        def run() -> None:  # the sessions streamed (compute_features_cuda_many)
+            for got in compute_features_cuda_many(bs, p, dtype=dtype):
+                del got
+
+        run()  # first full-size pass: pinned pools, device buffers
         t = _time(run, repeat=3)
         res[f"{key}_s"] = round(t, 3)
         res[f"{key}_Msnap_s"] = round(n / t / 1e6, 2)

@@ -30,7 +30,7 @@ REAL_GPU = HAVE_DEVICE and not IN_SIM
 needs_device = pytest.mark.skipif(
     not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
 )
-N_INPROCESS = 11  # number of test_inprocess_* test items below (checked by the runner)
+N_INPROCESS = 12  # number of test_inprocess_* test items below (checked by the runner)
 
 
 def rows(full: int, sim: int) -> int:
@@ -104,6 +104,32 @@ def test_inprocess_pipeline_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     assert_same(cpu_short, r1)
     del r1, r2
     assert compute_features(short, p, device="cuda")["mid"].__array_interface__["data"][0] in (ptr, p1)
+
+
+@needs_device
+def test_inprocess_streamed_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    # segments streamed through the device (each submitted before the previous one's results
+    # are back, two device buffer sets in turn, staging slots shared across calls) equal one
+    # CPU call each; all results held at once (new pinned matrices) and float32 results too
+    from alphafeat.cuda import compute_features_cuda_many, kernels
+
+    if REAL_GPU:  # several steps a segment (the simulator: one step, few rows, it is slow)
+        monkeypatch.setattr(kernels, "MIN_STEP", 1)
+        monkeypatch.setattr(kernels, "PIPE_ROWS", 4096)
+    books = [random_book(rows(n_full, n_sim), 40 + k)
+             for k, (n_full, n_sim) in enumerate([(30000, 30), (1, 1), (20000, 20)])]  # fmt: skip
+    cpu = [compute_features(b) for b in books]
+    got = list(compute_features_cuda_many(books))
+    assert len(got) == len(books)
+    for c, g in zip(cpu, got, strict=True):
+        assert_same(c, g)
+    mats = {g["mid"].__array_interface__["data"][0] for g in got}
+    assert len(mats) == len(books)  # every held result in its own matrix
+    for g64, g32 in zip(got, compute_features_cuda_many(iter(books), dtype="float32"), strict=True):
+        for name in g64:
+            assert g32[name].dtype == np.float32, name
+            np.testing.assert_array_equal(g32[name], g64[name].astype(np.float32), err_msg=name)
+    assert list(compute_features_cuda_many([])) == []
 
 
 @needs_device

@@ -8,7 +8,7 @@ the kernels run in numba's simulator, which is how they are tested on machines w
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from alphafeat.features import FeatureParams
     from alphafeat.types import BookArrays
 
-__all__ = ["compute_features_cuda", "direction_labels_cuda", "pinned_empty"]
+__all__ = ["compute_features_cuda", "compute_features_cuda_many", "direction_labels_cuda", "pinned_empty"]
 
 
 def pinned_empty(shape, dtype=np.float64) -> np.ndarray:
@@ -57,6 +57,27 @@ def compute_features_cuda(
         (:func:`pinned_empty`) skip the host staging copy. The pinned matrix is reused by a later
         call only once no view of it is alive, so kept results are never overwritten.
     """
+    return next(compute_features_cuda_many([book], params, dtype))
+
+
+def compute_features_cuda_many(
+    books: Iterable[BookArrays], params: FeatureParams | None = None, dtype: str | np.dtype = "float64"
+) -> Iterator[dict[str, np.ndarray]]:
+    """:func:`compute_features_cuda` of each segment of ``books``, streamed through the device.
+
+    Segment k+1 is submitted (:func:`alphafeat.cuda.kernels.submit_features`) before the
+    results of segment k are handed out, so its input copies run while segment k is computed
+    and its results come back: across segments the device's two copy engines and its cores
+    stay busy, instead of filling and draining the pipeline once per segment (a segment
+    submitted while another is in flight goes in fewer, larger steps). Each segment is
+    computed on its own (every recurrence restarts at its row 0), exactly as one
+    :func:`compute_features_cuda` call.
+
+    Yields, in the order of ``books``, the dict :func:`compute_features_cuda` returns. A
+    yielded dict stays valid while the caller holds it (its pinned matrix is reused only once
+    no view of it is alive); holding more than one at a time costs a new pinned allocation
+    each. Raises ``ValueError`` for a bad book or dtype, as :func:`compute_features_cuda`.
+    """
     from alphafeat.cuda import kernels
     from alphafeat.features import FeatureParams, _prepare, feature_specs
     from alphafeat.features.registry import make_plan
@@ -64,12 +85,27 @@ def compute_features_cuda(
     if params is None:
         params = FeatureParams()
     names = [s.name for s in feature_specs(params)]
-    cols = _prepare(book, params)
-    with warnings.catch_warnings():
-        # a short session launches small grids; numba's low-occupancy warning is noise here
-        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
-        host = kernels.run_features(cols, make_plan(params), dtype=dtype)
-    return {name: host[k] for k, name in enumerate(names)}
+    plan = make_plan(params)
+
+    def submit(book: BookArrays, overlapped: bool) -> kernels.Pending:
+        cols = _prepare(book, params)
+        with warnings.catch_warnings():
+            # a short session launches small grids; numba's low-occupancy warning is noise here
+            warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
+            return kernels.submit_features(cols, plan, dtype=dtype, overlapped=overlapped)
+
+    def unpack(p: kernels.Pending) -> dict[str, np.ndarray]:
+        host = p.result()
+        return {name: host[k] for k, name in enumerate(names)}
+
+    pending = None
+    for book in books:
+        nxt = submit(book, overlapped=pending is not None)
+        if pending is not None:
+            yield unpack(pending)
+        pending = nxt
+    if pending is not None:
+        yield unpack(pending)
 
 
 def direction_labels_cuda(

@@ -6,10 +6,13 @@ All features of a segment live in one device matrix ``out`` of shape ``(n_out + 
 rows in :func:`alphafeat.features.feature_specs` order plus one scratch row (the
 forward-filled log mid), so each step's results go back column by column from one matrix.
 
-Pipeline (:func:`run_features`), in steps (:func:`_step_bounds`) on three streams: host
-threads fill a pinned staging slot with step k+1 while the DMA engine sends step k, the
-kernels compute it and the other copy engine brings back the results of the step before
-(input columns already in page-locked memory skip the staging copy). Per step:
+Pipeline (:func:`submit_features`, :func:`run_features`), in steps (:func:`_step_bounds`) on
+three streams kept between calls: host threads fill a pinned staging slot with step k+1 while
+the DMA engine sends step k, the kernels compute it and the other copy engine brings back the
+results of the step before, one 2-D copy a step (input columns already in page-locked memory
+skip the staging copy). Calls alternate between two sets of device buffers, so a segment
+submitted before the previous one's results are back overlaps with it (segments streamed by
+:func:`alphafeat.cuda.compute_features_cuda_many`). Per step:
 
 1. :func:`rowwise_kernel` -- one thread per row: every row-wise feature.
 2. The last finite row of each skip-NaN input: a linear recurrence with ``a in {0, 1}``
@@ -339,6 +342,8 @@ PIPE_ROWS = 1 << 21
 MIN_STEP = 1 << 18
 #: Steps a call aims at between those bounds (more steps: more overlap, more overhead).
 TARGET_STEPS = 8
+#: Steps a call aims at when an earlier call is still in flight (:func:`submit_features`).
+OVERLAPPED_STEPS = 2
 #: Pinned staging slots of the input pipeline (host threads fill one while the DMA reads another).
 N_SLOTS = 3
 #: Host threads copying the input columns into the pinned staging slots (on the 16-core H200
@@ -350,6 +355,8 @@ COPY_PIECE = 8 << 20
 _LOCK = threading.RLock()
 #: Device buffers by name (flat, grow only); views of them are handed to the kernels.
 _DEV: dict[str, object] = {}
+#: Views of those buffers handed out by :func:`_dev`, by (name, shape, dtype).
+_VIEWS: dict[tuple, object] = {}
 #: Pinned result matrices and input buffers (flat); one is reused when no view of it is
 #: alive any more.
 _HOST_OUT: list[np.ndarray] = []
@@ -357,25 +364,48 @@ _HOST_IN: list[np.ndarray] = []
 #: Pinned host staging buffers, reused between calls (grow only).
 _POOL: dict[str, np.ndarray] = {}
 _EXEC: list = []
+#: Streams and events kept between calls (:func:`_state`).
+_STATE: dict = {}
+#: Device copies of the plans' small arrays (:func:`_plan_arrays`).
+_PLANS: dict[bytes, dict] = {}
 #: Stages that :func:`run_features` leaves out ("fill", "h2d", "compute", "d2h"): for timing
 #: one stage alone (``bench/features.py``); the results are then meaningless. Empty normally.
 _SKIP: set[str] = set()
 
 
 def _dev(name: str, shape: tuple[int, ...], dtype=np.float64):
-    """A device array of ``shape`` carved from the pooled flat buffer ``name`` (grow only)."""
+    """A device array of ``shape`` carved from the pooled flat buffer ``name`` (grow only; the
+    device is synchronised before a buffer is replaced, since work in flight may use it). The
+    views are kept too (slicing a device array costs Python time on every step)."""
+    key = (name, shape, np.dtype(dtype))
+    view = _VIEWS.get(key)
+    if view is not None:
+        return view
     size = int(np.prod(shape))
     buf = _DEV.get(name)
     if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
+        if buf is not None:
+            cuda.synchronize()
         _DEV.pop(name, None)
+        for k in [k for k in _VIEWS if k[0] == name]:
+            del _VIEWS[k]
         buf = None
         buf = _DEV[name] = cuda.device_array(max(size, 1), dtype=dtype)
-    return buf[:size].reshape(shape) if len(shape) > 1 else buf[:size]
+    if len(_VIEWS) > 4096:
+        _VIEWS.clear()
+    view = _VIEWS[key] = buf[:size].reshape(shape) if len(shape) > 1 else buf[:size]
+    return view
 
 
 def release_buffers() -> None:
-    """Drop the device and pinned host buffers kept between calls."""
+    """Drop the device and pinned host buffers, streams and events kept between calls (after
+    the work in flight is done)."""
     with _LOCK:
+        if _STATE:
+            cuda.synchronize()
+        _STATE.clear()
+        _PLANS.clear()
+        _VIEWS.clear()
         _DEV.clear()
         _HOST_OUT.clear()
         _HOST_IN.clear()
@@ -445,10 +475,11 @@ def _pooled(pool: list[np.ndarray], nbytes: int, size: int = 2) -> np.ndarray:
 
 
 def _result_buffer(shape: tuple[int, int], dtype=np.float64) -> np.ndarray:
-    """Pinned host matrix for the results (from the pool :func:`_pooled` describes)."""
+    """Pinned host matrix for the results (from the pool :func:`_pooled` describes; three
+    kept: the results a caller holds, those in flight and the next call's)."""
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize * int(np.prod(shape))
-    return _pooled(_HOST_OUT, nbytes)[:nbytes].view(dtype).reshape(shape)
+    return _pooled(_HOST_OUT, nbytes, size=3)[:nbytes].view(dtype).reshape(shape)
 
 
 def pinned_buffer(nbytes: int) -> np.ndarray:
@@ -491,6 +522,8 @@ def _slots(cols: dict[str, np.ndarray], rows: int) -> list[dict[str, np.ndarray]
     for q in range(N_SLOTS):
         buf = _POOL.get(f"slot{q}")
         if buf is None or buf.nbytes < need:
+            if buf is not None:
+                cuda.synchronize()  # a copy in flight may still read it
             _POOL.pop(f"slot{q}", None)
             buf = _POOL[f"slot{q}"] = _pinned_flat(need)
         views, off = {}, 0
@@ -502,16 +535,21 @@ def _slots(cols: dict[str, np.ndarray], rows: int) -> list[dict[str, np.ndarray]
     return slots
 
 
-def _step_bounds(n: int) -> tuple[int, list[tuple[int, int]]]:
+def _step_bounds(n: int, overlapped: bool = False) -> tuple[int, list[tuple[int, int]]]:
     """The pipeline's steps over n rows: ``(largest step, [(lo, hi), ...])``.
 
     About :data:`TARGET_STEPS` steps of ``step`` rows (within :data:`MIN_STEP` and
     :data:`PIPE_ROWS`); the first and the last are cut in quarters, so that the pipeline
     fills (host copy of the first step) and drains (results of the last) in less time.
+    ``overlapped`` (an earlier call is still in flight and hides this one's fill and drain):
+    about :data:`OVERLAPPED_STEPS` steps, none cut (each step costs host time: launches, copies).
     """
-    step = max(1, min(n, PIPE_ROWS, max(MIN_STEP, -(-n // TARGET_STEPS))))
+    target = OVERLAPPED_STEPS if overlapped else TARGET_STEPS
+    step = max(1, min(n, PIPE_ROWS, max(MIN_STEP, -(-n // target))))
     edges = list(range(0, n, step)) + [n]
     bounds = list(zip(edges[:-1], edges[1:], strict=True))
+    if overlapped:
+        return step, bounds
     out: list[tuple[int, int]] = []
     for q, (lo, hi) in enumerate(bounds):
         if (q == 0 or q == len(bounds) - 1) and len(bounds) > 2 and hi - lo >= 4:
@@ -539,23 +577,86 @@ def _to_device_rows(dst, src: np.ndarray, lo: int, hi: int, stream) -> None:
 
 
 def _to_host_cols(back, host: np.ndarray, lo: int, hi: int, stream) -> None:
-    """``host[k, lo:hi] = back[k, lo:hi]`` for every row k of ``host`` (one async copy each,
-    issued as in :func:`_to_device_rows`)."""
+    """``host[k, lo:hi] = back[k, lo:hi]`` for every row k of ``host``: one asynchronous 2-D
+    copy (``cuMemcpy2DAsync``: ``host.shape[0]`` rows of ``(hi - lo)`` items, each side with its
+    own row pitch), instead of one copy per column."""
     if config.ENABLE_CUDASIM:
         for k in range(host.shape[0]):
             back[k, lo:hi].copy_to_host(host[k, lo:hi], stream=stream)
         return
     from numba.cuda.cudadrv import driver
 
-    item, pitch, mem = back.dtype.itemsize, back.strides[0], back.gpu_data
-    nbytes = (hi - lo) * item
-    for k in range(host.shape[0]):
-        start = k * pitch + lo * item
-        driver.device_to_host(host[k, lo:hi], mem.view(start, start + nbytes), nbytes, stream)
+    b = driver.binding
+    item = back.dtype.itemsize
+    p = b.CUDA_MEMCPY2D()
+    p.srcMemoryType = b.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    p.srcDevice = driver.device_pointer(back.gpu_data) + lo * item
+    p.srcPitch = back.strides[0]
+    p.dstMemoryType = b.CUmemorytype.CU_MEMORYTYPE_HOST
+    p.dstHost = host.ctypes.data + lo * item
+    p.dstPitch = host.strides[0]
+    p.WidthInBytes = (hi - lo) * item
+    p.Height = host.shape[0]
+    driver.driver.cuMemcpy2DAsync(p, driver._stream_handle(stream))
+
+
+class Pending:
+    """Results of :func:`submit_features` in flight on the device.
+
+    :meth:`result` waits for them and returns the pinned host matrix ``(n_out, n)``. Until
+    then the call's input columns are kept alive here (the device reads them asynchronously).
+    """
+
+    def __init__(self, host: np.ndarray, done, cols: dict[str, np.ndarray] | None) -> None:
+        self._host, self._done, self._cols = host, done, cols
+
+    def result(self) -> np.ndarray:
+        """The results (blocks until the device has sent them back)."""
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = self._cols = None
+        return self._host
+
+
+def _state():
+    """The streams and events kept between calls (created on first use, in the current context):
+    ``{"h2d", "comp", "d2h": streams, "ev_in": one event per staging slot, "free": {set k:
+    (event after the last kernel, event after the last copy back) of the call that used device
+    buffer set k last}}``."""
+    if not _STATE:
+        _STATE.update(h2d=cuda.stream(), comp=cuda.stream(), d2h=cuda.stream(),
+                      ev_in=[cuda.event() for _ in range(N_SLOTS)], free={}, calls=0, slot=0)  # fmt: skip
+    return _STATE
+
+
+def _plan_arrays(plan: Plan, stream) -> dict:
+    """The plan's small arrays on the device, uploaded once per distinct plan (a device
+    allocation and free per call could stall the pipeline)."""
+    names = ("layout", "depth_w", "s_kind", "s_code", "s_tau", "s_scale", "p_int", "p_tau", "fd_w")
+    host = {k: np.ascontiguousarray(getattr(plan, k)) for k in names}
+    key = b"".join(k.encode() + v.dtype.str.encode() + v.tobytes() for k, v in host.items())
+    got = _PLANS.get(key)
+    if got is None:
+        if len(_PLANS) >= 8:
+            _PLANS.clear()
+        got = _PLANS[key] = {k: cuda.to_device(v, stream=stream) for k, v in host.items()}
+        stream.synchronize()
+    return got
 
 
 def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = None, dtype=np.float64) -> np.ndarray:
     """Compute every feature on the device; returns the pinned host matrix ``(n_out, n)``.
+
+    ``submit_features(...).result()``: see :func:`submit_features`.
+    """
+    return submit_features(cols, plan, chunk, dtype).result()
+
+
+def submit_features(
+    cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = None, dtype=np.float64, overlapped: bool = False
+) -> Pending:
+    """Start computing every feature on the device; :meth:`Pending.result` gives the pinned
+    host matrix ``(n_out, n)``.
 
     ``cols``: contiguous host columns (``ts_recv`` int64 ns; ``bid_px, ask_px, bid_sz,
     ask_sz`` float64 (n, L); ``buy_volume, sell_volume, trade_count`` float64 (n,)).
@@ -566,11 +667,20 @@ def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = No
     The rows go through in steps (:func:`_step_bounds`) on three streams: host threads copy
     step k+1 into a pinned staging slot (columns already in page-locked memory, see
     :func:`is_pinned`, are sent from where they are) while the DMA engine sends step k and the
-    kernels compute it, and the results of each step come back (one copy per column) while
-    the next is computed. Every input row goes to the device once, every result comes back
-    once. Recurrences carry exactly from one step to the next (the scans start from the
-    state and the last finite row before the step), fractional differencing reads the window
-    of earlier steps on the device, so the steps change nothing in the values.
+    kernels compute it, and the results of each step come back (one 2-D copy) while the next
+    is computed. Every input row goes to the device once, every result comes back once.
+    Recurrences carry exactly from one step to the next (the scans start from the state and
+    the last finite row before the step), fractional differencing reads the window of earlier
+    steps on the device, so the steps change nothing in the values.
+
+    The streams are kept between calls and consecutive calls use two sets of device buffers
+    in turn, so a call made before the previous one's results are back overlaps with it: its
+    input copies run while the previous segment is computed and its results copied back
+    (:func:`compute_features_cuda_many` streams a sequence of segments this way). On the
+    device a call waits only for the call two before it, the last one that used the same
+    buffers: its copies in wait for that call's kernels, its kernels for that call's copies
+    back. ``overlapped``: such a call is in flight, so this one needs no quick pipeline fill
+    and drain: fewer, larger steps (:func:`_step_bounds`), less host time per row.
     """
     chunk = max(1, CHUNK if chunk is None else int(chunk))
     dtype = np.dtype(dtype)
@@ -583,20 +693,25 @@ def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = No
         raise ValueError(f"plan has {S} recurrences, the kernels hold at most {MAX_SERIES}")
     with _LOCK:
         if n == 0:
-            return np.empty((n_out, 0), dtype=dtype)
+            return Pending(np.empty((n_out, 0), dtype=dtype), None, None)
+        st = _state()
+        s_h2d, s_comp, s_d2h = st["h2d"], st["comp"], st["d2h"]
+        ev_in = st["ev_in"]
+        k_set = st["calls"] % 2  # device buffer set of this call
+        st["calls"] += 1
+        prev = st["free"].get(k_set)
+        if prev is not None:  # the set's last user: its kernels read the inputs, its copies the results
+            prev[0].wait(s_h2d)
+            prev[1].wait(s_comp)
         host = _result_buffer((n_out, n), dtype)
-        step, bounds = _step_bounds(n)
+        step, bounds = _step_bounds(n, overlapped)
         n_steps = len(bounds)
-        s_h2d, s_comp, s_d2h = cuda.stream(), cuda.stream(), cuda.stream()
-        d = {k: _dev(f"in_{k}", v.shape, v.dtype) for k, v in cols.items()}
-        small = {
-            k: cuda.to_device(np.ascontiguousarray(getattr(plan, k)), stream=s_comp)
-            for k in ("layout", "depth_w", "s_kind", "s_code", "s_tau", "s_scale", "p_int", "p_tau", "fd_w")
-        }
-        out = _dev("out", (n_out + 1, n))
-        back = out if dtype == np.float64 else _dev("out32", (n_out, n), np.float32)
-        last = _dev("last", (N_LF, n))
-        X = _dev("X", (S, n))
+        d = {k: _dev(f"in_{k}/{k_set}", v.shape, v.dtype) for k, v in cols.items()}
+        small = _plan_arrays(plan, s_comp)
+        out = _dev(f"out/{k_set}", (n_out + 1, n))
+        back = out if dtype == np.float64 else _dev(f"out32/{k_set}", (n_out, n), np.float32)
+        last = _dev(f"last/{k_set}", (N_LF, n))
+        X = _dev(f"X/{k_set}", (S, n))
         f2, _, _ = _dummies()
         L = small["layout"]
         buy, sell, cnt, ts = d["buy_volume"], d["sell_volume"], d["trade_count"], d["ts_recv"]
@@ -605,21 +720,21 @@ def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = No
                    small["s_scale"], plan.interp)  # fmt: skip
         staged = {} if config.ENABLE_CUDASIM else {k: v for k, v in cols.items() if not is_pinned(v)}
         slots = _slots(staged, step) if staged else None
-        ev_in = [cuda.event() for _ in range(N_SLOTS)]
+        slot_of = [(st["slot"] + q) % N_SLOTS for q in range(n_steps)]
+        st["slot"] += n_steps
         ev_done = cuda.event()
         fills: dict[int, list] = {}
 
         def start_fill(q: int) -> None:
             if slots is None or q >= n_steps or "fill" in _SKIP:
                 return
-            if q >= N_SLOTS:
-                ev_in[q % N_SLOTS].synchronize()  # the slot's previous DMA is done
-            fills[q] = _fill_async(slots[q % N_SLOTS], staged, *bounds[q])
+            ev_in[slot_of[q]].synchronize()  # the slot's previous DMA (this call's or an earlier one's) is done
+            fills[q] = _fill_async(slots[slot_of[q]], staged, *bounds[q])
 
         start_fill(0)
         for q, (lo, hi) in enumerate(bounds):
             m = hi - lo
-            slot = q % N_SLOTS
+            slot = slot_of[q]
             start_fill(q + 1)  # the copy threads run one step ahead
             # ---- host -> device ----------------------------------------------------------
             for f in fills.pop(q, ()):
@@ -644,13 +759,15 @@ def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = No
                 if back is not out:
                     cast_kernel[_cfg(n_out * m, s_comp)](out, back, lo, hi)
             ev_done.record(s_comp)
-            # ---- device -> host, one copy per column -------------------------------------
+            # ---- device -> host, one 2-D copy --------------------------------------------
             ev_done.wait(s_d2h)
             if "d2h" not in _SKIP:
                 _to_host_cols(back, host, lo, hi, s_d2h)
-        s_d2h.synchronize()
-        s_comp.synchronize()
-        return host
+        inputs_read, done = cuda.event(), cuda.event()
+        inputs_read.record(s_comp)
+        done.record(s_d2h)
+        st["free"][k_set] = (inputs_read, done)
+        return Pending(host, done, cols)
 
 
 def direction_labels_device(mid: np.ndarray, horizons: np.ndarray) -> np.ndarray:
