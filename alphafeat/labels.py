@@ -39,6 +39,10 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from alphafeat.features import _twin
+
+_R = _twin.load("cpu")  # the row code, shared with the CUDA kernel (alphafeat.cuda.kernels)
+
 DEFAULT_HORIZONS: tuple[int, ...] = (30, 100, 300, 1000, 6000)
 
 #: Value of an end time (ns) that is unknown (label past the end of its segment).
@@ -145,33 +149,8 @@ def direction_labels_seconds(
 
 @numba.njit(cache=True)
 def _triple_barrier(price, upper, lower, h, ts, out_y, out_t1, out_k):
-    n = price.shape[0]
-    for t in range(n):
-        out_y[t] = np.nan
-        out_t1[t] = -1
-        out_k[t] = -1
-        p0 = price[t]
-        up = upper[t]
-        dn = lower[t]
-        if not (np.isfinite(p0) and np.isfinite(up) and np.isfinite(dn)):
-            continue
-        end = min(t + h, n - 1)
-        for j in range(t + 1, end + 1):
-            d = price[j] - p0
-            if d >= up:
-                out_y[t] = 1.0
-                out_t1[t] = ts[j]
-                out_k[t] = j
-                break
-            if d <= -dn:
-                out_y[t] = -1.0
-                out_t1[t] = ts[j]
-                out_k[t] = j
-                break
-        if out_k[t] < 0 and t + h <= n - 1:
-            out_y[t] = 0.0
-            out_t1[t] = ts[t + h]
-            out_k[t] = t + h
+    for t in range(price.shape[0]):
+        _R.triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t)
 
 
 def triple_barrier(
@@ -180,6 +159,7 @@ def triple_barrier(
     lower: np.ndarray | float,
     horizon: int,
     ts: np.ndarray | None = None,
+    device: str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Triple-barrier outcome of each row (AFML ch. 3; conventions in the module docstring).
 
@@ -193,6 +173,11 @@ def triple_barrier(
         Vertical barrier in snapshots (>= 1).
     ts : np.ndarray, int64, shape (n,), optional
         Snapshot times in ns; default ``arange(n)`` (then ``t1`` is a row index).
+    device : str
+        ``'cpu'`` (numba, one row after another) or ``'cuda'`` (one GPU thread per row,
+        :func:`alphafeat.cuda.kernels.triple_barrier_device`); the same row code
+        (:func:`alphafeat.features._rows.triple_barrier_row`), only comparisons of the same
+        differences, so both give identical results.
 
     Returns
     -------
@@ -204,16 +189,23 @@ def triple_barrier(
     Raises
     ------
     ValueError
-        If the horizon is not a positive integer.
+        If the horizon is not a positive integer, or the device is unknown.
     """
     _check_horizon(horizon, integer=True)
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     price = np.ascontiguousarray(price, dtype=np.float64)
     n = price.shape[0]
     up = np.broadcast_to(np.asarray(upper, dtype=np.float64), (n,)).copy()
     dn = np.broadcast_to(np.asarray(lower, dtype=np.float64), (n,)).copy()
     tt = np.arange(n, dtype=np.int64) if ts is None else np.ascontiguousarray(ts, dtype=np.int64)
-    y = np.empty(n, dtype=np.float64)
-    t1 = np.empty(n, dtype=np.int64)
-    k = np.empty(n, dtype=np.int64)
-    _triple_barrier(price, up, dn, int(horizon), tt, y, t1, k)
+    if device == "cuda":
+        from alphafeat.cuda.kernels import triple_barrier_device
+
+        y, t1, k = triple_barrier_device(price, up, dn, int(horizon), tt)
+    else:
+        y = np.empty(n, dtype=np.float64)
+        t1 = np.empty(n, dtype=np.int64)
+        k = np.empty(n, dtype=np.int64)
+        _triple_barrier(price, up, dn, int(horizon), tt, y, t1, k)
     return y.astype(np.float32), t1, k

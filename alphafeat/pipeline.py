@@ -374,7 +374,7 @@ def _segment_table(
         if b.depth < need:
             feats[name] = np.full(len(b), np.nan)
     is_crossed = crossed(b)
-    labels = _labels(feats, b, is_crossed, cfg)
+    labels = _labels(feats, b, is_crossed, cfg, device)
     n = len(b)
     cols: dict[str, pa.Array] = {
         "ts_event": pa.array(b.ts_event, pa.timestamp("ns", tz="UTC")),
@@ -442,9 +442,10 @@ def crossed(b: BookArrays) -> np.ndarray:
 
 
 def _labels(
-    feats: dict[str, np.ndarray], b: BookArrays, is_crossed: np.ndarray, cfg: PrecomputeConfig
+    feats: dict[str, np.ndarray], b: BookArrays, is_crossed: np.ndarray, cfg: PrecomputeConfig, device: str = "cpu"
 ) -> dict[str, np.ndarray]:
-    """Direction labels (snapshots, seconds) and the triple barrier, each with its end time.
+    """Direction labels (snapshots, seconds) and the triple barrier (on ``device``), each with
+    its end time.
 
     The mid of a crossed book is not a price: labels are computed on a mid that is NaN there,
     so a label is NaN where its start or end row is crossed.
@@ -455,7 +456,7 @@ def _labels(
         out.update(direction_labels_seconds(mid, b.ts_recv, cfg.horizons_s))
     if cfg.barrier:
         w = _barrier_widths(feats, cfg)
-        y, t1, _ = triple_barrier(mid, w, w, cfg.barrier_horizon, ts=b.ts_recv)
+        y, t1, _ = triple_barrier(mid, w, w, cfg.barrier_horizon, ts=b.ts_recv, device=device)
         out["tb_label"] = y
         out["tb_t1"] = t1
     return out

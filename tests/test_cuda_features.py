@@ -30,7 +30,7 @@ REAL_GPU = HAVE_DEVICE and not IN_SIM
 needs_device = pytest.mark.skipif(
     not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
 )
-N_INPROCESS = 12  # number of test_inprocess_* test items below (checked by the runner)
+N_INPROCESS = 13  # number of test_inprocess_* test items below (checked by the runner)
 
 
 def rows(full: int, sim: int) -> int:
@@ -221,6 +221,34 @@ def test_inprocess_direction_labels_cuda() -> None:
         assert got[k].dtype == np.float32
         np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
     assert np.isnan(got["label_h300"]).all() and np.isfinite(got["label_h1"]).any()
+
+
+@needs_device
+def test_inprocess_triple_barrier_cuda() -> None:
+    # one GPU thread per row, the CPU's row code: identical labels, end times and touch rows,
+    # on a tick-grid path (exact touches: the barriers are non-strict), NaN prices and widths
+    from alphafeat.labels import triple_barrier
+
+    rng = np.random.default_rng(31)
+    n = rows(20000, 70)
+    price = 5000.0 + 0.25 * np.cumsum(rng.integers(-1, 2, n))
+    price[rng.random(n) < 0.05] = np.nan
+    width = 0.25 * rng.integers(1, 4, n).astype(np.float64)
+    width[rng.random(n) < 0.03] = np.nan
+    ts = np.cumsum(rng.integers(1, 10**6, n)).astype(np.int64)
+    for h, upper, lower, t in ((1, width, width, ts), (7, width, 0.5, None), (n + 5, 0.75, width, ts)):
+        cpu = triple_barrier(price, upper, lower, h, ts=t)
+        gpu = triple_barrier(price, upper, lower, h, ts=t, device="cuda")
+        for c, g in zip(cpu, gpu, strict=True):
+            assert c.dtype == g.dtype
+            np.testing.assert_array_equal(g, c)
+        assert {-1.0, 1.0} <= set(np.unique(cpu[0][np.isfinite(cpu[0])]).tolist())
+    for m in (0, 1):
+        for c, g in zip(triple_barrier(price[:m], 0.5, 0.5, 3), triple_barrier(price[:m], 0.5, 0.5, 3, device="cuda"),
+                        strict=True):  # fmt: skip
+            np.testing.assert_array_equal(g, c)
+    with pytest.raises(ValueError, match="device"):
+        triple_barrier(price, 0.5, 0.5, 3, device="tpu")
 
 
 @needs_device

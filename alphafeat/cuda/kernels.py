@@ -168,6 +168,13 @@ def direction_labels_kernel(mid, hs, y):
         y[k, t] = v
 
 
+@cuda.jit(cache=True)
+def triple_barrier_kernel(price, upper, lower, h, ts, y, t1, k):
+    """One thread per row t: :func:`alphafeat.features._rows.triple_barrier_row`."""
+    for t in range(cuda.grid(1), price.shape[0], cuda.gridsize(1)):
+        R.triple_barrier_row(price, upper, lower, h, ts, y, t1, k, t)
+
+
 # --------------------------------------------------------------------------------------------
 # linear scans x_i = a_i x_{i-1} + b_i, chunked: compose, carry, replay
 # --------------------------------------------------------------------------------------------
@@ -768,6 +775,27 @@ def submit_features(
         done.record(s_d2h)
         st["free"][k_set] = (inputs_read, done)
         return Pending(host, done, cols)
+
+
+def triple_barrier_device(
+    price: np.ndarray, upper: np.ndarray, lower: np.ndarray, h: int, ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The triple barrier on the device (:func:`triple_barrier_kernel`): ``(label float64,
+    t1 int64, touch index int64)``, each (n,), as :func:`alphafeat.labels.triple_barrier`
+    computes them before its float32 cast. Inputs: contiguous float64 / int64 (n,)."""
+    n = int(price.shape[0])
+    y = np.empty(n, dtype=np.float64)
+    t1 = np.empty(n, dtype=np.int64)
+    k = np.empty(n, dtype=np.int64)
+    if n == 0:
+        return y, t1, k
+    with _LOCK:
+        d_in = [cuda.to_device(a) for a in (price, upper, lower, ts)]
+        d_out = [cuda.device_array(n, dtype=a.dtype) for a in (y, t1, k)]
+        triple_barrier_kernel[_grid(n)](d_in[0], d_in[1], d_in[2], int(h), d_in[3], *d_out)
+        for dev, host in zip(d_out, (y, t1, k), strict=True):
+            dev.copy_to_host(host)
+    return y, t1, k
 
 
 def direction_labels_device(mid: np.ndarray, horizons: np.ndarray) -> np.ndarray:

@@ -297,3 +297,36 @@ def fracdiff_row(y, w, i):
     for k in range(W):
         acc += w[k] * y[i - k]
     return acc
+
+
+@jit
+def triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t):
+    """Row t of the triple barrier (:func:`alphafeat.labels.triple_barrier`): the first row
+    ``j`` in ``(t, t + h]`` with ``price[j] - price[t] >= upper[t]`` (+1) or ``<= -lower[t]``
+    (-1); 0 at ``t + h`` when neither is touched; NaN / -1 / -1 where unknown."""
+    n = price.shape[0]
+    out_y[t] = math.nan
+    out_t1[t] = -1
+    out_k[t] = -1
+    p0 = price[t]
+    up = upper[t]
+    dn = lower[t]
+    if not (math.isfinite(p0) and math.isfinite(up) and math.isfinite(dn)):
+        return
+    end = min(t + h, n - 1)
+    for j in range(t + 1, end + 1):
+        d = price[j] - p0
+        if d >= up:
+            out_y[t] = 1.0
+            out_t1[t] = ts[j]
+            out_k[t] = j
+            return
+        if d <= -dn:
+            out_y[t] = -1.0
+            out_t1[t] = ts[j]
+            out_k[t] = j
+            return
+    if t + h <= n - 1:
+        out_y[t] = 0.0
+        out_t1[t] = ts[t + h]
+        out_k[t] = t + h
