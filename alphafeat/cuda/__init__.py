@@ -99,13 +99,18 @@ def compute_features_cuda_many(
         return {name: host[k] for k, name in enumerate(names)}
 
     pending = None
-    for book in books:
-        nxt = submit(book, overlapped=pending is not None)
+    try:
+        for book in books:
+            done, pending = pending, submit(book, overlapped=pending is not None)
+            if done is not None:
+                yield unpack(done)
+            del done
         if pending is not None:
-            yield unpack(pending)
-        pending = nxt
-    if pending is not None:
-        yield unpack(pending)
+            done, pending = pending, None
+            yield unpack(done)
+    finally:
+        if pending is not None:  # a stream left early: the device finishes with its buffers first
+            pending.result()
 
 
 def direction_labels_cuda(
