@@ -16,11 +16,12 @@ zero-division checks) so that LLVM can vectorise the ones without libm calls:
   ``-expm1(-x)/x`` are computed once per row and distinct time constant for the common step
   ``dt = t_i - t_{i-1}`` (one loop per time constant fills both); a Zumbach–Müller row whose
   last finite observation is older than the previous row (after a NaN run) gets its own
-  factor in a patch-up pass;
+  factor in a patch-up pass; a row whose step (or mid, for ``log`` of the mid and of the
+  step) equals the previous row's reuses its values instead of calling libm again;
 * ``log1p`` of integer-valued sizes, counts and flows, and ``log`` of the spread in ticks,
-  come from tables filled with ``math.log1p`` / ``math.log``: a branch-free loop looks up a
-  block's column, and only a block where some value is not a table index is redone with
-  libm (same values either way);
+  come from tables filled with ``math.log1p`` / ``math.log``: a branch-free loop checks a
+  block's column, which is then looked up, or computed with libm when some value is not a
+  table index (same values either way);
 * the coefficients ``(a_i, b_i)`` of every recurrence are built per block in vectorised
   loops, then one scan runs four recurrences side by side (their dependency chains overlap);
 * fractional differencing accumulates ``w_k y_{i-k}`` for a block of rows, eight weights per
@@ -123,21 +124,20 @@ def _slog(x, lut):
 
 @numba.njit(cache=True, inline="always")
 def _log1p_col(q, o, lut):
-    """``o[t] = _log1p(q[t], lut)`` for every t: table look-ups in a loop without branches
-    (LLVM keeps it scalar: no gathers on AVX2), then libm for the whole run only when some
-    value is not a table index."""
+    """``o[t] = _log1p(q[t], lut)`` for every t: a vectorised check that every value is a
+    table index, then plain table look-ups (LLVM keeps that loop scalar: no gathers on AVX2),
+    or libm for the whole run when some value is not."""
     top = float(lut.shape[0] - 1)
     nbad = 0
     for t in range(q.shape[0]):
         x = q[t]
-        ok = (x >= 0.0) & (x <= top)
-        k = np.int32(x if ok else 0.0)
-        good = ok & (k == x)
-        nbad += not good
-        o[t] = lut[k]
+        nbad += not ((x >= 0.0) & (x <= top) & (math.floor(x) == x))
     if nbad:
         for t in range(q.shape[0]):
             o[t] = _log1p(q[t], lut)
+    else:
+        for t in range(q.shape[0]):
+            o[t] = lut[np.int32(q[t])]
 
 
 @numba.njit(cache=True, inline="always")
@@ -146,17 +146,16 @@ def _slog_col(x, o, lut):
     top = float(lut.shape[0] - 1)
     nbad = 0
     for t in range(x.shape[0]):
-        v = x[t]
-        a = abs(v)
-        ok = (a >= 0.0) & (a <= top)
-        k = np.int32(a if ok else 0.0)
-        good = ok & (k == a)
-        nbad += not good
-        r = lut[k]
-        o[t] = -r if v < 0.0 else r
+        a = abs(x[t])
+        nbad += not ((a <= top) & (math.floor(a) == a))
     if nbad:
         for t in range(x.shape[0]):
             o[t] = _slog(x[t], lut)
+    else:
+        for t in range(x.shape[0]):
+            v = x[t]
+            r = lut[np.int32(abs(v))]
+            o[t] = -r if v < 0.0 else r
 
 
 @numba.njit(cache=True, inline="always")
@@ -234,6 +233,7 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
             e = p != p
             PB[m, t] = -inf if e else p
             QB[m, t] = 0.0 if e else q
+        for m in range(n_lv):
             p = ask_px[i, m]
             q = ask_sz[i, m]
             e = p != p
@@ -341,14 +341,10 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
             pa1 = PA[m, t]
             qa1 = QA[m, t]
             e = 0.0
-            if pb1 >= pb0:
-                e += qb1
-            if pb1 <= pb0:
-                e -= qb0
-            if pa1 <= pa0:
-                e -= qa1
-            if pa1 >= pa0:
-                e += qa0
+            e = e + qb1 if pb1 >= pb0 else e
+            e = e - qb0 if pb1 <= pb0 else e
+            e = e - qa1 if pa1 <= pa0 else e
+            e = e + qa0 if pa1 >= pa0 else e
             out[cm, start + t] = e
             S1[t] += e
             S2[t] = (S2[t] + (qb1 + qa1)) + (qb0 + qa0)
@@ -372,10 +368,15 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     # ---- time step and tick return -------------------------------------------------------
     c_dt = L[L_LOGDT]
     c_r = L[L_RET]
+    dp = math.nan  # a step equal to the row before's reuses its log
+    lp = math.nan
     for t in range(tt0, t1):  # rows i >= 1 (row 0: NaN, below)
         i = start + t
         dt = (ts[i] - ts[i - 1]) / 1e9
-        out[c_dt, i] = math.log(max(dt, 1e-9))
+        if dt != dp:
+            lp = math.log(max(dt, 1e-9))
+            dp = dt
+        out[c_dt, i] = lp
     for t in range(tt0, t1):
         i = start + t
         r = (0.5 * (PB[0, t] + PA[0, t]) - 0.5 * (PB[0, t - 1] + PA[0, t - 1])) / tick
@@ -428,9 +429,14 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
         for t in range(nb):
             s = out[1, b0 + t]
             Z[3, t] = math.log(s) if s > 0.0 else nan
+    mp = math.nan  # the mid of the row before and its log: repeated mids skip libm
+    lp = math.nan
     for t in range(nb):
         m = out[0, b0 + t]
-        Z[4, t] = math.log(m) if m > 0.0 else nan
+        if m != mp:
+            lp = math.log(m) if m > 0.0 else nan
+            mp = m
+        Z[4, t] = lp
     for t in range(nb):
         i = b0 + t
         r = out[c_ret, i]
@@ -446,19 +452,30 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
         ip = i - 1 if i > 0 else 0
         DT[t] = max(ts[i] - ts[ip], 0) / 1e9
     # ---- decay factors of the common step t_i - t_{i-1}, per distinct time constant -------
-    for k in range(taus.shape[0]):
+    for k in range(taus.shape[0]):  # a step equal to the row before's reuses its factors
         tau = taus[k]
         Ek = E[k]
+        dp = -1.0
+        e = 1.0
+        nu = 1.0
         if tau_nu[k]:
             NUk = NU[k]
             for t in range(nb):
-                x = DT[t] / tau
-                e, em = _exp_expm1(-x)
+                d = DT[t]
+                if d != dp:
+                    x = d / tau
+                    e, em = _exp_expm1(-x)
+                    nu = -em / x if x > 0.0 else 1.0
+                    dp = d
                 Ek[t] = e
-                NUk[t] = -em / x if x > 0.0 else 1.0
+                NUk[t] = nu
         else:
             for t in range(nb):
-                Ek[t] = math.exp(-(DT[t] / tau))
+                d = DT[t]
+                if d != dp:
+                    e = math.exp(-(d / tau))
+                    dp = d
+                Ek[t] = e
     # ---- skip-NaN inputs: previous finite value, started flags, rows after a gap -----------
     for c in range(N_LF):
         j = cj[c]
