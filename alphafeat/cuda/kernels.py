@@ -43,6 +43,7 @@ import math
 import os
 import sys
 import threading
+import warnings
 
 import numpy as np
 from numba import config, cuda
@@ -789,7 +790,9 @@ def triple_barrier_device(
     k = np.empty(n, dtype=np.int64)
     if n == 0:
         return y, t1, k
-    with _LOCK:
+    with _LOCK, warnings.catch_warnings():
+        # a short segment launches a small grid; numba's low-occupancy warning is noise here
+        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
         d_in = [cuda.to_device(a) for a in (price, upper, lower, ts)]
         d_out = [cuda.device_array(n, dtype=a.dtype) for a in (y, t1, k)]
         triple_barrier_kernel[_grid(n)](d_in[0], d_in[1], d_in[2], int(h), d_in[3], *d_out)
