@@ -29,7 +29,8 @@ Triple barrier (AFML ch. 3)
     is touched within h rows the label is 0 (timeout, vertical barrier) with ``t1 = ts[t+h]``.
     Where the vertical barrier lies past the segment end and no barrier was touched before
     the end, the label is **NaN** (outcome unknown: the session ended, or a roll), not 0.
-    Rows with a NaN price or width are NaN.
+    Rows with a NaN price or width, or a width that is not positive (e.g. a volatility
+    barrier before any price move), are NaN.
 """
 
 from __future__ import annotations
@@ -168,7 +169,8 @@ def triple_barrier(
     price : np.ndarray, float64, shape (n,)
         Price path of one segment (e.g. mid, index points).
     upper, lower : float or np.ndarray float64 shape (n,)
-        Profit-taking and stop-loss distances from ``price[t]``, price units, > 0.
+        Profit-taking and stop-loss distances from ``price[t]``, price units, > 0 (a row
+        whose width is NaN or <= 0 has no barrier: NaN label).
     horizon : int
         Vertical barrier in snapshots (>= 1).
     ts : np.ndarray, int64, shape (n,), optional

@@ -120,3 +120,15 @@ def test_triple_barrier_unknown_past_segment_end_not_timeout():
     assert np.isnan(y).all() and (t1 == -1).all()
     y, t1, _ = triple_barrier(p, 1.0, 1.0, 2, ts=np.array([1, 2, 3]))
     assert y[0] == 0 and t1[0] == 3 and np.isnan(y[1])
+
+
+def test_triple_barrier_non_positive_width_has_no_barrier():
+    # a zero width would make any move, even none (d = 0 >= 0), a profit take: such a row has
+    # no barrier and an unknown label, as a NaN width (e.g. a volatility barrier before any move)
+    p = np.array([100.0, 100.0, 100.25, 100.0, 99.75])
+    w = np.array([0.0, -0.25, 0.25, np.nan, 0.25])
+    y, t1, k = triple_barrier(p, w, 0.25, 2)
+    assert np.isnan(y[:2]).all() and (k[:2] == -1).all() and (t1[:2] == -1).all()
+    assert y[2] == -1 and k[2] == 3 and np.isnan(y[3])
+    y, _, _ = triple_barrier(p, 0.25, w, 2)
+    assert np.isnan(y[:2]).all() and y[2] == -1

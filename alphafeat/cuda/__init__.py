@@ -76,7 +76,8 @@ def compute_features_cuda_many(
     Yields, in the order of ``books``, the dict :func:`compute_features_cuda` returns. A
     yielded dict stays valid while the caller holds it (its pinned matrix is reused only once
     no view of it is alive); holding more than one at a time costs a new pinned allocation
-    each. Raises ``ValueError`` for a bad book or dtype, as :func:`compute_features_cuda`.
+    each. Raises ``ValueError`` for a bad book or dtype, as :func:`compute_features_cuda`:
+    this is a generator, so at the ``next()`` that reaches that book.
     """
     from alphafeat.cuda import kernels
     from alphafeat.features import FeatureParams, _prepare, feature_specs

@@ -303,7 +303,8 @@ def fracdiff_row(y, w, i):
 def triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t):
     """Row t of the triple barrier (:func:`alphafeat.labels.triple_barrier`): the first row
     ``j`` in ``(t, t + h]`` with ``price[j] - price[t] >= upper[t]`` (+1) or ``<= -lower[t]``
-    (-1); 0 at ``t + h`` when neither is touched; NaN / -1 / -1 where unknown."""
+    (-1); 0 at ``t + h`` when neither is touched; NaN / -1 / -1 where unknown, and where the
+    price or a width is not finite or a width is not positive (no barrier)."""
     n = price.shape[0]
     out_y[t] = math.nan
     out_t1[t] = -1
@@ -311,7 +312,7 @@ def triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t):
     p0 = price[t]
     up = upper[t]
     dn = lower[t]
-    if not (math.isfinite(p0) and math.isfinite(up) and math.isfinite(dn)):
+    if not (math.isfinite(p0) and math.isfinite(up) and math.isfinite(dn) and up > 0.0 and dn > 0.0):
         return
     end = min(t + h, n - 1)
     for j in range(t + 1, end + 1):
