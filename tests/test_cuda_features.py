@@ -59,7 +59,7 @@ def test_inprocess_cuda_equals_cpu(params: FeatureParams) -> None:
 @needs_device
 def test_inprocess_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     # chunk = 3: 200 rows -> 67 chunk maps per series, scanned by one block (simulator: 60
-    # rows -> 20 maps over 16 threads, so some threads compose a run of two maps)
+    # rows -> 20 maps over 4 threads, so each thread composes a run of five maps)
     from alphafeat.cuda import kernels
 
     monkeypatch.setattr(kernels, "CHUNK", 3)

@@ -59,6 +59,9 @@ CHUNK = 64
 THREADS = 256
 #: Under the simulator each CUDA thread is a Python thread: launch few and let each loop.
 SIM_THREADS = 16
+#: Threads of :func:`scan_carry_kernel` under the simulator (each barrier there polls every
+#: thread; 4 still scan runs of several chunk maps across the block).
+SIM_CARRY_THREADS = 4
 #: Most recurrences a plan may hold (size of the per-thread local arrays of post_kernel).
 MAX_SERIES = 32
 
@@ -300,7 +303,7 @@ def scan_replay_kernel(
 
 def _carry_cfg(S: int, stream) -> tuple:
     if config.ENABLE_CUDASIM:
-        return 1, SIM_THREADS, stream
+        return 1, SIM_CARRY_THREADS, stream
     return S, CARRY_THREADS, stream
 
 
