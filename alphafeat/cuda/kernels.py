@@ -4,7 +4,7 @@ The per-row formulas are :mod:`alphafeat.features._rows` compiled with
 ``numba.cuda.jit(device=True)`` (the CPU path compiles the same file with ``numba.njit``).
 All features of a segment live in one device matrix ``out`` of shape ``(n_out + 1, n)``,
 rows in :func:`alphafeat.features.feature_specs` order plus one scratch row (the
-forward-filled log mid), so each step's results go back column by column from one matrix.
+forward-filled log mid), so each step's results go back from one matrix in one 2-D copy.
 
 Pipeline (:func:`submit_features`, :func:`run_features`), in steps (:func:`_step_bounds`) on
 three streams kept between calls: host threads fill a pinned staging slot with step k+1 while
