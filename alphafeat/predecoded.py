@@ -28,6 +28,7 @@ Each ``.npy`` holds a 1-D structured array with the dtype of
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -255,6 +256,7 @@ def decode_to_cache(
     key = cache_key(src, ids)
     st = src.stat()
     root = Path(cache_dir)
+    created = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -304,6 +306,9 @@ def decode_to_cache(
             if not w.f.closed:
                 w.f.close()
         shutil.rmtree(tmp, ignore_errors=True)
+        if created:  # a cache folder this call made and nothing else filled: gone too
+            with contextlib.suppress(OSError):
+                root.rmdir()
         raise
 
 

@@ -139,6 +139,7 @@ def test_bad_input_one_line_nonzero_no_cache(tmp_path, capsys, case):
     assert "Traceback" not in err
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".cache")]  # no temp dirs left
+    assert not (tmp_path / ".predecoded").exists()  # nor an empty predecoded cache
 
 
 def test_bad_input_keeps_previous_cache(tmp_path, capsys):

@@ -83,6 +83,10 @@ def test_failed_decode_leaves_no_entry(tmp_path: Path) -> None:
     p.write_bytes(p.read_bytes()[:-7])
     with pytest.raises(InputError, match="truncated"):
         predecoded.read_predecoded(p, tmp_path / "pre")
+    assert not (tmp_path / "pre").exists()  # the folder this call made is gone too
+    (tmp_path / "pre").mkdir()  # a folder that was there before stays
+    with pytest.raises(InputError, match="truncated"):
+        predecoded.read_predecoded(p, tmp_path / "pre")
     assert list((tmp_path / "pre").iterdir()) == []
 
 

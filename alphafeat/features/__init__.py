@@ -121,9 +121,8 @@ def _prepare(book: BookArrays, params: FeatureParams) -> dict[str, np.ndarray]:
     for k in ("bid_px", "ask_px", "bid_sz", "ask_sz"):
         v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
         if v.ndim != 2 or v.shape[0] != n or not (need <= v.shape[1] <= LEVELS):
-            raise ValueError(
-                f"BookArrays.{k} must have shape (n, L) with n = {n} and {need} <= L <= {LEVELS}, got {v.shape}"
-            )
+            levels = f"L = {LEVELS}" if need == LEVELS else f"{need} <= L <= {LEVELS}"
+            raise ValueError(f"BookArrays.{k} must have shape (n, L) with n = {n} and {levels}, got {v.shape}")
         cols[k] = v
     for k in ("buy_volume", "sell_volume", "trade_count"):
         v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
