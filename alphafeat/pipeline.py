@@ -435,6 +435,17 @@ def _barrier_widths(feats: dict[str, np.ndarray], cfg: PrecomputeConfig) -> np.n
     return mult * sigma_ticks * tick * np.sqrt(cfg.barrier_horizon)
 
 
+def _first_use() -> bool:
+    """Whether numba has no cached machine code yet for the CPU feature kernel (its cache
+    index is missing): the first run in an environment compiles the kernels (~30 s)."""
+    try:
+        from alphafeat.features.cpu import _run_chunk
+
+        return not os.path.exists(_run_chunk._cache._cache_file._index_path)
+    except Exception:  # numba internals moved: no hint
+        return False
+
+
 def crossed(b: BookArrays) -> np.ndarray:
     """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open)."""
     with np.errstate(invalid="ignore"):
@@ -644,7 +655,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         for f in book_files + trade_files + def_files
     ]
     n_crossed, min_rows = 0, 1 << 62
-    t_feat = task(f"features + labels ({device})", len(segments))
+    first = " - first use: compiling kernels, ~30 s" if _first_use() else ""
+    t_feat = task(f"features + labels ({device}){first}", len(segments))
     pinned = None  # on a GPU the book is built in page-locked memory: sent without a staging copy
     if device == "cuda" and not bar_volume:
         from alphafeat.cuda.kernels import pinned_buffer as pinned

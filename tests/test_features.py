@@ -481,3 +481,12 @@ def test_no_look_ahead(t: int) -> None:
 
 def test_cuda_available_is_bool() -> None:
     assert isinstance(cuda_available(), bool)
+
+
+def test_first_use_hint_goes_once_compiled() -> None:
+    # precompute's "compiling kernels" hint reads numba's cache index of the CPU kernel:
+    # after one compute in this environment the index is on disk and the hint goes
+    from alphafeat.pipeline import _first_use
+
+    compute_features(random_book(50, 0))
+    assert _first_use() is False
