@@ -9,19 +9,31 @@ block-local arrays (empty levels masked once). Nothing is materialised at full s
 the output matrix itself.
 
 Loops over a block avoid branches that depend on the data (``error_model="numpy"``: no
-zero-division checks) so that LLVM can vectorise the ones without libm calls:
+zero-division checks) so that LLVM can vectorise them:
 
-* ``exp``, ``expm1``, ``log`` and ``log1p`` are libm's (``math``; the CUDA path uses
-  libdevice); ``exp(-dt/tau)`` and the 'linear' weight
-  ``-expm1(-x)/x`` are computed once per row and distinct time constant for the common step
-  ``dt = t_i - t_{i-1}`` (one loop per time constant fills both); a Zumbach–Müller row whose
-  last finite observation is older than the previous row (after a NaN run) gets its own
-  factor in a patch-up pass; a row whose step (or mid, for ``log`` of the mid and of the
-  step) equals the previous row's reuses its values instead of calling libm again;
+* no libm call is left in the kernels. ``exp``, ``expm1``, ``log`` and ``log1p`` are our own
+  branch-free float64 functions (:mod:`alphafeat.features._vmath`, inlined): Cody–Waite
+  range reduction and polynomials (Taylor degree 13 for ``expm1`` of the reduced argument;
+  fdlibm's minimax ``log`` kernel and ``log1p`` correction term; Muller, *Elementary
+  Functions*, ch. 11), bits through int64 bit-casts, fused multiply-adds (``llvm.fma``),
+  selects for the special values. Accuracy: under 1 ulp from the exact value, at most 1 ulp
+  from libm on the whole float64 range (tests/test_fastmath.py); NaN, +-inf, +-0,
+  subnormals and the overflow / underflow edges as libm. The CUDA path keeps libdevice,
+  so CUDA and CPU differ by at most an ulp or two in these functions (well inside the
+  1e-9 relative of the CUDA tests).
+* ``exp(-dt/tau)`` and the 'linear' weight ``-expm1(-x)/x`` (``x = dt/tau``) of the common
+  step ``dt = t_i - t_{i-1}``: one straight vectorised loop per distinct time constant fills
+  both from one range reduction (:func:`vexp_expm1`; :func:`vexp` gives the same ``exp``);
+  a Zumbach–Müller row whose last finite observation is older than the previous row (after
+  a NaN run) gets its own factor in a patch-up pass (the same functions, scalar);
+* ``log`` of the mid, of the spread and of the time step, and the post transforms
+  ``log1p`` / signed ``log1p``, are vectorised loops over the block;
 * ``log1p`` of integer-valued sizes, counts and flows, and ``log`` of the spread in ticks,
-  come from tables filled with ``math.log1p`` / ``math.log``: a branch-free loop checks a
-  block's column, which is then looked up, or computed with libm when some value is not a
-  table index (same values either way);
+  come from tables filled with the same ``vlog1p`` / ``vlog``: a branch-free loop checks a
+  block's column, which is then looked up (a scalar loop, cheaper still), or computed with
+  the vectorised function when some value is not a table index (same values either way).
+  Every CPU path (sequential, chunked modes, the skip-NaN carries of :func:`_z_at`, the
+  window prefix of :func:`_fd_prefix`) gives the same value for the same argument;
 * the coefficients ``(a_i, b_i)`` of every recurrence are built per block in vectorised
   loops, then one scan runs four recurrences side by side (their dependency chains overlap);
 * fractional differencing accumulates ``w_k y_{i-k}`` for a block of rows, eight weights per
@@ -54,6 +66,7 @@ import threading
 import numba
 import numpy as np
 
+from alphafeat.features._vmath import vexp, vexp_expm1, vlog, vlog1p
 from alphafeat.features.registry import (
     K_DECAY,
     K_DEV,
@@ -96,37 +109,27 @@ _MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED = 0, 1, 2, 3
 
 @numba.njit(cache=True)
 def _make_lut(n):
-    """Row 0: ``math.log1p(k)``; row 1: ``math.log(k)`` (NaN at k = 0, never read)."""
+    """Row 0: ``vlog1p(k)``; row 1: ``vlog(k)`` (NaN at k = 0, never read): the values the
+    vectorised functions give for those arguments, so a look-up equals a computation."""
     lut = np.empty((2, n))
     for k in range(n):
-        lut[0, k] = math.log1p(float(k))
-        lut[1, k] = math.log(float(k)) if k > 0 else math.nan
+        lut[0, k] = vlog1p(float(k))
+        lut[1, k] = vlog(float(k)) if k > 0 else math.nan
     return lut
 
 
 @numba.njit(cache=True, inline="always")
-def _log1p(q, lut):
-    """``math.log1p(q)``, from the table when q is a small non-negative integer."""
-    if q >= 0.0 and q < lut.shape[0]:
-        k = int(q)
-        if k == q:
-            return lut[k]
-    return math.log1p(q)
-
-
-@numba.njit(cache=True, inline="always")
-def _slog(x, lut):
-    """Signed log ``sign(x) log(1 + |x|)`` (NaN stays NaN)."""
-    if x < 0.0:
-        return -_log1p(-x, lut)
-    return _log1p(x, lut)
+def _signed_log1p(x):
+    """Signed log ``sign(x) log(1 + |x|)`` of any float64 (NaN stays NaN), branch-free."""
+    y = vlog1p(abs(x))
+    return -y if x < 0.0 else y
 
 
 @numba.njit(cache=True, inline="always")
 def _log1p_col(q, o, lut):
-    """``o[t] = _log1p(q[t], lut)`` for every t: a vectorised check that every value is a
-    table index, then plain table look-ups (LLVM keeps that loop scalar: no gathers on AVX2),
-    or libm for the whole run when some value is not."""
+    """``o[t] = vlog1p(q[t])`` for every t: a vectorised check that every value is a table
+    index, then plain table look-ups (LLVM keeps that loop scalar: no gathers on AVX2), or a
+    vectorised :func:`vlog1p` loop for the whole run when some value is not (same values)."""
     top = float(lut.shape[0] - 1)
     nbad = 0
     for t in range(q.shape[0]):
@@ -134,7 +137,7 @@ def _log1p_col(q, o, lut):
         nbad += not ((x >= 0.0) & (x <= top) & (math.floor(x) == x))
     if nbad:
         for t in range(q.shape[0]):
-            o[t] = _log1p(q[t], lut)
+            o[t] = vlog1p(q[t])
     else:
         for t in range(q.shape[0]):
             o[t] = lut[np.int32(q[t])]
@@ -142,7 +145,7 @@ def _log1p_col(q, o, lut):
 
 @numba.njit(cache=True, inline="always")
 def _slog_col(x, o, lut):
-    """``o[t] = _slog(x[t], lut)`` for every t (as :func:`_log1p_col`)."""
+    """``o[t] = _signed_log1p(x[t])`` for every t (as :func:`_log1p_col`)."""
     top = float(lut.shape[0] - 1)
     nbad = 0
     for t in range(x.shape[0]):
@@ -150,25 +153,12 @@ def _slog_col(x, o, lut):
         nbad += not ((a <= top) & (math.floor(a) == a))
     if nbad:
         for t in range(x.shape[0]):
-            o[t] = _slog(x[t], lut)
+            o[t] = _signed_log1p(x[t])
     else:
         for t in range(x.shape[0]):
             v = x[t]
             r = lut[np.int32(abs(v))]
             o[t] = -r if v < 0.0 else r
-
-
-@numba.njit(cache=True, inline="always")
-def _signed_log1p(x):
-    """Signed log ``sign(x) log(1 + |x|)`` of any float64 (NaN stays NaN)."""
-    y = math.log1p(abs(x))
-    return -y if x < 0.0 else y
-
-
-@numba.njit(cache=True, inline="always")
-def _exp_expm1(x):
-    """``(exp(x), expm1(x))`` (libm)."""
-    return math.exp(x), math.expm1(x)
 
 
 @numba.njit(cache=True, inline="always")
@@ -189,10 +179,10 @@ def _z_at(code, i, out, L, buy, sell, cnt):
         return out[1, i]
     if code == 3:
         s = out[1, i]
-        return math.log(s) if s > 0.0 else math.nan
+        return vlog(s) if s > 0.0 else math.nan
     if code == 4:
         m = out[0, i]
-        return math.log(m) if m > 0.0 else math.nan
+        return vlog(m) if m > 0.0 else math.nan
     if code == 5:
         return cnt[i]
     if code == 6:
@@ -368,15 +358,10 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
     # ---- time step and tick return -------------------------------------------------------
     c_dt = L[L_LOGDT]
     c_r = L[L_RET]
-    dp = math.nan  # a step equal to the row before's reuses its log
-    lp = math.nan
     for t in range(tt0, t1):  # rows i >= 1 (row 0: NaN, below)
         i = start + t
         dt = (ts[i] - ts[i - 1]) / 1e9
-        if dt != dp:
-            lp = math.log(max(dt, 1e-9))
-            dp = dt
-        out[c_dt, i] = lp
+        out[c_dt, i] = vlog(max(dt, 1e-9))
     for t in range(tt0, t1):
         i = start + t
         r = (0.5 * (PB[0, t] + PA[0, t]) - 0.5 * (PB[0, t - 1] + PA[0, t - 1])) / tick
@@ -428,15 +413,10 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
     if nbad:
         for t in range(nb):
             s = out[1, b0 + t]
-            Z[3, t] = math.log(s) if s > 0.0 else nan
-    mp = math.nan  # the mid of the row before and its log: repeated mids skip libm
-    lp = math.nan
+            Z[3, t] = vlog(s) if s > 0.0 else nan
     for t in range(nb):
         m = out[0, b0 + t]
-        if m != mp:
-            lp = math.log(m) if m > 0.0 else nan
-            mp = m
-        Z[4, t] = lp
+        Z[4, t] = vlog(m) if m > 0.0 else nan
     for t in range(nb):
         i = b0 + t
         r = out[c_ret, i]
@@ -452,30 +432,19 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
         ip = i - 1 if i > 0 else 0
         DT[t] = max(ts[i] - ts[ip], 0) / 1e9
     # ---- decay factors of the common step t_i - t_{i-1}, per distinct time constant -------
-    for k in range(taus.shape[0]):  # a step equal to the row before's reuses its factors
+    for k in range(taus.shape[0]):
         tau = taus[k]
         Ek = E[k]
-        dp = -1.0
-        e = 1.0
-        nu = 1.0
         if tau_nu[k]:
             NUk = NU[k]
             for t in range(nb):
-                d = DT[t]
-                if d != dp:
-                    x = d / tau
-                    e, em = _exp_expm1(-x)
-                    nu = -em / x if x > 0.0 else 1.0
-                    dp = d
+                x = DT[t] / tau
+                e, em = vexp_expm1(-x)
                 Ek[t] = e
-                NUk[t] = nu
+                NUk[t] = -em / x if x > 0.0 else 1.0
         else:
             for t in range(nb):
-                d = DT[t]
-                if d != dp:
-                    e = math.exp(-(d / tau))
-                    dp = d
-                Ek[t] = e
+                Ek[t] = vexp(-(DT[t] / tau))
     # ---- skip-NaN inputs: previous finite value, started flags, rows after a gap -----------
     for c in range(N_LF):
         j = cj[c]
@@ -547,7 +516,7 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
                 t = GAP[code, g]
                 i = b0 + t
                 x = (max(ts[i] - GAPT[code, g], 0) / 1e9) / tau
-                e, em = _exp_expm1(-x)
+                e, em = vexp_expm1(-x)
                 mu = e
                 if interp == 0:
                     nu = 1.0
@@ -667,7 +636,7 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
                 o[t] = v if ((always | stc[t]) & (var > 0.0)) else nan
         elif typ == 6:
             for t in range(nb):
-                o[t] = math.log1p(x1[t])
+                o[t] = vlog1p(x1[t])
         else:
             for t in range(nb):
                 o[t] = _signed_log1p(x1[t])
@@ -722,13 +691,13 @@ def _fd_prefix(out, lo, W, Y):
     for j in range(first - 1, -1, -1):
         m = out[0, j]
         if m > 0.0 and m < math.inf:
-            val = math.log(m)
+            val = vlog(m)
             break
     for r in range(r0, lo):
         if r >= 0:
             m = out[0, r]
             if m > 0.0 and m < math.inf:
-                val = math.log(m)
+                val = vlog(m)
             Y[r - r0] = val
         else:
             Y[r - r0] = math.nan
