@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from features import make_book  # noqa: E402
+from features import _time, make_book  # noqa: E402
 
 from alphafeat.features import FeatureParams, _prepare, compute_features  # noqa: E402
 from alphafeat.features.cpu import BLOCK  # noqa: E402
@@ -66,12 +65,7 @@ def _traffic(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, out):  # pragma
 
 def _best(fn, repeat: int) -> float:
     fn()  # untimed: compile, first touch
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return _time(fn, repeat)
 
 
 def main() -> int:
