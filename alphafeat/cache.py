@@ -70,6 +70,34 @@ def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dic
         w.write_table(table)
 
 
+def check_out(out: str | os.PathLike[str]) -> Path:
+    """Check, before any work, that a cache can be written at ``out``; returns it resolved.
+
+    Raises
+    ------
+    AlphafeatError
+        ``out`` is a regular file; or a folder that is neither empty nor an alphafeat cache (we
+        never delete a folder we did not write); or a path below a regular file; or its nearest
+        existing folder is not writable.
+    """
+    path = Path(out).resolve()
+    if path.exists() and not is_cache(path):
+        if not path.is_dir():
+            raise AlphafeatError(f"{path}: is a file, not a folder (a cache is a folder)")
+        if any(path.iterdir()):
+            raise AlphafeatError(
+                f"{path}: a folder that is not empty and not an alphafeat cache; refusing to overwrite it"
+            )
+    base = path
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise AlphafeatError(f"{path}: cannot be made: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise AlphafeatError(f"{path}: cannot be written: no write permission on {base}")
+    return path
+
+
 class CacheWriter:
     """Stage partitions, then swap them into ``out`` at :meth:`commit` (rules in the module doc).
 
@@ -84,12 +112,7 @@ class CacheWriter:
     """
 
     def __init__(self, out: str | os.PathLike[str]) -> None:
-        self.out = Path(out).resolve()
-        if self.out.exists() and not is_cache(self.out):
-            if not self.out.is_dir() or any(self.out.iterdir()):
-                raise AlphafeatError(
-                    f"{self.out}: exists and is not an alphafeat cache; refusing to overwrite it"
-                )
+        self.out = check_out(out)
         self._created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.out / LOCK, "a+")  # noqa: SIM115 (held until commit/abort)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import alphafeat
 from alphafeat import book as bk
 from alphafeat.bars import volume_bar_ends, volume_bars
-from alphafeat.cache import FORMAT_VERSION, CacheWriter, write_partition
+from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_out, write_partition
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn
 from alphafeat.errors import AlphafeatError, InputError, SelectionError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
@@ -501,6 +501,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     device = resolve_device(cfg.device)
     bar_volume = _bar_volume(cfg.sample)
     summary = Summary(device=device, out=Path(cfg.out))
+    check_out(cfg.out)  # a wrong --out fails now, not after the whole compute
     files = discover(cfg.inputs)
     book_files, trade_files, def_files = _classify(files, cfg.on_error, summary.skipped)
     summary.files = len(files)

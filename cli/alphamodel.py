@@ -44,6 +44,12 @@ def _default_cache(out: Path, quiet: bool) -> Path:
 
 
 def _train(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise AlphafeatError(
+            "alphamodel needs PyTorch, which is not installed: pip install -e '.[model]'"
+        ) from e
     from alphamodel.model import ModelConfig
     from alphamodel.train import TrainConfig, train
 

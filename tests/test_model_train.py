@@ -239,3 +239,12 @@ def test_heads_keep_the_per_row_linear_path_under_dropout():
     x, dt = torch.randn(2, 7, 5), torch.rand(2, 7)
     W, b = m.heads.weight[:, -5:], m.heads.bias
     assert torch.allclose(m(x, dt), x @ W.T + b, atol=1e-6)
+
+
+def test_cli_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch):
+    # a CPU user who installed only alphafeat: one line naming the extra, no ImportError traceback
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch -> ImportError
+    assert cli_main(["train", "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "pip install -e '.[model]'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

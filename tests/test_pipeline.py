@@ -157,6 +157,39 @@ def test_refuses_to_overwrite_foreign_directory(tmp_path, capsys):
     (out / "thesis.tex").write_text("precious")
     assert _run("--input", str(need(ESU4_MBP1)), "--out", str(out), "--device", "cpu") == 1
     assert (out / "thesis.tex").read_text() == "precious"
+    assert "not an alphafeat cache" in capsys.readouterr().err
+    assert not (tmp_path / ".predecoded").exists()  # refused before any decoding
+
+
+@pytest.mark.parametrize("case", ["out is a file", "out below a file"])
+def test_bad_out_fails_first_in_one_line(tmp_path, capsys, case):
+    # a wrong --out is found before the inputs are decoded: one line naming it, nothing written
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    out = f if case == "out is a file" else f / "cache"
+    assert _run("--input", str(need(ESU4_MBP1)), "--out", str(out), "--device", "cpu") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert str(f) in err and "is a file, not a folder" in err
+    assert f.read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # no .predecoded, no temp
+
+
+def test_os_error_is_one_line_naming_the_path(capsys):
+    import argparse
+
+    from cli import run
+
+    def full(args):
+        raise OSError(28, "No space left on device", "/data/cache/x.arrow")
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.set_defaults(func=full)
+    assert run(ap, []) == 1
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert "/data/cache/x.arrow: No space left on device" in text and "Traceback" not in text
 
 
 def test_embedded_default_front_month_switches(tmp_path, capsys):
