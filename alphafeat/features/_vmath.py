@@ -90,8 +90,7 @@ _EXPM1_OVF = 709.782712893383973096  # log(DBL_MAX): above, expm1 = inf
 _INF = math.inf
 _NAN = math.nan
 
-# Taylor coefficients 1/n!, n = 2 .. 13 (q(r) = sum_{n>=2} r^(n-2) / n!)
-_C2 = 1.0 / 2.0
+# Taylor coefficients 1/n!, n = 3 .. 13 (1/2! enters as the exact 0.5 in _exp_reduce)
 _C3 = 1.0 / 6.0
 _C4 = 1.0 / 24.0
 _C5 = 1.0 / 120.0
