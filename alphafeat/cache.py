@@ -70,24 +70,19 @@ def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dic
         w.write_table(table)
 
 
-def check_out(out: str | os.PathLike[str]) -> Path:
-    """Check, before any work, that a cache can be written at ``out``; returns it resolved.
+def check_folder(path: str | os.PathLike[str]) -> Path:
+    """Check that ``path`` is, or can be made, a folder this process may write; returns it
+    resolved. Used before any work for the cache and the predecoded folder.
 
     Raises
     ------
     AlphafeatError
-        ``out`` is a regular file; or a folder that is neither empty nor an alphafeat cache (we
-        never delete a folder we did not write); or a path below a regular file; or its nearest
-        existing folder is not writable.
+        ``path`` is a regular file; or lies below one; or it (or its nearest existing folder)
+        is not writable.
     """
-    path = Path(out).resolve()
-    if path.exists() and not is_cache(path):
-        if not path.is_dir():
-            raise AlphafeatError(f"{path}: is a file, not a folder (a cache is a folder)")
-        if any(path.iterdir()):
-            raise AlphafeatError(
-                f"{path}: a folder that is not empty and not an alphafeat cache; refusing to overwrite it"
-            )
+    path = Path(path).resolve()
+    if path.exists() and not path.is_dir():
+        raise AlphafeatError(f"{path}: is a file, not a folder")
     base = path
     while not base.exists():
         base = base.parent
@@ -95,6 +90,21 @@ def check_out(out: str | os.PathLike[str]) -> Path:
         raise AlphafeatError(f"{path}: cannot be made: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
         raise AlphafeatError(f"{path}: cannot be written: no write permission on {base}")
+    return path
+
+
+def check_out(out: str | os.PathLike[str]) -> Path:
+    """Check, before any work, that a cache can be written at ``out``; returns it resolved.
+
+    Raises
+    ------
+    AlphafeatError
+        ``out`` is a folder that is neither empty nor an alphafeat cache (we never delete a
+        folder we did not write); or as :func:`check_folder`.
+    """
+    path = check_folder(out)
+    if path.exists() and not is_cache(path) and any(path.iterdir()):
+        raise AlphafeatError(f"{path}: a folder that is not empty and not an alphafeat cache; refusing to overwrite it")
     return path
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import alphafeat
 from alphafeat import book as bk
 from alphafeat.bars import volume_bar_ends, volume_bars
-from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_out, write_partition
+from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, write_partition
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn
 from alphafeat.errors import AlphafeatError, InputError, SelectionError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
@@ -501,7 +501,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     device = resolve_device(cfg.device)
     bar_volume = _bar_volume(cfg.sample)
     summary = Summary(device=device, out=Path(cfg.out))
-    check_out(cfg.out)  # a wrong --out fails now, not after the whole compute
+    check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
+    pre_dir = check_folder(cfg.predecoded_dir or default_predecoded_dir(cfg.out))
     files = discover(cfg.inputs)
     book_files, trade_files, def_files = _classify(files, cfg.on_error, summary.skipped)
     summary.files = len(files)
@@ -518,7 +519,6 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     # ---- read ------------------------------------------------------------------------
     # streaming decode + instrument filter, joblib processes over files, predecoded cache
     t_read = task("read DBN", len(files))
-    pre_dir = cfg.predecoded_dir or default_predecoded_dir(cfg.out)
     selection = {f.path: (None if f in def_files else only) for f in book_files + trade_files + def_files}
     rr = read_files(
         list(selection), instrument_ids=selection, n_jobs=cfg.jobs, cache_dir=pre_dir,

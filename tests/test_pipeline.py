@@ -161,18 +161,19 @@ def test_refuses_to_overwrite_foreign_directory(tmp_path, capsys):
     assert not (tmp_path / ".predecoded").exists()  # refused before any decoding
 
 
-@pytest.mark.parametrize("case", ["out is a file", "out below a file"])
+@pytest.mark.parametrize("case", ["out is a file", "out below a file", "predecoded is a file"])
 def test_bad_out_fails_first_in_one_line(tmp_path, capsys, case):
-    # a wrong --out is found before the inputs are decoded: one line naming it, nothing written
-    f = tmp_path / "notes.txt"
+    # a wrong --out (or the predecoded folder beside it) is found before the inputs are
+    # decoded: one line naming it, nothing written
+    f = tmp_path / ("notes.txt" if case != "predecoded is a file" else ".predecoded")
     f.write_text("mine")
-    out = f if case == "out is a file" else f / "cache"
+    out = {"out is a file": f, "out below a file": f / "cache"}.get(case, tmp_path / "cache")
     assert _run("--input", str(need(ESU4_MBP1)), "--out", str(out), "--device", "cpu") == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert str(f) in err and "is a file, not a folder" in err
     assert f.read_text() == "mine"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # no .predecoded, no temp
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f.name]  # no .predecoded, no temp
 
 
 def test_os_error_is_one_line_naming_the_path(capsys):
