@@ -463,3 +463,149 @@ def to_book_arrays(
         trade_count=count,
         depth=book.depth,
     )
+
+
+# --------------------------------------------------------------------------------------
+# MBP-10 / MBP-1 records -> book rows of one session (numba, streamed chunk by chunk)
+# --------------------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, nogil=True)
+def _mbp_rows(i64, u32, u8, off, depth, s0, s1, k0, ts_ev, ts_rc, bpx, apx, bsz, asz, bct, act, buy, sell, cnt, acc):
+    """Rows of the records in ``[s0, s1)`` (ts_recv) into the outputs from row ``k0``; ``acc``
+    carries the trade flow (buy, sell, count) not yet given to a row. Returns the next row."""
+    o_ev, o_rc, o_sz, o_act, o_side, o_flags, o_px, o_lsz, lstep8, lstep4 = (
+        off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7], off[8], off[9])
+    k = k0
+    undef = 9223372036854775807
+    for r in range(i64.shape[0]):
+        t = i64[r, o_rc]
+        if t < s0 or t >= s1:
+            continue
+        a = u8[r, o_act]
+        if a == 84:  # 'T': a trade; its side is the aggressor
+            side = u8[r, o_side]
+            q = float(u32[r, o_sz])
+            if side == 66:  # 'B'
+                acc[0] += q
+            elif side == 65:  # 'A'
+                acc[1] += q
+            acc[2] += 1.0
+            continue
+        if (u8[r, o_flags] & 0x80) == 0 or a == 70:  # not F_LAST, or a fill
+            continue
+        ts_ev[k] = i64[r, o_ev]
+        ts_rc[k] = t
+        for j in range(bpx.shape[1]):
+            if j < depth:
+                pb = i64[r, o_px + j * lstep8]
+                pa = i64[r, o_px + 1 + j * lstep8]
+                bpx[k, j] = np.nan if pb == undef else pb / 1e9
+                apx[k, j] = np.nan if pa == undef else pa / 1e9
+                bsz[k, j] = u32[r, o_lsz + j * lstep4]
+                asz[k, j] = u32[r, o_lsz + 1 + j * lstep4]
+                bct[k, j] = u32[r, o_lsz + 2 + j * lstep4]
+                act[k, j] = u32[r, o_lsz + 3 + j * lstep4]
+            else:
+                bpx[k, j] = np.nan
+                apx[k, j] = np.nan
+                bsz[k, j] = 0.0
+                asz[k, j] = 0.0
+                bct[k, j] = 0
+                act[k, j] = 0
+        buy[k] = acc[0]
+        sell[k] = acc[1]
+        cnt[k] = acc[2]
+        acc[:] = 0.0
+        k += 1
+    return k
+
+
+class MBPBookBuilder:
+    """Book rows of one instrument over one session from MBP-10 / MBP-1 records fed in stream
+    order, chunk by chunk (equal to :func:`mbp_snapshots` + :func:`to_book_arrays` on the
+    session's rows and trades; ``tests/test_segment.py``).
+
+    A row is emitted for each ``F_LAST`` record that is not a trade or fill and whose
+    ``ts_recv`` lies in ``[start, end)``; trade flow comes from the ``T`` records of the same
+    session in the stream (each goes to the first row after it) unless :meth:`finish` is given
+    a trades file's records. Rows are written straight into the output columns, sized for
+    ``capacity`` rows up front (untouched capacity is address space, not memory) and grown by
+    copying only if the records outnumber it.
+
+    Parameters
+    ----------
+    dtype : np.dtype
+        The records' dtype (``record_dtype(0x0A or 0x01, version, ts_out)``).
+    start, end : int
+        Session bounds, ns since the epoch (UTC).
+    capacity : int
+        Rows to reserve (an upper bound of the records, e.g. from the files' sizes).
+    """
+
+    def __init__(self, dtype: np.dtype, start: int, end: int, capacity: int = 1 << 20) -> None:
+        f = dtype.fields
+        self.depth = sum(1 for n in dtype.names if n.startswith("bid_px_"))
+        lvl = f["bid_px_01"][1] - f["bid_px_00"][1] if self.depth > 1 else 32
+        self._off = np.array([f["ts_event"][1] // 8, f["ts_recv"][1] // 8, f["size"][1] // 4, f["action"][1],
+                              f["side"][1], f["flags"][1], f["bid_px_00"][1] // 8, f["bid_sz_00"][1] // 4,
+                              lvl // 8, lvl // 4], dtype=np.int64)  # fmt: skip
+        self._itemsize = dtype.itemsize
+        self.start, self.end = int(start), int(end)
+        self._acc = np.zeros(3)
+        self._cols = self._alloc(max(int(capacity), 1))
+        self.rows = 0
+        self.records = 0
+
+    @staticmethod
+    def _alloc(cap: int) -> list[np.ndarray]:
+        lv = (cap, LEVELS)
+        return [np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(lv), np.empty(lv), np.empty(lv),
+                np.empty(lv), np.empty(lv, np.uint32), np.empty(lv, np.uint32), np.empty(cap), np.empty(cap),
+                np.empty(cap)]  # fmt: skip
+
+    def add(self, records: np.ndarray) -> int:
+        """Consume one chunk of records (a contiguous structured array); returns rows emitted."""
+        n = records.shape[0]
+        self.records += n
+        if n == 0:
+            return 0
+        cap = self._cols[0].shape[0]
+        if self.rows + n > cap:  # more records than reserved: grow (copies the rows so far)
+            new = self._alloc(max(2 * cap, self.rows + n))
+            for dst, src in zip(new, self._cols):
+                dst[: self.rows] = src[: self.rows]
+            self._cols = new
+        raw = np.ascontiguousarray(records).view(np.uint8).reshape(n, self._itemsize)
+        k = _mbp_rows(raw.view(np.int64), raw.view(np.uint32), raw, self._off, self.depth, self.start, self.end,
+                      self.rows, *self._cols, self._acc)  # fmt: skip
+        emitted, self.rows = k - self.rows, k
+        return emitted
+
+    def finish(self, trades: Trades | None = None) -> BookArrays:
+        """The session's rows as :class:`BookArrays` (prices float64 index points, sizes float64,
+        counts uint32), views of the reserved columns. With ``trades`` (a trades file's, any
+        session: those in the session are used), the flow is recomputed from them, each trade
+        going to the first row at or after its ``ts_recv``."""
+        c = [a[: self.rows] for a in self._cols]
+        self._cols = self._alloc(0)
+        b = BookArrays(*c, depth=self.depth)
+        if trades is not None:
+            t = trades.take((trades.ts_recv >= self.start) & (trades.ts_recv < self.end))
+            attach_trades(b, t)
+        return b
+
+
+def attach_trades(b: BookArrays, trades: Trades) -> None:
+    """Set ``b``'s trade flow (in place) from ``trades`` matched by ``ts_recv``: each trade goes to
+    the first row at or after it (as :func:`to_book_arrays`); trades after the last row to none."""
+    n = len(b)
+    b.buy_volume[:], b.sell_volume[:], b.trade_count[:] = 0.0, 0.0, 0.0
+    if not len(trades) or not n:
+        return
+    idx = np.searchsorted(b.ts_recv, trades.ts_recv, side="left")
+    ok = idx < n
+    idx, size, agg = idx[ok], trades.size[ok].astype(np.float64), trades.aggressor[ok]
+    b.buy_volume[:] = np.bincount(idx, weights=np.where(agg > 0, size, 0.0), minlength=n)
+    b.sell_volume[:] = np.bincount(idx, weights=np.where(agg < 0, size, 0.0), minlength=n)
+    b.trade_count[:] = np.bincount(idx, minlength=n)

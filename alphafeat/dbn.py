@@ -554,7 +554,13 @@ def open_dbn(path: str | os.PathLike[str]) -> DBNFile:
     p, f = _open(path)
     with f:
         src = _Stream(p, f, check=False)  # only the header is read: a cut tail is found by a full read
-        return _read_header(p, src)
+        try:
+            return _read_header(p, src)
+        except InputError:
+            problem = _zstd_problem(f) if src.compressed else None  # a header cut short: say why
+            if problem is None:
+                raise
+            raise InputError(p, problem[1], offset=src.produced) from None
 
 
 def _normalize_ids(instrument_ids: Iterable[int] | None) -> np.ndarray | None:

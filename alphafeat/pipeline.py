@@ -1,54 +1,65 @@
-"""The main job: DBN files -> instrument selection -> book -> features -> labels -> Arrow cache.
+"""The main job: DBN files -> features and labels -> Arrow cache, as plan -> map -> commit.
 
-:func:`precompute` runs the stages in order; ``alphafeat precompute`` is its command line.
-Each kept instrument is processed one trading session at a time (a *segment*): EMAs and
-other recurrences restart at the start of each segment, and labels never look past its
-end, so nothing crosses a session break or a roll.
+* **plan** (:func:`alphafeat.plan.make_plan`, once, cheap): headers, definitions, symbol
+  mappings and trade volume give the front-month schedule and a list of
+  :class:`~alphafeat.plan.Segment` (session x instrument x files).
+* **map** (:func:`alphafeat.segment.run_segment`, per segment, in a worker): decode only that
+  instrument's records of that session -> book -> features -> labels -> one Arrow table ->
+  a staged partition. Workers are this process (``jobs=1``), joblib's loky processes
+  (``jobs=N``), or the workers of a Dask distributed cluster (``scheduler`` /
+  ``dask_local``), which must see the inputs and ``out`` on a shared filesystem.
+* **commit** (:class:`alphafeat.cache.CacheWriter`): staged partitions move into place and the
+  manifest is replaced, atomically; partitions already current (same fingerprint) are not
+  recomputed.
+
+Each segment restarts every recurrence at its first row and labels never look past its last,
+so nothing crosses a session break or a roll, and the cache is the same whatever the workers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import logging
 import os
-import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 
 import alphafeat
-from alphafeat import book as bk
-from alphafeat.bars import volume_bar_ends, volume_bars
-from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, write_partition
-from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn
-from alphafeat.errors import AlphafeatError, InputError, SelectionError
+from alphafeat.bars import volume_bars
+from alphafeat.cache import FORMAT_VERSION, META_KEY, CacheWriter, check_folder, check_out
+from alphafeat.errors import AlphafeatError, InputError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
-from alphafeat.instruments import (
-    Choice,
-    InstrumentMode,
-    Symbology,
-    front_month_schedule,
-    is_candidate,
-    outright_pattern,
-    session_dates,
-    session_end_ns,
-)
+from alphafeat.features.registry import select_features
+from alphafeat.instruments import Choice, InstrumentMode, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, direction_labels, direction_labels_seconds, triple_barrier
-from alphafeat.predecoded import default_cache_dir as default_predecoded_dir
-from alphafeat.reader import SYMBOL_MAPPING_RTYPE, read_files
-from alphafeat.types import LEVELS, UNDEF_PRICE, BookArrays
+from alphafeat.plan import Plan, Segment, discover, make_plan
+from alphafeat.segment import SegmentResult, run_segment
+from alphafeat.types import LEVELS, BookArrays
+
+__all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "discover", "precompute", "resolve_device"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-_ROOT_RE = re.compile(r"^(.+?)[FGHJKMNQUVXZ]\d{1,2}(?:-.*)?$")
+#: ``--compression`` values: Arrow IPC buffer compression (pyarrow; readers decompress transparently).
+COMPRESSIONS = ("none", "lz4", "zstd")
+#: ``--predecoded`` values: which segment books are kept for reruns (PrecomputeConfig.keep_books).
+KEEP_BOOKS = ("auto", "keep", "none")
+#: ``--dtype`` values: how feature columns are stored (computed in float64 either way).
+DTYPES = ("float32", "float64")
+
+
+def default_predecoded_dir(out: str | os.PathLike[str]) -> Path:
+    """``<parent of out>/.predecoded``: where books and plan scans are kept between runs."""
+    return Path(out).resolve().parent / ".predecoded"
 
 
 @dataclass
@@ -72,6 +83,18 @@ class PrecomputeConfig:
         Label horizons in snapshots.
     features : FeatureParams
         Feature parameters (tick size, EMA time constants, ...).
+    feature_set : str
+        Which features are stored (``--features``): names and groups of
+        :func:`alphafeat.features.registry.select_features`; ``default`` is
+        :data:`~alphafeat.features.registry.DEFAULT_FEATURES` with the top of book, ``all``
+        every feature and every book level. All features are computed either way (the
+        barrier widths and the kernels need them).
+    dtype : str
+        ``float32`` (default) or ``float64``: storage of feature columns; price-level features
+        (unit index points: mid, microprice, EMAs of the mid) and book prices stay float64,
+        labels float32, times int64 ns.
+    compression : str
+        ``none`` (memory-mappable, default), ``lz4`` or ``zstd`` Arrow IPC buffer compression.
     roll_days : int
         Calendar-rule margin for the front month (days before expiration).
     horizons_s : tuple of float
@@ -82,25 +105,29 @@ class PrecomputeConfig:
     barrier_horizon : int
         Vertical barrier in snapshots.
     roll_rule : str
-        ``volume`` (most traded volume in the previous session) or ``calendar`` (roll
-        ``roll_days`` before expiration); see :mod:`alphafeat.instruments`.
+        ``volume`` (most traded volume in the previous session) or ``calendar``.
     on_error : str
-        ``raise`` (a bad input file stops the run) or ``skip`` (warn, process the other files,
-        list the skipped ones in ``Summary.skipped``).
+        ``raise`` (a bad input file stops the run) or ``skip`` (warn, leave out the file or
+        the segments it holds, list it in ``Summary.skipped``).
     jobs : int
-        Processes (joblib, loky; -1 for all cores) decoding files in parallel; on the CPU also
-        the segments: each worker builds one segment's book, features and labels and stages its
-        partition (segments are independent, so the result equals the one-process run). On a
-        GPU the segments run in order in this process (one device, pinned buffers).
+        Worker processes (joblib, loky) computing segments in parallel; -1 for all cores.
+    scheduler : str or None
+        Address of a Dask distributed scheduler (``tcp://host:8786``): segments run on its
+        workers, which must see ``inputs`` and ``out`` at the same paths.
+    dask_local : int
+        Start a Dask ``LocalCluster`` of this many single-threaded worker processes (0: no).
     predecoded_dir : Path or None
-        Where decoded, filtered columns of each source file are kept (:mod:`alphafeat.predecoded`);
-        None: ``<parent of out>/.predecoded``.
+        Where books and plan scans are kept (:mod:`alphafeat.segment`); None:
+        ``<parent of out>/.predecoded``.
+    keep_books : str
+        ``auto`` (default: keep books rebuilt from MBO, whose rebuild is the costly part),
+        ``keep`` (keep every book) or ``none``. A kept book lets a rerun with other features,
+        horizons or output options skip decode and book (~360 bytes a row on disk).
     rebuild_predecoded : bool
-        Clear the predecoded cache before reading.
+        Clear the predecoded folder first.
     sample : str
         ``"snapshot"`` (a row per book snapshot) or ``"volume:V"``: a row per volume bar of V
-        contracts (AFML ch. 2; :func:`alphafeat.bars.volume_bars`), the same features computed
-        on the bar-close snapshots and label horizons counted in bars.
+        contracts (AFML ch. 2; :func:`alphafeat.bars.volume_bars`).
     """
 
     inputs: list[Path]
@@ -110,6 +137,9 @@ class PrecomputeConfig:
     device: str = "auto"
     horizons: tuple[int, ...] = DEFAULT_HORIZONS
     features: FeatureParams = field(default_factory=FeatureParams)
+    feature_set: str = "default"
+    dtype: str = "float32"
+    compression: str = "none"
     roll_days: int = 8
     horizons_s: tuple[float, ...] = ()
     barrier: str | None = "ticks:4"
@@ -118,18 +148,42 @@ class PrecomputeConfig:
     roll_rule: str = "volume"
     on_error: str = "raise"
     jobs: int = 1
+    scheduler: str | None = None
+    dask_local: int = 0
     predecoded_dir: Path | None = None
+    keep_books: str = "auto"
     rebuild_predecoded: bool = False
+
+
+@dataclass(frozen=True)
+class Job:
+    """The per-segment options a worker needs (picklable; built from the config once)."""
+
+    features: FeatureParams
+    names: tuple[str, ...]
+    book_levels: int
+    dtype: str
+    compression: str
+    horizons: tuple[int, ...]
+    horizons_s: tuple[float, ...]
+    barrier: str | None
+    barrier_horizon: int
+    bar_volume: float
+    device: str
 
 
 @dataclass
 class Summary:
-    """What a run did; the CLI prints it as a table."""
+    """What a run did; the CLI prints it as a table.
+
+    ``stage_seconds`` sums worker time per stage (``plan`` is the parent's): ``book`` (decode
+    and book, or the predecoded load), ``features``, ``labels``, ``write``. ``peak_rss`` is the
+    largest peak resident memory of any process of the run (bytes); ``cache_bytes`` the size
+    of the partitions of this run.
+    """
 
     files: int = 0
     records: int = 0
-    snapshots: int = 0
-    snapshots_kept: int = 0
     rows: int = 0
     seconds: float = 0.0
     device: str = "cpu"
@@ -139,29 +193,18 @@ class Summary:
     partitions_skipped: int = 0
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss: int = 0
+    cache_bytes: int = 0
+    books_predecoded: int = 0
 
+    @property
+    def bytes_per_row(self) -> float:
+        return self.cache_bytes / self.rows if self.rows else 0.0
 
-def discover(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Expand directories into their ``*.dbn`` / ``*.dbn.zst`` files (sorted, not recursive).
-
-    Raises
-    ------
-    InputError
-        For a path that does not exist, or a directory with no DBN file.
-    """
-    files: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.name.endswith((".dbn", ".dbn.zst")))
-            if not found:
-                raise InputError(p, "directory holds no .dbn or .dbn.zst file")
-            files.extend(found)
-        elif p.exists():
-            files.append(p)
-        else:
-            raise InputError(p, "no such file or directory")
-    return files
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
 
 
 def resolve_device(device: str) -> str:
@@ -181,149 +224,6 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _by_instrument(arr: np.ndarray) -> dict[int, np.ndarray]:
-    """Split a record array by ``instrument_id``, keeping stream order within each."""
-    ids = arr["instrument_id"]
-    order = np.argsort(ids, kind="stable")
-    uniq, starts = np.unique(ids[order], return_index=True)
-    bounds = list(starts) + [len(order)]
-    return {int(u): arr[order[bounds[k] : bounds[k + 1]]] for k, u in enumerate(uniq)}
-
-
-def build_book(
-    schema: str, book_recs: np.ndarray, trade_recs: np.ndarray | None = None
-) -> tuple[bk.RawBook, bk.Trades, int]:
-    """One instrument's snapshots and trades from its records in stream order.
-
-    ``schema`` ``'mbo'``: the book is rebuilt (:func:`alphafeat.book.rebuild_mbo`); MBP-10 /
-    MBP-1: read as they are (:func:`alphafeat.book.mbp_snapshots`). Trades come from
-    ``trade_recs`` (a trades-schema array) when given, else from the book stream. Returns
-    ``(raw, trades, cancels of unknown orders)`` (the count is 0 for MBP).
-    """
-    n_unknown = 0
-    if schema == "mbo":
-        raw, trades, n_unknown = bk.rebuild_mbo(book_recs)
-    else:
-        raw, trades = bk.mbp_snapshots(book_recs)
-    if trade_recs is not None:
-        trades = bk.trades_from_records(trade_recs)
-    return raw, trades, n_unknown
-
-
-def _utc_date(ts_ns: int) -> dt.date:
-    return dt.datetime.fromtimestamp(int(ts_ns) // 1_000_000_000, dt.timezone.utc).date()
-
-
-def _root_of(symbol: str) -> str:
-    m = _ROOT_RE.match(symbol)
-    return m.group(1) if m else symbol
-
-
-def _classify(
-    files: list[Path], on_error: str = "raise", skipped: list[tuple[Path, str]] | None = None
-) -> tuple[list[DBNFile], list[DBNFile], list[DBNFile]]:
-    """Open headers and split into book, trades and definition files.
-
-    With ``on_error="skip"`` a file whose header is bad is logged, appended to ``skipped`` as
-    ``(path, message)`` and left out.
-    """
-    book, trades, defs = [], [], []
-    for p in files:
-        try:
-            f = open_dbn(p)
-        except InputError as e:
-            if on_error != "skip":
-                raise
-            log.warning("skipping %s", e)
-            if skipped is not None:
-                skipped.append((p, str(e)))
-            continue
-        if f.schema in BOOK_SCHEMAS:
-            book.append(f)
-        elif f.schema == "trades":
-            trades.append(f)
-        elif f.schema == "definition":
-            defs.append(f)
-        else:
-            raise InputError(
-                p, f"schema {f.schema!r} is not supported (need mbo, mbp-10, mbp-1, trades or definition)"
-            )
-    if not book and not trades and not defs:
-        raise InputError(files[0], "every input file was skipped (--on-error skip)")
-    if not book:
-        first = (trades + defs)[0]
-        raise InputError(
-            first.path,
-            f"schema {first.schema!r} is not book data; give at least one mbo, mbp-10 or mbp-1 file",
-        )
-    schemas = sorted({f.schema for f in book})
-    if len(schemas) > 1:
-        raise InputError(book[0].path, f"mixed book schemas {schemas}; give one kind of book data per run")
-    key = lambda f: (int(f.metadata.start), str(f.path))  # noqa: E731
-    return sorted(book, key=key), sorted(trades, key=key), defs
-
-
-def _col(name: str, unit: str, description: str, source: str) -> dict:
-    return {"name": name, "unit": unit, "description": description, "source": source}
-
-
-def _column_specs(cfg: PrecomputeConfig) -> list[dict]:
-    """Every cache column with its unit, meaning and source, in column order."""
-    ns = "ns since UNIX epoch (UTC)"
-    cols = [
-        _col("ts_event", ns, "matching-engine time of the record that completed the snapshot", "DBN"),
-        _col("ts_recv", ns, "capture time of that record; the clock features use", "DBN"),
-        _col("instrument_id", "", "exchange instrument id", "DBN"),
-        _col("raw_symbol", "", "symbol of instrument_id on the session date", "DBN symbology"),
-    ]
-    for lvl in range(LEVELS):
-        for side in ("bid", "ask"):
-            at = f"{side} at level {lvl + 1}"
-            cols.append(_col(f"{side}_px_{lvl:02d}", "index points", f"price {at}; NaN if empty", "book"))
-            cols.append(_col(f"{side}_sz_{lvl:02d}", "contracts", f"size {at}; 0 if empty", "book"))
-            cols.append(_col(f"{side}_ct_{lvl:02d}", "orders", f"order count {at}", "book"))
-    since = "since the previous snapshot"
-    cols += [
-        _col("buy_volume", "contracts", f"buyer-initiated volume {since}", "trades"),
-        _col("sell_volume", "contracts", f"seller-initiated volume {since}", "trades"),
-        _col("trade_count", "trades", f"trades {since}", "trades"),
-        _col("book_crossed", "bool", "best bid above best ask (crossed, e.g. pre-open); labels are NaN there",
-             "book"),
-    ]
-    cols += [dataclasses.asdict(s) for s in feature_specs(cfg.features)]
-    src = "alphafeat.labels"
-    t1 = "end time of the label (when its outcome is known); null where past the segment end"
-    for h in cfg.horizons:
-        what = f"sign of mid[t+{h}] - mid[t] within the session; NaN on tie, end of data, session break or roll"
-        cols.append(_col(f"label_h{h}", "1 up / 0 down / NaN", what, src))
-        cols.append(_col(f"t1_h{h}", ns, t1, src))
-    for sec in cfg.horizons_s:
-        what = f"sign of the as-of mid {sec:g} s ahead minus mid[t]; NaN on tie or past the segment end"
-        cols.append(_col(f"label_h{sec:g}s", "1 up / 0 down / NaN", what, src))
-        cols.append(_col(f"t1_h{sec:g}s", ns, t1, src))
-    if cfg.barrier:
-        what = (f"triple barrier ({cfg.barrier}, vertical {cfg.barrier_horizon} snapshots) on mid: +1 profit, "
-                "-1 stop, 0 timeout, NaN where the vertical barrier passes the segment end untouched")
-        cols.append(_col("tb_label", "+1 / -1 / 0 / NaN", what, "AFML ch. 3"))
-        cols.append(_col("tb_t1", ns, "time of the barrier touch or of the vertical barrier", src))
-    return cols
-
-
-def _min_depth(cfg: PrecomputeConfig) -> dict[str, int]:
-    """Book levels each feature needs (FeatureSpec.min_depth); shallower input gives NaN."""
-    return {spec.name: spec.min_depth for spec in feature_specs(cfg.features)}
-
-
-def _selection_rule(cfg: PrecomputeConfig) -> str:
-    if cfg.instrument_mode.kind != "front-month":
-        return str(cfg.instrument_mode)
-    calendar = f"nearest expiration more than {cfg.roll_days} days ahead (calendar rule)"
-    if cfg.roll_rule == "calendar":
-        return f"front month of {cfg.root}: {calendar}"
-    return (f"front month of {cfg.root}: most traded volume in the previous session; "
-            f"first session: {calendar}")
-
-
 def _bar_volume(sample: str) -> float:
     """0 for ``snapshot`` sampling, V for ``volume:V``; AlphafeatError otherwise."""
     if sample == "snapshot":
@@ -338,101 +238,212 @@ def _bar_volume(sample: str) -> float:
     return vol
 
 
-def _partition_rows(path: Path) -> int:
-    """Rows of a partition file (memory-mapped; reads batch headers only)."""
-    with pa.memory_map(str(path)) as src:
-        reader = pa.ipc.open_file(src)
-        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+def make_job(cfg: PrecomputeConfig, device: str) -> Job:
+    """The worker options of ``cfg``; AlphafeatError naming the option for a bad value."""
+    if cfg.dtype not in DTYPES:
+        raise AlphafeatError(f"--dtype: expected float32 or float64, got {cfg.dtype!r}")
+    if cfg.compression not in COMPRESSIONS:
+        raise AlphafeatError(f"--compression: expected none, lz4 or zstd, got {cfg.compression!r}")
+    try:
+        names, book = select_features(cfg.feature_set, cfg.features)
+    except ValueError as e:
+        raise AlphafeatError(f"--features: {e}") from None
+    job = Job(cfg.features, tuple(names), LEVELS if book else 1, cfg.dtype, cfg.compression, tuple(cfg.horizons),
+              tuple(cfg.horizons_s), cfg.barrier, cfg.barrier_horizon, _bar_volume(cfg.sample), device)  # fmt: skip
+    if cfg.barrier:
+        _barrier_widths({"mid": np.zeros(0), "ema_ret2_60s": np.zeros(0)}, job)  # checks --barrier now
+    return job
 
 
-def _partition_metadata(
-    common: dict, day: dt.date, iid: int, schedule: list[dict], sources: list[tuple[int, dict]]
-) -> dict:
+def _col(name: str, unit: str, description: str, source: str) -> dict:
+    return {"name": name, "unit": unit, "description": description, "source": source}
+
+
+def column_specs(job: Job) -> list[dict]:
+    """Every cache column with its unit, meaning and source, in column order."""
+    ns = "ns since UNIX epoch (UTC)"
+    cols = [
+        _col("ts_event", ns, "matching-engine time of the record that completed the snapshot", "DBN"),
+        _col("ts_recv", ns, "capture time of that record; the clock features use", "DBN"),
+        _col("instrument_id", "", "exchange instrument id", "DBN"),
+        _col("raw_symbol", "", "symbol of instrument_id on the session date", "DBN symbology"),
+    ]
+    for lvl in range(job.book_levels):
+        for side in ("bid", "ask"):
+            at = f"{side} at level {lvl + 1}"
+            cols.append(_col(f"{side}_px_{lvl:02d}", "index points", f"price {at}; NaN if empty", "book"))
+            cols.append(_col(f"{side}_sz_{lvl:02d}", "contracts", f"size {at}; 0 if empty", "book"))
+            cols.append(_col(f"{side}_ct_{lvl:02d}", "orders", f"order count {at}", "book"))
+    since = "since the previous snapshot"
+    cols += [
+        _col("buy_volume", "contracts", f"buyer-initiated volume {since}", "trades"),
+        _col("sell_volume", "contracts", f"seller-initiated volume {since}", "trades"),
+        _col("trade_count", "trades", f"trades {since}", "trades"),
+        _col("book_crossed", "bool", "best bid above best ask (crossed, e.g. pre-open); labels are NaN there",
+             "book"),
+    ]
+    specs = {s.name: s for s in feature_specs(job.features)}
+    cols += [dataclasses.asdict(specs[n]) for n in job.names]
+    src = "alphafeat.labels"
+    t1 = "end time of the label (when its outcome is known); null where past the segment end"
+    for h in job.horizons:
+        what = f"sign of mid[t+{h}] - mid[t] within the session; NaN on tie, end of data, session break or roll"
+        cols.append(_col(f"label_h{h}", "1 up / 0 down / NaN", what, src))
+        cols.append(_col(f"t1_h{h}", ns, t1, src))
+    for sec in job.horizons_s:
+        what = f"sign of the as-of mid {sec:g} s ahead minus mid[t]; NaN on tie or past the segment end"
+        cols.append(_col(f"label_h{sec:g}s", "1 up / 0 down / NaN", what, src))
+        cols.append(_col(f"t1_h{sec:g}s", ns, t1, src))
+    if job.barrier:
+        what = (f"triple barrier ({job.barrier}, vertical {job.barrier_horizon} snapshots) on mid: +1 profit, "
+                "-1 stop, 0 timeout, NaN where the vertical barrier passes the segment end untouched")
+        cols.append(_col("tb_label", "+1 / -1 / 0 / NaN", what, "AFML ch. 3"))
+        cols.append(_col("tb_t1", ns, "time of the barrier touch or of the vertical barrier", src))
+    return cols
+
+
+def _barrier_widths(feats: dict[str, np.ndarray], job: Job) -> np.ndarray:
+    """Triple-barrier half-width per row, index points (see PrecomputeConfig.barrier)."""
+    kind, _, k = (job.barrier or "").partition(":")
+    try:
+        mult = float(k)
+    except ValueError:
+        mult = -1.0
+    if kind not in ("ticks", "vol") or not mult > 0:
+        raise AlphafeatError(f"--barrier: expected ticks:K or vol:K with K > 0, got {job.barrier!r}")
+    tick = job.features.tick_size
+    if kind == "ticks":
+        return np.full(feats["mid"].shape, mult * tick)
+    sigma_ticks = np.sqrt(feats["ema_ret2_60s"])
+    return mult * sigma_ticks * tick * np.sqrt(job.barrier_horizon)
+
+
+def crossed(b: BookArrays) -> np.ndarray:
+    """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open)."""
+    with np.errstate(invalid="ignore"):
+        return b.bid_px[:, 0] > b.ask_px[:, 0]
+
+
+def _labels(feats: dict[str, np.ndarray], b: BookArrays, is_crossed: np.ndarray, job: Job) -> dict[str, np.ndarray]:
+    """Direction labels (snapshots, seconds) and the triple barrier, each with its end time.
+
+    The mid of a crossed book is not a price: labels are computed on a mid that is NaN there,
+    so a label is NaN where its start or end row is crossed.
+    """
+    mid = np.where(is_crossed, np.nan, feats["mid"])
+    out = direction_labels(mid, job.horizons, ts=b.ts_recv)
+    if job.horizons_s:
+        out.update(direction_labels_seconds(mid, b.ts_recv, job.horizons_s))
+    if job.barrier:
+        w = _barrier_widths(feats, job)
+        y, t1, _ = triple_barrier(mid, w, w, job.barrier_horizon, ts=b.ts_recv, device=job.device)
+        out["tb_label"] = y
+        out["tb_t1"] = t1
+    return out
+
+
+def book_mid(b: BookArrays) -> np.ndarray:
+    """The mid price, float64 (n,), as the ``mid`` feature computes it: ``0.5 * (bid + ask)``
+    of the best levels, NaN where either is empty (the same operations, so bit-identical)."""
+    return 0.5 * (b.bid_px[:, 0] + b.ask_px[:, 0])
+
+
+def _timed(fn: Callable, *args: object) -> tuple[object, float]:
+    t = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t
+
+
+def _min_depth(params: FeatureParams) -> dict[str, int]:
+    """Book levels each feature needs (FeatureSpec.min_depth); shallower input gives NaN."""
+    return {spec.name: spec.min_depth for spec in feature_specs(params)}
+
+
+def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, float]) -> tuple[pa.Table, int]:
+    """Features, labels and the stored book columns of one segment's book as an Arrow table.
+
+    Returns ``(table, crossed rows)``; adds ``features`` and ``labels`` to ``seconds``.
+    Columns and types: :func:`column_specs` and :class:`PrecomputeConfig` (``dtype``).
+    """
+    t0 = time.perf_counter()
+    if job.bar_volume:
+        b = volume_bars(b, job.bar_volume)
+    n = len(b)
+    is_crossed = crossed(b)
+    label_job = None
+    if not (job.barrier or "").startswith("vol:"):  # labels need only the mid: beside the features
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1)
+        label_job = pool.submit(_timed, _labels, {"mid": book_mid(b)}, b, is_crossed, job)
+    feats = compute_features(b, job.features, device=job.device)
+    for name, need in _min_depth(job.features).items():
+        if b.depth < need:
+            feats[name] = np.full(n, np.nan)
+    seconds["features"] = time.perf_counter() - t0
+    if label_job is None:
+        labels, seconds["labels"] = _timed(_labels, feats, b, is_crossed, job)
+    else:
+        labels, seconds["labels"] = label_job.result()
+        pool.shutdown()
+    ts = pa.timestamp("ns", tz="UTC")
+    cols: dict[str, pa.Array] = {
+        "ts_event": pa.array(np.asarray(b.ts_event, dtype=np.int64), ts),
+        "ts_recv": pa.array(np.asarray(b.ts_recv, dtype=np.int64), ts),
+        "instrument_id": pa.array(np.full(n, seg.instrument_id, dtype=np.uint32)),
+        "raw_symbol": pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int8), pa.array([seg.raw_symbol])),
+    }
+    for lvl in range(job.book_levels):
+        for side, px, sz, ct in (("bid", b.bid_px, b.bid_sz, b.bid_ct), ("ask", b.ask_px, b.ask_sz, b.ask_ct)):
+            cols[f"{side}_px_{lvl:02d}"] = pa.array(np.ascontiguousarray(px[:, lvl], dtype=np.float64))
+            cols[f"{side}_sz_{lvl:02d}"] = pa.array(sz[:, lvl].astype(np.uint32))
+            cols[f"{side}_ct_{lvl:02d}"] = pa.array(ct[:, lvl].astype(np.uint32))
+    fdt = np.float32 if job.dtype == "float32" else np.float64
+    for k in ("buy_volume", "sell_volume", "trade_count"):
+        cols[k] = pa.array(np.asarray(getattr(b, k), dtype=fdt))
+    cols["book_crossed"] = pa.array(is_crossed)
+    units = {s.name: s.unit for s in feature_specs(job.features)}
+    for k in job.names:
+        cols[k] = pa.array(np.asarray(feats[k], dtype=np.float64 if units[k] == "index points" else fdt))
+    del feats
+    for k, v in labels.items():
+        if k.startswith("t1_") or k == "tb_t1":
+            cols[k] = pa.array(np.where(v >= 0, v, 0), ts, mask=v < 0)
+        else:
+            cols[k] = pa.array(v)
+    return pa.table(cols), int(is_crossed.sum())
+
+
+def write_table(path: Path, table: pa.Table, metadata: dict, compression: str = "none") -> None:
+    """Write ``table`` as an Arrow IPC file at ``path`` (parents created) with ``metadata``
+    (JSON-able) under the schema key ``alphafeat``; ``compression`` none, lz4 or zstd."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(table.schema.metadata or {})
+    meta[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
+    table = table.replace_schema_metadata(meta)
+    opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=opts) as w:
+        w.write_table(table)
+
+
+def _partition_metadata(common: dict, seg: Segment, schedule: list[dict], sources: list[tuple[int, dict]]) -> dict:
     """Schema metadata of one partition and its fingerprint.
 
     It holds what the partition was computed from and nothing later: the roll schedule up to
     its session and the source files that start before its session ends (a later file cannot
     change an earlier session, so adding one leaves earlier partitions current).
     """
-    end = session_end_ns(day)
+    end = session_end_ns(seg.session)
+    day = seg.session.isoformat()
     meta = dict(
         common,
-        session=day.isoformat(),
-        instrument_id=iid,
-        schedule=[c for c in schedule if c["session"] <= day.isoformat()],
+        session=day,
+        instrument_id=seg.instrument_id,
+        schedule=[c for c in schedule if c["session"] <= day],
         sources=[e for start, e in sources if start < end],
     )
     meta["fingerprint"] = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
     return meta
-
-
-def _segment_table(
-    b: BookArrays, raw: bk.RawBook, iid: int, symbol: str, cfg: PrecomputeConfig, device: str
-) -> pa.Table:
-    feats = compute_features(b, cfg.features, device=device)
-    for name, need in _min_depth(cfg).items():
-        if b.depth < need:
-            feats[name] = np.full(len(b), np.nan)
-    is_crossed = crossed(b)
-    labels = _labels(feats, b, is_crossed, cfg, device)
-    n = len(b)
-    cols: dict[str, pa.Array] = {
-        "ts_event": pa.array(b.ts_event, pa.timestamp("ns", tz="UTC")),
-        "ts_recv": pa.array(b.ts_recv, pa.timestamp("ns", tz="UTC")),
-        "instrument_id": pa.array(np.full(n, iid, dtype=np.uint32)),
-        "raw_symbol": pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), pa.array([symbol])),
-    }
-    for lvl in range(LEVELS):
-        for side, px, sz, ct in (
-            ("bid", b.bid_px, raw.bid_sz, raw.bid_ct),
-            ("ask", b.ask_px, raw.ask_sz, raw.ask_ct),
-        ):
-            cols[f"{side}_px_{lvl:02d}"] = pa.array(px[:, lvl])
-            cols[f"{side}_sz_{lvl:02d}"] = pa.array(sz[:, lvl].astype(np.uint32))
-            cols[f"{side}_ct_{lvl:02d}"] = pa.array(ct[:, lvl].astype(np.uint32))
-    cols["buy_volume"] = pa.array(b.buy_volume)
-    cols["sell_volume"] = pa.array(b.sell_volume)
-    cols["trade_count"] = pa.array(b.trade_count)
-    cols["book_crossed"] = pa.array(is_crossed)
-    for k, v in feats.items():
-        cols[k] = pa.array(np.asarray(v, dtype=np.float64))
-    for k, v in labels.items():
-        if k.startswith("t1_") or k == "tb_t1":
-            cols[k] = pa.array(np.where(v >= 0, v, 0), pa.timestamp("ns", tz="UTC"), mask=v < 0)
-        else:
-            cols[k] = pa.array(v)
-    return pa.table(cols)
-
-
-def _stage_segment(
-    path: Path, raw_seg: bk.RawBook, trades_seg: bk.Trades, iid: int, symbol: str, meta: dict,
-    cfg: PrecomputeConfig, device: str, bar_volume: float, buffer: object | None = None,
-) -> int:
-    """Build one segment's book, features and labels and write its partition to ``path``
-    (a staging file); returns its row count. Runs in a worker process on the CPU path."""
-    b = bk.to_book_arrays(raw_seg, trades_seg, buffer=buffer)
-    if bar_volume:
-        raw_seg = raw_seg.take(volume_bar_ends(b, bar_volume))
-        b = volume_bars(b, bar_volume)
-    table = _segment_table(b, raw_seg, iid, symbol, cfg, device)
-    write_partition(path, table, meta)
-    return table.num_rows
-
-
-def _barrier_widths(feats: dict[str, np.ndarray], cfg: PrecomputeConfig) -> np.ndarray:
-    """Triple-barrier half-width per row, index points (see PrecomputeConfig.barrier)."""
-    kind, _, k = (cfg.barrier or "").partition(":")
-    try:
-        mult = float(k)
-    except ValueError:
-        mult = -1.0
-    if kind not in ("ticks", "vol") or not mult > 0:
-        raise AlphafeatError(f"--barrier: expected ticks:K or vol:K with K > 0, got {cfg.barrier!r}")
-    tick = cfg.features.tick_size
-    if kind == "ticks":
-        return np.full(feats["mid"].shape, mult * tick)
-    sigma_ticks = np.sqrt(feats["ema_ret2_60s"]) if "ema_ret2_60s" in feats else np.nan
-    return mult * sigma_ticks * tick * np.sqrt(cfg.barrier_horizon)
 
 
 def _first_use() -> bool:
@@ -446,47 +457,86 @@ def _first_use() -> bool:
         return False
 
 
-def crossed(b: BookArrays) -> np.ndarray:
-    """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open)."""
-    with np.errstate(invalid="ignore"):
-        return b.bid_px[:, 0] > b.ask_px[:, 0]
+def _map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None) -> SegmentResult | tuple:
+    """Worker entry: :func:`run_segment`, with a user error returned as a picklable tuple."""
+    try:
+        return run_segment(seg, staging, meta, job, pre)
+    except InputError as e:
+        return ("input", e.path, e.problem, e.offset, e.record)
+    except AlphafeatError as e:
+        return ("error", str(e))
 
 
-def _labels(
-    feats: dict[str, np.ndarray], b: BookArrays, is_crossed: np.ndarray, cfg: PrecomputeConfig, device: str = "cpu"
-) -> dict[str, np.ndarray]:
-    """Direction labels (snapshots, seconds) and the triple barrier (on ``device``), each with
-    its end time.
+def _dask_client(cfg: PrecomputeConfig) -> object:
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise AlphafeatError("--scheduler / --dask-local need Dask: pip install 'dask[distributed]' "
+                             "(or pip install -e '.[dask]')") from None  # fmt: skip
+    if cfg.scheduler:
+        try:
+            return Client(cfg.scheduler, timeout="20s")
+        except OSError as e:
+            raise AlphafeatError(f"--scheduler {cfg.scheduler}: cannot connect ({e})") from None
+    cluster = LocalCluster(n_workers=cfg.dask_local, threads_per_worker=1, processes=True,
+                           dashboard_address=None, local_directory=None)  # fmt: skip
+    return Client(cluster)
 
-    The mid of a crossed book is not a price: labels are computed on a mid that is NaN there,
-    so a label is NaN where its start or end row is crossed.
-    """
-    mid = np.where(is_crossed, np.nan, feats["mid"])
-    out = direction_labels(mid, cfg.horizons, ts=b.ts_recv)
-    if cfg.horizons_s:
-        out.update(direction_labels_seconds(mid, b.ts_recv, cfg.horizons_s))
-    if cfg.barrier:
-        w = _barrier_widths(feats, cfg)
-        y, t1, _ = triple_barrier(mid, w, w, cfg.barrier_horizon, ts=b.ts_recv, device=device)
-        out["tb_label"] = y
-        out["tb_t1"] = t1
-    return out
+
+def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[SegmentResult | tuple]:
+    """Run ``_map_one`` over ``calls`` on the configured workers, results as they complete."""
+    if not calls:
+        return
+    if cfg.scheduler or cfg.dask_local > 0:
+        from dask.distributed import as_completed
+
+        client = _dask_client(cfg)
+        try:
+            futures = client.map(_map_one, *zip(*calls), pure=False)
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            cluster = getattr(client, "cluster", None) if not cfg.scheduler else None
+            client.close()
+            if cluster is not None:
+                cluster.close()
+        return
+    n_jobs = (os.cpu_count() or 1) if cfg.jobs < 0 else max(1, cfg.jobs)
+    if n_jobs == 1 or len(calls) == 1:
+        for c in calls:
+            yield _map_one(*c)
+        return
+    from joblib import Parallel, delayed
+
+    par = Parallel(n_jobs=min(n_jobs, len(calls)), return_as="generator_unordered", pre_dispatch="n_jobs")
+    yield from par(delayed(_map_one)(*c) for c in calls)
+
+
+def _tasks(progress: object | None) -> tuple[Callable[[str, int], object], Callable[[object], None]]:
+    def task(desc: str, total: int) -> object | None:
+        return progress.add_task(desc, total=total) if progress is not None else None
+
+    def advance(t: object | None) -> None:
+        if progress is not None and t is not None:
+            progress.advance(t)
+
+    return task, advance
 
 
 def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary:
-    """Run the main job and write the cache to ``cfg.out``.
+    """Run the main job (plan -> map -> commit) and write the cache to ``cfg.out``.
 
     Parameters
     ----------
     cfg : PrecomputeConfig
-        What to read, how to select, where to write.
+        What to read, how to select, what to store, where to write, on which workers.
     progress : rich.progress.Progress, optional
-        When given, one task per stage is shown on it.
+        When given, a task for the plan and one for the segments are shown on it.
 
     Returns
     -------
     Summary
-        Counts, timings, the per-session instrument choice and notes.
+        Counts, per-stage timings, peak memory, bytes per row, the schedule and notes.
 
     Raises
     ------
@@ -495,231 +545,175 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     SelectionError
         Nothing matches the instrument mode (e.g. no outright of the root).
     AlphafeatError
-        Other user errors (device, output directory). Nothing is written on any error.
+        Other user errors (an option's value, device, output folder). The cache is left as
+        it was on any error.
     """
     t0 = time.perf_counter()
     device = resolve_device(cfg.device)
-    bar_volume = _bar_volume(cfg.sample)
+    job = make_job(cfg, device)
     summary = Summary(device=device, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
     pre_dir = check_folder(cfg.predecoded_dir or default_predecoded_dir(cfg.out))
-    files = discover(cfg.inputs)
-    book_files, trade_files, def_files = _classify(files, cfg.on_error, summary.skipped)
-    summary.files = len(files)
-    mode = cfg.instrument_mode
-    only = [mode.instrument_id] if mode.kind == "id" else None
+    if cfg.rebuild_predecoded and pre_dir.is_dir():
+        import shutil
 
-    def task(desc: str, total: int) -> object | None:
-        return progress.add_task(desc, total=total) if progress is not None else None
-
-    def advance(t: object | None) -> None:
-        if progress is not None and t is not None:
-            progress.advance(t)
-
-    # ---- read ------------------------------------------------------------------------
-    # streaming decode + instrument filter, joblib processes over files, predecoded cache
-    t_read = task("read DBN", len(files))
-    selection = {f.path: (None if f in def_files else only) for f in book_files + trade_files + def_files}
-    rr = read_files(
-        list(selection), instrument_ids=selection, n_jobs=cfg.jobs, cache_dir=pre_dir,
-        on_error=cfg.on_error, rebuild=cfg.rebuild_predecoded,
+        shutil.rmtree(pre_dir)
+    task, advance = _tasks(progress)
+    t_plan = task("plan (headers, definitions, trade volume)", 1)
+    plan: Plan = make_plan(
+        cfg.inputs, mode=cfg.instrument_mode, root=cfg.root, roll_rule=cfg.roll_rule, roll_days=cfg.roll_days,
+        on_error=cfg.on_error, jobs=cfg.jobs, survey_dir=pre_dir,
     )  # fmt: skip
-    summary.skipped += rr.skipped
-    read = {fr.path: fr for fr in rr.files}
-    book_files = [f for f in book_files if f.path in read]
-    trade_files = [f for f in trade_files if f.path in read]
-    def_files = [f for f in def_files if f.path in read]
-    if not book_files:
-        raise InputError(summary.skipped[0][0], "every book file was skipped (--on-error skip)")
-    defs = []
-    maps = []
-    for fr in rr.files:
-        summary.records += sum(len(a) for a in fr.arrays.values())
-        if SYMBOL_MAPPING_RTYPE in fr.arrays:
-            maps.append(np.asarray(fr.arrays[SYMBOL_MAPPING_RTYPE]))
-        advance(t_read)
-    for f in def_files:
-        arr = read[f.path].arrays.get(SCHEMA_RTYPES["definition"])
-        if arr is not None:
-            defs.append(arr)
-    schema = book_files[0].schema
-    rtype = SCHEMA_RTYPES[schema]
-    book_parts: dict[int, list[np.ndarray]] = {}
-    for f in book_files:
-        arr = read[f.path].arrays.get(rtype)
-        if arr is not None and len(arr):
-            for iid, a in _by_instrument(arr).items():
-                book_parts.setdefault(iid, []).append(a)
-    trade_parts: dict[int, list[np.ndarray]] = {}
-    for f in trade_files:
-        arr = read[f.path].arrays.get(SCHEMA_RTYPES["trades"])
-        if arr is not None and len(arr):
-            for iid, a in _by_instrument(arr).items():
-                trade_parts.setdefault(iid, []).append(a)
-    symbology = Symbology.build([f.metadata for f in book_files + trade_files + def_files], defs, maps)
-
-    if only is not None and only[0] not in book_parts:
-        raise SelectionError(
-            f"instrument_id {only[0]} has no {schema} records in the inputs "
-            f"({', '.join(str(f.path) for f in book_files)})"
-        )
-
-    # ---- book ------------------------------------------------------------------------
-    t_book = task(f"book ({schema})", len(book_parts))
-    books: dict[int, tuple[bk.RawBook, bk.Trades, np.ndarray, np.ndarray]] = {}
-    for iid, parts in book_parts.items():
-        trade_recs = np.concatenate(trade_parts[iid]) if iid in trade_parts else None
-        raw, trades, n_unknown = build_book(schema, np.concatenate(parts), trade_recs)
-        if n_unknown:
-            summary.notes.append(
-                f"instrument {iid}: {n_unknown} cancels of unknown orders (stream starts without a snapshot)"
-            )
-        summary.snapshots += len(raw)
-        books[iid] = (raw, trades, session_dates(raw.ts_recv), session_dates(trades.ts_recv))
-        advance(t_book)
-
-    # ---- select ----------------------------------------------------------------------
-    segments: list[tuple[dt.date, int, str]] = []
-    symbols: dict[tuple[dt.date, int], str] = {}
-    for iid, (raw, _, sess, _) in books.items():
-        for day in np.unique(sess):
-            first = raw.ts_recv[np.argmax(sess == day)]
-            sym = symbology.resolve(iid, _utc_date(first)) or f"id{iid}"
-            symbols[(day.item(), iid)] = sym
-    if mode.kind == "front-month":
-        pat = outright_pattern(cfg.root)  # for the message; candidates also allow ES.v.0
-        candidates: dict[dt.date, dict[int, str]] = {}
-        for (day, iid), sym in symbols.items():
-            if is_candidate(sym, cfg.root):
-                candidates.setdefault(day, {})[iid] = sym
-        if not candidates:
-            found = sorted(set(symbols.values()))
-            raise SelectionError(
-                f"no outright contract of root {cfg.root!r} (a whole symbol matching "
-                f"{pat.pattern}) in the inputs; symbols found: {', '.join(found[:20]) or 'none'}"
-            )
-        volume: dict[tuple[dt.date, int], float] = {}
-        for iid, (_, trades, _, tsess) in books.items():
-            for day in np.unique(tsess):
-                volume[(day.item(), iid)] = float(trades.size[tsess == day].sum())
-        summary.schedule = front_month_schedule(
-            candidates, volume, symbology, cfg.root, cfg.roll_days, rule=cfg.roll_rule
-        )
-        segments = [(c.session, c.instrument_id, c.raw_symbol) for c in summary.schedule]
-    else:
-        segments = [(day, iid, sym) for (day, iid), sym in sorted(symbols.items())]
-        summary.schedule = [Choice(d, i, s, None, str(mode)) for d, i, s in segments]
-
-    # ---- features, labels, cache -----------------------------------------------------
-    specs = _column_specs(cfg)
-    depths = {books[i][0].depth for _, i, _ in segments}
-    if min(depths) < LEVELS:
-        limited = [name for name, need in _min_depth(cfg).items() if min(depths) < need]
-        summary.notes.append(
-            f"{schema} input carries {min(depths)} book level(s): depth features "
-            f"{', '.join(limited)} are NaN and deeper book columns are empty"
-        )
+    advance(t_plan)
+    summary.stage_seconds["plan"] = time.perf_counter() - t0
+    summary.files = len(plan.files) + len(plan.skipped)
+    summary.skipped += plan.skipped
+    summary.notes += plan.notes
+    summary.schedule = plan.schedule
+    mode = cfg.instrument_mode
+    selection = (f"front month of {cfg.root}: most traded volume in the previous session; first session: "
+                 f"nearest expiration more than {cfg.roll_days} days ahead (calendar rule)")  # fmt: skip
+    if mode.kind != "front-month":
+        selection = str(mode)
+    elif cfg.roll_rule == "calendar":
+        selection = f"front month of {cfg.root}: nearest expiration more than {cfg.roll_days} days ahead"
     common = {
         "format_version": FORMAT_VERSION,
         "package_version": alphafeat.__version__,
         "instrument_mode": str(mode),
         "root": cfg.root,
-        "selection_rule": _selection_rule(cfg),
+        "selection_rule": selection,
         "session_rule": "CME Globex trade date D = [D-1 16:00, D 16:00) America/Chicago",
         "params": {
             "features": dataclasses.asdict(cfg.features),
+            "feature_set": list(job.names),
+            "book_levels": job.book_levels,
+            "dtype": job.dtype,
+            "compression": job.compression,
             "horizons": list(cfg.horizons),
             "horizons_s": list(cfg.horizons_s),
             "barrier": cfg.barrier,
             "barrier_horizon": cfg.barrier_horizon,
             "roll_days": cfg.roll_days,
             "roll_rule": cfg.roll_rule,
-            "book_schema": schema,
+            "book_schema": plan.schema,
             "sample": cfg.sample,
         },
-        "columns": specs,
+        "columns": column_specs(job),
     }
     schedule = [
-        {
-            "session": c.session.isoformat(),
-            "instrument_id": c.instrument_id,
-            "raw_symbol": c.raw_symbol,
-            "expiration": c.expiration.isoformat() if c.expiration else None,
-            "reason": c.reason,
-        }
-        for c in summary.schedule
-    ]
-    sources = [
-        (int(f.metadata.start),
-         {"path": str(f.path.resolve()), "size": f.path.stat().st_size,
-          "mtime_ns": f.path.stat().st_mtime_ns, "schema": f.schema, "dbn_version": f.version})
-        for f in book_files + trade_files + def_files
-    ]
+        {"session": c.session.isoformat(), "instrument_id": c.instrument_id, "raw_symbol": c.raw_symbol,
+         "expiration": c.expiration.isoformat() if c.expiration else None, "reason": c.reason}
+        for c in plan.schedule
+    ]  # fmt: skip
+    sources = []
+    for f in plan.files:
+        st = f.path.stat()
+        sources.append((int(f.metadata.start), {"path": str(f.path.resolve()), "size": st.st_size,
+                                                "mtime_ns": st.st_mtime_ns, "schema": f.schema,
+                                                "dbn_version": f.version}))  # fmt: skip
+    if cfg.keep_books not in KEEP_BOOKS:
+        raise AlphafeatError(f"--predecoded: expected auto, keep or none, got {cfg.keep_books!r}")
+    keep = cfg.keep_books == "keep" or (cfg.keep_books == "auto" and plan.schema == "mbo")
+    pre = str(pre_dir) if keep else None
     n_crossed, min_rows = 0, 1 << 62
     first = " - first use: compiling kernels, ~30 s" if _first_use() else ""
-    t_feat = task(f"features + labels ({device}){first}", len(segments))
-    pinned = None  # on a GPU the book is built in page-locked memory: sent without a staging copy
-    if device == "cuda" and not bar_volume:
-        from alphafeat.cuda.kernels import pinned_buffer as pinned
+    t_map = task(f"segments: decode, book, features, labels, write ({device}){first}", len(plan.segments))
     with CacheWriter(cfg.out) as writer:
-        staged: list[tuple[str, int]] = []  # (relpath, index into segments) of partitions to write
-        metas: dict[int, dict] = {}
-
-        def stage_calls():  # the arguments of each partition to write, cut as the workers take them
-            for rel, k in staged:
-                day, iid, sym = segments[k]
-                raw, trades, sess, tsess = books[iid]
-                yield (rel, raw.take(sess == day), trades.take(tsess == day), iid, sym, metas[k])
-
-        for k, (day, iid, sym) in enumerate(segments):
-            root = cfg.root if mode.kind == "front-month" else _root_of(sym)
-            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", sym)
-            rel = f"root={root}/session={day.isoformat()}/{safe}.arrow"
-            meta = _partition_metadata(common, day, iid, schedule, sources)
-            summary.partitions.append(writer.out / rel)
-            raw, _, sess, _ = books[iid]
-            in_seg = sess == day
-            summary.snapshots_kept += int(in_seg.sum())
-            if writer.current(rel, meta["fingerprint"]):
+        calls = []
+        for seg in plan.segments:
+            meta = _partition_metadata(common, seg, schedule, sources)
+            if writer.current(seg.relpath, meta["fingerprint"]):
                 summary.partitions_skipped += 1
-                rows = _partition_rows(writer.out / rel)
+                summary.partitions.append(writer.out / seg.relpath)
+                rows, n_x = _partition_stats(writer.out / seg.relpath)
                 summary.rows += rows
+                n_crossed += n_x
                 min_rows = min(min_rows, rows)
-                advance(t_feat)
+                advance(t_map)
             else:
-                staged.append((rel, k))
-                metas[k] = meta
-            bp, ap = raw.bid_px[in_seg, 0], raw.ask_px[in_seg, 0]
-            n_crossed += int(((bp != UNDEF_PRICE) & (ap != UNDEF_PRICE) & (bp > ap)).sum())
-        n_jobs = (os.cpu_count() or 1) if cfg.jobs < 0 else max(1, cfg.jobs)
-        if device == "cpu" and n_jobs > 1 and len(staged) > 1:
-            # CPU: one partition per joblib process (each segment restarts its state: independent)
-            from joblib import Parallel, delayed
-
-            # at most n_jobs segments cut ahead of the workers (each a copy of its rows)
-            par = Parallel(n_jobs=min(n_jobs, len(staged)), return_as="generator", pre_dispatch="n_jobs")
-            done = par(delayed(_stage_segment)(writer.staging / rel, *args, cfg, device, bar_volume)
-                       for rel, *args in stage_calls())  # fmt: skip
-        else:
-            done = (_stage_segment(writer.staging / rel, *args, cfg, device, bar_volume, buffer=pinned)
-                    for rel, *args in stage_calls())  # fmt: skip
-        for (rel, _), rows in zip(staged, done):
-            writer.staged(rel)
-            summary.rows += rows
-            min_rows = min(min_rows, rows)
-            advance(t_feat)
+                calls.append((seg, str(writer.staging), meta, job, pre))
+        by_rel = {c[0].relpath: c[0] for c in calls}
+        for res in _map(calls, cfg, device):
+            if isinstance(res, tuple):
+                err = InputError(*res[1:3], offset=res[3], record=res[4]) if res[0] == "input" else \
+                    AlphafeatError(res[1])  # fmt: skip
+                if cfg.on_error != "skip" or not isinstance(err, InputError):
+                    raise err
+                log.warning("skipping %s", err)
+                summary.skipped.append((Path(err.path), str(err)))
+                advance(t_map)
+                continue
+            seg = by_rel[res.relpath]
+            summary.records += res.records
+            summary.notes += res.notes
+            summary.books_predecoded += res.predecoded
+            for k, v in res.seconds.items():
+                summary.stage_seconds[k] = summary.stage_seconds.get(k, 0.0) + v
+            summary.peak_rss = max(summary.peak_rss, res.peak_rss)
+            if res.rows:
+                writer.staged(res.relpath)
+                summary.partitions.append(writer.out / res.relpath)
+                summary.cache_bytes += (writer.staging / res.relpath).stat().st_size
+                summary.rows += res.rows
+                min_rows = min(min_rows, res.rows)
+                n_crossed += res.crossed
+            else:
+                summary.notes.append(f"{seg.raw_symbol} has no {seg.schema} book rows in session {seg.session}")
+            advance(t_map)
+        if not summary.partitions:
+            raise AlphafeatError(f"{cfg.out}: no book rows for the chosen instruments in the inputs; nothing to write")
         if n_crossed:
             summary.notes.append(f"{n_crossed:,} snapshot{'s have' if n_crossed > 1 else ' has'} a crossed book "
-                                 "(bid above ask, e.g. pre-open): "
-                                 "flagged in book_crossed, with NaN labels")
-        unit = "bars" if bar_volume else "snapshots"
+                                 "(bid above ask, e.g. pre-open): flagged in book_crossed, with NaN labels")
+        depth = min((_depth_of(p) for p in plan.files if p.schema == plan.schema), default=LEVELS)
+        if depth < LEVELS:
+            limited = [n for n, need in _min_depth(cfg.features).items() if depth < need and n in job.names]
+            summary.notes.append(f"{plan.schema} input carries {depth} book level(s): depth features "
+                                 f"{', '.join(limited) or '(none stored)'} are NaN and deeper book columns empty")
+        unit = "bars" if job.bar_volume else "snapshots"
         long = [h for h in cfg.horizons if h >= min_rows]
         if long:
             summary.notes.append(f"label horizons {long} ({unit}) reach past the end of a session of {min_rows:,} "
                                  f"{unit}: those labels are NaN there")
+        summary.seconds = time.perf_counter() - t0
+        stats = {
+            "seconds": round(summary.seconds, 3),
+            "stage_seconds": {k: round(v, 3) for k, v in summary.stage_seconds.items()},
+            "rows": summary.rows,
+            "peak_rss": max(summary.peak_rss, _self_rss()),
+            "bytes_per_row": round(summary.bytes_per_row, 1),
+            "books_predecoded": summary.books_predecoded,
+        }
         manifest = dict(common, schedule=schedule, sources=[e for _, e in sources], notes=summary.notes,
-                        partitions=[str(p.relative_to(writer.out)) for p in summary.partitions])
+                        partitions=sorted(str(p.relative_to(writer.out)) for p in summary.partitions),
+                        run=stats)  # fmt: skip
         writer.commit(manifest)
+    summary.peak_rss = max(summary.peak_rss, _self_rss())
     summary.seconds = time.perf_counter() - t0
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary
+
+
+def _depth_of(f: object) -> int:
+    return 1 if f.schema == "mbp-1" else LEVELS
+
+
+def _self_rss() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _partition_stats(path: Path) -> tuple[int, int]:
+    """Rows and crossed-book rows of a partition file (memory-mapped; one column read)."""
+    with pa.memory_map(str(path)) as src:
+        reader = pa.ipc.open_file(src)
+        rows = crossed_rows = 0
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            rows += batch.num_rows
+            col = batch.column("book_crossed")
+            crossed_rows += int(pa.compute.sum(col).as_py() or 0)
+        return rows, crossed_rows
+

@@ -44,6 +44,12 @@ def _precompute(args: argparse.Namespace) -> int:
         root=args.root,
         device=args.device,
         sample=args.sample,
+        feature_set=args.features,
+        dtype=args.dtype,
+        compression=args.compression,
+        scheduler=args.scheduler,
+        dask_local=args.dask_local,
+        keep_books=args.predecoded,
     )
     if horizons:
         cfg.horizons = horizons
@@ -66,10 +72,16 @@ def _precompute(args: argparse.Namespace) -> int:
     t = Table(title=f"alphafeat precompute -> {s.out}")
     t.add_column("")
     t.add_column("", justify="right")
-    for k, v in (("files", f"{s.files}"), ("records read", f"{s.records:,}"), ("snapshots", f"{s.snapshots:,}"),
-                 ("snapshots kept", f"{s.snapshots_kept:,}"), ("rows in the cache", f"{s.rows:,}"),
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in s.stage_seconds.items())
+    for k, v in (("files", f"{s.files}"), ("book records read", f"{s.records:,}"),
+                 ("rows in the cache", f"{s.rows:,}"),
                  ("partitions (already current)", f"{len(s.partitions)} ({s.partitions_skipped})"),
-                 ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}")):
+                 ("books from .predecoded", f"{s.books_predecoded}"),
+                 ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}"),
+                 ("seconds per stage (summed over workers)", stages),
+                 ("rows per second", f"{s.rows_per_second:,.0f}"),
+                 ("peak memory (largest process)", f"{s.peak_rss / 2**30:.2f} GiB"),
+                 ("bytes per row written", f"{s.bytes_per_row:.0f}" if s.cache_bytes else "-")):
         t.add_row(k, v)
     out.print(t)
     for note in s.notes:
@@ -176,21 +188,23 @@ def _read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
                    help="a bad input file stops the run (raise, default) or is skipped with a warning")
     p.add_argument("--rebuild-predecoded", action="store_true",
-                   help="clear the predecoded cache (<out parent>/.predecoded) before reading")
+                   help="clear the predecoded folder (<out parent>/.predecoded: kept books and plan scans) first")
     p.add_argument("--jobs", type=int, default=1,
-                   help="processes decoding files in parallel; precompute on the CPU also computes and writes "
-                        "session segments in parallel (-1: all cores)")
+                   help="worker processes: plan scans and session segments in parallel (-1: all cores)")
 
 
 def _roll_schedule(args: argparse.Namespace) -> int:
-    from alphafeat.pipeline import discover
-    from alphafeat.predecoded import default_cache_dir
-    from alphafeat.reader import roll_schedule
+    import shutil
 
-    sched, rr = roll_schedule(
-        discover(args.input), root=args.root, rule=args.roll_rule, roll_days=args.roll_days, n_jobs=args.jobs,
-        cache_dir=default_cache_dir(args.out), on_error=args.on_error, rebuild=args.rebuild_predecoded,
-    )
+    from alphafeat.pipeline import default_predecoded_dir
+    from alphafeat.plan import make_plan
+
+    pre = default_predecoded_dir(args.out) if args.out else None
+    if pre is not None and args.rebuild_predecoded and pre.is_dir():
+        shutil.rmtree(pre)
+    plan = make_plan(args.input, root=args.root, roll_rule=args.roll_rule, roll_days=args.roll_days,
+                     on_error=args.on_error, jobs=args.jobs, survey_dir=pre)
+    sched = plan.schedule
     out = Console()
     t = Table(title=f"front month of {args.root} per session ({args.roll_rule} rule)")
     for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
@@ -199,7 +213,7 @@ def _roll_schedule(args: argparse.Namespace) -> int:
         t.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
                   c.expiration.isoformat() if c.expiration else "", c.reason)
     out.print(t)
-    for path, reason in rr.skipped:
+    for path, reason in plan.skipped:
         out.print(f"skipped: {path}: {reason}")
     return 0
 
@@ -242,6 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="label horizons in snapshots, comma-separated (default: 30,100,300,1000,6000)")
     p.add_argument("--sample", default="snapshot",
                    help="snapshot (a row per book snapshot, default) or volume:V (a row per V-contract volume bar)")
+    p.add_argument("--features", default="default",
+                   help="features stored: names and groups, comma-separated (default: a documented subset with "
+                        "the top of book; 'all': every feature and book level; 'default,book': all book levels; "
+                        "groups: ofi, depth, ema, flow, vol, price)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                   help="storage of feature columns (computed in float64; prices stay float64; default float32)")
+    p.add_argument("--compression", default="none", choices=("none", "lz4", "zstd"),
+                   help="Arrow IPC buffer compression (default none: memory-mappable)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run segments on a Dask distributed cluster (inputs and --out on a shared filesystem)")
+    p.add_argument("--dask-local", type=int, default=0, metavar="N",
+                   help="run segments on a Dask LocalCluster of N worker processes")
+    p.add_argument("--predecoded", default="auto", choices=("auto", "keep", "none"),
+                   help="keep each segment's book in <out parent>/.predecoded so a rerun with other features, "
+                        "horizons or options skips decode and book (~360 bytes a row of disk): auto (default) "
+                        "for books rebuilt from MBO, keep for all, none")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _read_options(p)  # --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
     p.set_defaults(func=_precompute)
@@ -251,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DBN files or directories (book data; trades and definitions optional)")
     r.add_argument("--root", default="ES", help="product root (default: ES)")
     r.add_argument("--out", default=None,
-                   help="cache directory whose parent holds .predecoded (default: ~/.cache/alphafeat)")
+                   help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")
     _read_options(r)
     r.set_defaults(func=_roll_schedule)
 

@@ -15,7 +15,8 @@ from cli.alphafeat import main
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     out = tmp_path_factory.mktemp("insp") / "cache"
-    precompute(PrecomputeConfig(inputs=[need(ESU4_MBP1), need(ESU4_TRADES)], out=out, device="cpu"))
+    precompute(PrecomputeConfig(inputs=[need(ESU4_MBP1), need(ESU4_TRADES)], out=out, device="cpu",
+                                feature_set="default,ofi"))
     return out
 
 

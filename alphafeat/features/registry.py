@@ -22,8 +22,11 @@ __all__ = [
     "FeatureParams",
     "FeatureSpec",
     "Plan",
+    "DEFAULT_FEATURES",
+    "FEATURE_GROUPS",
     "feature_specs",
     "frac_diff_weights",
+    "select_features",
     "make_plan",
 ]
 
@@ -457,3 +460,73 @@ def feature_specs(params: FeatureParams) -> list[FeatureSpec]:
 def make_plan(params: FeatureParams) -> Plan:
     """The integer plan of ``params`` (validated) that the CPU and CUDA back ends execute."""
     return _built(params)[1]
+
+
+#: The features stored by default (``--features default``): price, spread, microprice,
+#: imbalances, OFI at the first three levels and integrated, trade flow, time step, return,
+#: volatility, trade rates, Hawkes and propagator flow, z-score, trend, book slopes and the
+#: fractionally differenced log mid. With the top of book, trade flow, timestamps and the
+#: default labels this is 252 bytes a row at float32 (``bench/precompute.py`` measures it).
+DEFAULT_FEATURES: tuple[str, ...] = (
+    "mid", "spread_ticks", "microprice", "imbalance_l1", "imbalance_l10", "imbalance_weighted",
+    "ofi_l01", "ofi_l02", "ofi_l03", "ofi_integrated", "signed_volume", "aggressor_imbalance",
+    "log_dt", "tick_return", "ema_ret2_60s", "trade_rate_1s", "trade_rate_60s", "hawkes_buy",
+    "hawkes_sell", "propagator_flow", "realized_vol_60s", "mid_z_600s", "trend", "fracdiff_log_mid",
+    "book_slope_bid", "book_slope_ask",
+)  # fmt: skip
+
+#: Named groups for ``--features``: a prefix of feature names each, plus ``default`` and ``all``.
+#: ``book`` is not a feature: it stores every book level (price, size, orders) instead of the
+#: top of book.
+FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
+    "ofi": ("ofi_", "slog_ofi_"),
+    "depth": ("log_depth_", "imbalance_", "book_slope_"),
+    "ema": ("ema_",),
+    "flow": ("signed_volume", "aggressor_imbalance", "trade_rate_", "log_trade_rate_", "log1p_trade_count",
+             "hawkes_", "propagator_flow", "slog_signed_volume", "slog_propagator_flow"),
+    "vol": ("realized_vol_", "mid_z_", "trend", "ema_ret2_"),
+    "price": ("mid", "spread_ticks", "microprice", "tick_return", "log_dt", "fracdiff_log_mid"),
+}
+
+
+def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
+    """Parse ``--features``: comma-separated feature names and groups.
+
+    Parameters
+    ----------
+    text : str
+        E.g. ``"default"``, ``"all"``, ``"default,book"``, ``"mid,ofi,vol"``. Groups:
+        ``default`` (:data:`DEFAULT_FEATURES`), ``all`` (every feature and every book level),
+        ``book`` (every book level instead of the top of book), and :data:`FEATURE_GROUPS`.
+    params : FeatureParams
+        The feature parameters (they decide the names, e.g. ``ema_mid_60s``).
+
+    Returns
+    -------
+    (list of str, bool)
+        Feature names in registry order, and whether every book level is stored.
+
+    Raises
+    ------
+    ValueError
+        An unknown name or group (the message lists what is allowed).
+    """
+    names = [s.name for s in feature_specs(params)]
+    want: set[str] = set()
+    book = False
+    for tok in (t.strip() for t in text.split(",")):
+        if tok == "all":
+            want.update(names)
+            book = True
+        elif tok == "default":
+            want.update(n for n in DEFAULT_FEATURES if n in names)
+        elif tok == "book":
+            book = True
+        elif tok in FEATURE_GROUPS:
+            want.update(n for n in names if n.startswith(FEATURE_GROUPS[tok]))
+        elif tok in names:
+            want.add(tok)
+        else:
+            groups = ", ".join(["default", "all", "book", *FEATURE_GROUPS])
+            raise ValueError(f"unknown feature or group {tok!r}; groups: {groups}; names: `alphafeat features`")
+    return [n for n in names if n in want], book

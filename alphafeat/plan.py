@@ -1,0 +1,449 @@
+"""Plan: one cheap pass over the inputs that gives the front-month schedule and the segments.
+
+A *segment* is the unit of work, memory and resumption of :func:`alphafeat.pipeline.precompute`:
+one CME Globex trade session x one chosen instrument x the files that hold its records. The
+plan reads, per file (in parallel, joblib processes):
+
+* the DBN header (``databento_dbn.Metadata``: schema, start/end, symbol mappings) of every file;
+* the records of trades and definition files (small), for traded volume and expirations;
+* the records of a book file only when the metadata cannot answer: no symbol mappings (ids
+  unknown), no ``end`` time, no trades file for the volume rule, or ``--instrument-mode all``.
+  That scan keeps per (session, instrument) a record count, the trade volume of ``T``
+  records and the first ``ts_recv``, plus in-band symbol mappings: a few kilobytes.
+
+Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size and mtime, so a
+rerun plans without decoding. Front-month selection itself is
+:func:`alphafeat.instruments.front_month_schedule` (no look-ahead: a session's choice uses the
+previous session's volume); this module is its only caller (``precompute``,
+``roll-schedule`` and ``bench/`` all plan through :func:`make_plan`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import pickle
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import joblib
+import numpy as np
+
+from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
+from alphafeat.errors import InputError, SelectionError
+from alphafeat.instruments import (
+    Choice,
+    InstrumentMode,
+    Symbology,
+    front_month_schedule,
+    is_candidate,
+    outright_pattern,
+    session_dates,
+    session_end_ns,
+)
+
+__all__ = ["Plan", "Segment", "discover", "make_plan", "session_bounds"]
+
+log = logging.getLogger(__name__)
+
+_TRADES, _DEFINITION, _SYMBOL_MAPPING = 0x00, 0x13, 0x16
+_BOOK_RTYPES = {SCHEMA_RTYPES[s] for s in BOOK_SCHEMAS}
+_UNDEF_TS = 2**64 - 1
+_ROOT_RE = re.compile(r"^(.+?)[FGHJKMNQUVXZ]\d{1,2}(?:-.*)?$")
+#: Version of the survey records kept on disk; bump to invalidate them.
+SURVEY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One unit of work: a session of one instrument and the files holding its records.
+
+    Attributes
+    ----------
+    session : datetime.date
+        CME Globex trade date D = [D-1 16:00, D 16:00) America/Chicago.
+    instrument_id : int
+        The instrument kept (exchange id).
+    raw_symbol : str
+        Its symbol on that date (``ESH4``); ``id<N>`` when no mapping names it.
+    root : str
+        Product root of the partition path (``ES``).
+    schema : str
+        Book schema of the files (``mbo``, ``mbp-10`` or ``mbp-1``).
+    book_files, trade_files : tuple of str
+        Resolved paths of the files whose time range overlaps the session, in start order.
+    relpath : str
+        Partition path in the cache (``root=ES/session=2024-03-06/ESH4.arrow``).
+    """
+
+    session: dt.date
+    instrument_id: int
+    raw_symbol: str
+    root: str
+    schema: str
+    book_files: tuple[str, ...]
+    trade_files: tuple[str, ...]
+    relpath: str
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """``[start, end)`` of the session in ns since the epoch (UTC)."""
+        return session_bounds(self.session)
+
+
+@dataclass
+class Plan:
+    """What :func:`make_plan` returns.
+
+    Attributes
+    ----------
+    schema : str
+        The book schema of the run.
+    files : list of DBNFile
+        Headers of the files used (book, then trades, then definition files).
+    schedule : list of Choice
+        The instrument of each session and why (front month: the roll schedule).
+    segments : list of Segment
+        One per schedule entry, in session order.
+    skipped : list of (Path, str)
+        Files left out with ``on_error="skip"`` and why.
+    notes : list of str
+        Things the summary should say (e.g. which files had to be scanned to plan).
+    scanned : int
+        Book files whose records were read to plan (0 when the metadata sufficed).
+    """
+
+    schema: str
+    files: list[DBNFile]
+    schedule: list[Choice]
+    segments: list[Segment]
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    scanned: int = 0
+
+
+def discover(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Expand directories into their ``*.dbn`` / ``*.dbn.zst`` files (sorted, not recursive).
+
+    Raises
+    ------
+    InputError
+        For a path that does not exist, or a directory with no DBN file.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.name.endswith((".dbn", ".dbn.zst")))
+            if not found:
+                raise InputError(p, "directory holds no .dbn or .dbn.zst file")
+            files.extend(found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise InputError(p, "no such file or directory")
+    return files
+
+
+def session_bounds(day: dt.date) -> tuple[int, int]:
+    """``[start, end)`` of the CME session of trade date ``day``, ns since the epoch."""
+    return session_end_ns(day - dt.timedelta(days=1)), session_end_ns(day)
+
+
+def root_of(symbol: str) -> str:
+    """Product root of a futures symbol (``ESH4`` -> ``ES``); the symbol itself otherwise."""
+    m = _ROOT_RE.match(symbol)
+    return m.group(1) if m else symbol
+
+
+def _file_range(f: DBNFile) -> tuple[int, int | None]:
+    start = int(f.metadata.start)
+    end = getattr(f.metadata, "end", None)
+    end = None if end is None or int(end) in (0, _UNDEF_TS) else int(end)
+    return start, end
+
+
+def _survey_key(path: Path) -> str:
+    st = path.stat()
+    ident = [str(path.resolve()), st.st_size, st.st_mtime_ns, SURVEY_VERSION]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
+
+
+def _scan_file(path: Path, trades_only: bool) -> dict:
+    """Per (session, instrument): [records, traded contracts, first ts_recv]; in-band symbol
+    mappings and definitions. Book files count the size of ``T`` records as volume."""
+    groups: dict[tuple[int, int], list] = {}
+    maps: list[np.ndarray] = []
+    defs: list[np.ndarray] = []
+    epoch = dt.date(1970, 1, 1)
+    for chunk in RecordScanner(path, chunk_bytes=16 << 20):
+        for rt, arr in chunk.items():
+            if rt == _SYMBOL_MAPPING:
+                maps.append(arr.copy())
+                continue
+            if rt == _DEFINITION:
+                defs.append(arr.copy())
+                continue
+            if rt not in _BOOK_RTYPES and rt != _TRADES:
+                continue
+            if trades_only and rt != _TRADES:
+                continue
+            ts = np.asarray(arr["ts_recv"]).astype(np.int64)
+            days = (session_dates(ts) - np.datetime64(epoch)).astype(np.int64)
+            key = days * (1 << 32) + np.asarray(arr["instrument_id"]).astype(np.int64)
+            if rt == _TRADES:
+                w = np.asarray(arr["size"]).astype(np.float64)
+            else:
+                w = np.where(np.asarray(arr["action"]) == b"T", np.asarray(arr["size"]), 0).astype(np.float64)
+            uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            cnt = np.bincount(inv, minlength=len(uniq))
+            vol = np.bincount(inv, weights=w, minlength=len(uniq))
+            for k, f0, c, v in zip(uniq.tolist(), first.tolist(), cnt.tolist(), vol.tolist()):
+                g = groups.setdefault((k >> 32, k & 0xFFFFFFFF), [0, 0.0, int(ts[f0])])
+                g[0] += c
+                g[1] += v
+    cat = lambda xs: np.concatenate(xs) if xs else None  # noqa: E731
+    return {"groups": groups, "maps": cat(maps), "defs": cat(defs)}
+
+
+def _survey(path: str, trades_only: bool, store: str | None) -> dict:
+    """One task: the scan of ``path``, from ``store`` when kept there. Errors are returned
+    (an InputError does not survive pickling)."""
+    p = Path(path)
+    try:
+        key = _survey_key(p)
+        kept = Path(store) / f"{key}.pkl" if store else None
+        if kept is not None and kept.is_file():
+            try:
+                with open(kept, "rb") as fh:
+                    return pickle.load(fh)
+            except (OSError, pickle.PickleError, EOFError):
+                pass
+        res = _scan_file(p, trades_only)
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_name(f".{kept.name}.{uuid.uuid4().hex[:8]}")
+            with open(tmp, "wb") as fh:
+                pickle.dump(res, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, kept)
+        return res
+    except InputError as e:
+        return {"error": (e.path, e.problem, e.offset, e.record)}
+
+
+def _classify(files: list[Path], on_error: str, skipped: list) -> tuple[list[DBNFile], list[DBNFile], list[DBNFile]]:
+    book, trades, defs = [], [], []
+    for p in files:
+        try:
+            f = open_dbn(p)
+        except InputError as e:
+            if on_error != "skip":
+                raise
+            log.warning("skipping %s", e)
+            skipped.append((p, str(e)))
+            continue
+        if f.schema in BOOK_SCHEMAS:
+            book.append(f)
+        elif f.schema == "trades":
+            trades.append(f)
+        elif f.schema == "definition":
+            defs.append(f)
+        else:
+            raise InputError(
+                p, f"schema {f.schema!r} is not supported (need mbo, mbp-10, mbp-1, trades or definition)"
+            )
+    if not book and not trades and not defs:
+        raise InputError(files[0], "every input file was skipped (--on-error skip)")
+    if not book:
+        first = (trades + defs)[0]
+        raise InputError(
+            first.path, f"schema {first.schema!r} is not book data; give at least one mbo, mbp-10 or mbp-1 file"
+        )
+    schemas = sorted({f.schema for f in book})
+    if len(schemas) > 1:
+        raise InputError(book[0].path, f"mixed book schemas {schemas}; give one kind of book data per run")
+    key = lambda f: (int(f.metadata.start), str(f.path))  # noqa: E731
+    return sorted(book, key=key), sorted(trades, key=key), defs
+
+
+def _sessions_of(f: DBNFile, groups: dict | None) -> list[dt.date]:
+    epoch = dt.date(1970, 1, 1)
+    if groups is not None:
+        return sorted({epoch + dt.timedelta(days=int(d)) for d, _ in groups})
+    start, end = _file_range(f)
+    days = session_dates(np.array([start, max(start, end - 1)], dtype=np.int64)).astype(object)
+    return [days[0] + dt.timedelta(days=k) for k in range((days[1] - days[0]).days + 1)]
+
+
+def _overlaps(f: DBNFile, groups: dict | None, day: dt.date, iid: int | None = None) -> bool:
+    if groups is not None:
+        d = (day - dt.date(1970, 1, 1)).days
+        return any(k[0] == d and (iid is None or k[1] == iid) for k in groups)
+    s0, s1 = session_bounds(day)
+    start, end = _file_range(f)
+    return start < s1 and end > s0
+
+
+def make_plan(
+    inputs: Sequence[str | os.PathLike[str]],
+    *,
+    mode: InstrumentMode | None = None,
+    root: str = "ES",
+    roll_rule: str = "volume",
+    roll_days: int = 8,
+    on_error: str = "raise",
+    jobs: int = 1,
+    survey_dir: str | os.PathLike[str] | None = None,
+) -> Plan:
+    """The schedule and the segments of a run over DBN files (module docstring).
+
+    Parameters
+    ----------
+    inputs : sequence of path
+        DBN files or directories (:func:`discover`); one book schema, optional trades and
+        definition files.
+    mode : InstrumentMode
+        ``front-month`` (default), ``id=N`` or ``all``.
+    root : str
+        Product root of the front month (``ES``); calendar spreads never qualify.
+    roll_rule : {"volume", "calendar"}
+        :func:`alphafeat.instruments.front_month_schedule`.
+    roll_days : int
+        Calendar-rule margin in days.
+    on_error : {"raise", "skip"}
+        A bad file stops the plan, or is listed in ``Plan.skipped`` and left out.
+    jobs : int
+        joblib processes for the scans (-1: all cores).
+    survey_dir : path, optional
+        Where scans are kept between runs; None keeps none.
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    InputError
+        A bad or unsupported file (named, with the byte offset where it helps).
+    SelectionError
+        No candidate of ``root``, or no record of ``id=N``.
+    """
+    mode = mode or InstrumentMode("front-month")
+    skipped: list[tuple[Path, str]] = []
+    files = discover(inputs)
+    book, trades, defs = _classify(files, on_error, skipped)
+    schema = book[0].schema
+    no_maps = [f for f in book if not f.metadata.mappings or _file_range(f)[1] is None]
+    need_volume = mode.kind == "front-month" and roll_rule == "volume" and not trades
+    scan_book = book if (need_volume or mode.kind != "front-month") else no_maps
+    tasks = [(f, True) for f in trades + defs] + [(f, False) for f in scan_book]
+    store = None if survey_dir is None else str(Path(survey_dir) / "survey")
+    calls = [joblib.delayed(_survey)(str(f.path), only, store) for f, only in tasks]
+    if jobs == 1 or len(calls) <= 1:
+        results = [c[0](*c[1], **c[2]) for c in calls]
+    else:
+        results = joblib.Parallel(n_jobs=jobs)(calls)
+    surveys: dict[Path, dict] = {}
+    for (f, _), res in zip(tasks, results, strict=True):
+        if "error" in res:
+            path, problem, offset, record = res["error"]
+            err = InputError(path, problem, offset=offset, record=record)
+            if on_error != "skip":
+                raise err
+            log.warning("skipping %s", err)
+            skipped.append((f.path, str(err)))
+            continue
+        surveys[f.path] = res
+    dropped = {p for p, _ in skipped}
+    book = [f for f in book if f.path not in dropped]
+    trades = [f for f in trades if f.path not in dropped]
+    defs = [f for f in defs if f.path not in dropped]
+    if not book:
+        raise InputError(skipped[0][0], "every book file was skipped (--on-error skip)")
+    symbology = Symbology.build(
+        [f.metadata for f in book + trades + defs],
+        [s["defs"] for s in surveys.values() if s["defs"] is not None],
+        [s["maps"] for s in surveys.values() if s["maps"] is not None],
+    )
+    groups = {f.path: surveys[f.path]["groups"] for f in book if f.path in surveys}
+    present = _present(book, groups, symbology)
+    if mode.kind == "id":
+        present = {k: v for k, v in present.items() if k[1] == mode.instrument_id}
+        if not present:
+            raise SelectionError(
+                f"instrument_id {mode.instrument_id} has no {schema} records in the inputs "
+                f"({', '.join(str(f.path) for f in book)})"
+            )
+    if mode.kind == "front-month":
+        cand: dict[dt.date, dict[int, str]] = {}
+        for (day, iid), sym in present.items():
+            if is_candidate(sym, root):
+                cand.setdefault(day, {})[iid] = sym
+        if not cand:
+            found = sorted(set(present.values()))
+            raise SelectionError(
+                f"no outright contract of root {root!r} (a whole symbol matching "
+                f"{outright_pattern(root).pattern}) in the inputs; symbols found: {', '.join(found[:20]) or 'none'}"
+            )
+        volume: dict[tuple[dt.date, int], float] = {}
+        vol_files = trades if trades else book
+        epoch = dt.date(1970, 1, 1)
+        for f in vol_files:
+            for (d, iid), (_, v, _) in surveys.get(f.path, {}).get("groups", {}).items():
+                key = (epoch + dt.timedelta(days=int(d)), int(iid))
+                volume[key] = volume.get(key, 0.0) + v
+        schedule = front_month_schedule(cand, volume, symbology, root, roll_days, rule=roll_rule)
+    else:
+        schedule = [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items())]
+    segments = []
+    for c in schedule:
+        sroot = root if mode.kind == "front-month" else root_of(c.raw_symbol)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", c.raw_symbol)
+        segments.append(Segment(
+            c.session, c.instrument_id, c.raw_symbol, sroot, schema,
+            tuple(str(f.path) for f in book if _overlaps(f, groups.get(f.path), c.session, c.instrument_id)),
+            tuple(str(f.path) for f in trades if _overlaps(f, None, c.session)),
+            f"root={sroot}/session={c.session.isoformat()}/{safe}.arrow",
+        ))  # fmt: skip
+    notes = []
+    if scan_book:
+        why = "no symbol mappings or end time in the metadata"
+        if need_volume:
+            why = "no trades file for the volume rule"
+        elif mode.kind != "front-month":
+            why = f"instrument mode {mode}"
+        notes.append(f"planning read the records of {len(scan_book)} book file(s): {why}")
+    return Plan(schema, book + trades + defs, schedule, segments, skipped, notes, len(scan_book))
+
+
+def _present(book: list[DBNFile], groups: dict[Path, dict], symbology: Symbology) -> dict[tuple[dt.date, int], str]:
+    """(session, instrument_id) -> raw symbol of the instruments with book data in each session:
+    from the scan where a file was scanned, else from its metadata's symbol mappings."""
+    out: dict[tuple[dt.date, int], str] = {}
+    epoch = dt.date(1970, 1, 1)
+    for f in book:
+        g = groups.get(f.path)
+        if g is not None:
+            for (d, iid), (_, _, first) in g.items():
+                utc = dt.datetime.fromtimestamp(first // 10**9, dt.timezone.utc).date()
+                sym = symbology.resolve(int(iid), utc) or f"id{iid}"
+                out.setdefault((epoch + dt.timedelta(days=int(d)), int(iid)), sym)
+            continue
+        for day in _sessions_of(f, None):
+            for sym, ivs in (f.metadata.mappings or {}).items():
+                for iv in ivs:  # the session spans UTC dates day-1 and day
+                    if iv["start_date"] <= day and iv["end_date"] > day - dt.timedelta(days=1):
+                        try:
+                            iid = int(iv["symbol"])
+                        except ValueError:
+                            continue
+                        utc = max(iv["start_date"], day - dt.timedelta(days=1))
+                        out.setdefault((day, iid), symbology.resolve(iid, utc) or sym)
+    return out
+

@@ -1,0 +1,310 @@
+"""Map: one segment (session x instrument) through decode -> book -> features -> labels -> write.
+
+:func:`run_segment` is the function a worker runs (in this process, a joblib/loky process or a
+Dask worker): it reads only the segment's instrument from the segment's files, keeps nothing
+of any other session, and writes one Arrow IPC partition to a staging path. Its memory is
+that of one session's book and features, whatever the number of sessions in the run.
+
+Book
+    MBP-10 / MBP-1: records are decoded in 8 MiB chunks on a reader thread (zstd and the
+    record scan release the GIL) while :class:`alphafeat.book.MBPBookBuilder` turns the
+    previous chunk into book rows (numba); the records are never held whole. MBO: the
+    instrument's records of the segment's files are rebuilt
+    (:func:`alphafeat.book.rebuild_mbo`) from the start of the first file, then cut to the
+    session. Trades come from trades files when the run has them, else from the book stream.
+Predecoded books
+    With a predecoded folder, the book of a segment is kept there (``book/<key>/*.npy``, key:
+    the segment's files (path, size, mtime), instrument, session and format) and memory-mapped
+    by a later run, which then skips decode and book (a rerun with other features, horizons
+    or output options). About 360 bytes per row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from alphafeat import book as bk
+from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner
+from alphafeat.errors import InputError
+from alphafeat.plan import Segment
+from alphafeat.types import LEVELS, BookArrays
+
+__all__ = ["SegmentResult", "build_book", "load_book", "run_segment", "save_book"]
+
+log = logging.getLogger(__name__)
+
+#: Version of the predecoded book layout; bump to invalidate kept books.
+BOOK_FORMAT = 1
+#: Decompressed bytes per decode step of the segment reader.
+READ_CHUNK = 8 << 20
+_BOOK_COLS = ("ts_event", "ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct",
+              "buy_volume", "sell_volume", "trade_count")  # fmt: skip
+_STORED = {"bid_sz": np.uint32, "ask_sz": np.uint32, "bid_ct": np.uint32, "ask_ct": np.uint32}
+
+
+@dataclass
+class SegmentResult:
+    """What a worker reports for one segment (picklable).
+
+    Attributes
+    ----------
+    relpath : str
+        Partition path in the cache.
+    rows : int
+        Rows written (0: no book data in the session; nothing written).
+    records : int
+        Book records of the instrument read (0 when the book came from the predecoded folder).
+    seconds : dict of str to float
+        Time per stage: ``book`` (decode + book, or the predecoded load), ``features``,
+        ``labels``, ``write``.
+    peak_rss : int
+        Peak resident memory of the worker process so far, bytes.
+    crossed : int
+        Rows whose book is crossed (best bid above best ask).
+    predecoded : bool
+        Whether the book came from the predecoded folder.
+    notes : list of str
+        Things to say in the summary.
+    """
+
+    relpath: str
+    rows: int = 0
+    records: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss: int = 0
+    crossed: int = 0
+    predecoded: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _prefetch(it: Iterable, depth: int = 2) -> Iterator:
+    """Run ``it`` on a thread, ``depth`` items ahead; its errors are raised here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for x in it:
+                if stop.is_set():
+                    return
+                q.put(x)
+            q.put(done)
+        except BaseException as e:  # handed to the consumer
+            q.put(e)
+
+    th = threading.Thread(target=produce, daemon=True)
+    th.start()
+    try:
+        while True:
+            x = q.get()
+            if x is done:
+                return
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+    finally:
+        stop.set()
+        while th.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                th.join(0.01)
+
+
+def _chunks(paths: Iterable[str], iid: int, rtype: int) -> Iterator[np.ndarray]:
+    """Records of ``rtype`` of one instrument from ``paths`` in order, as owned copies."""
+    for p in paths:
+        for chunk in RecordScanner(p, instrument_ids=[iid], chunk_bytes=READ_CHUNK):
+            arr = chunk.get(rtype)
+            if arr is not None and len(arr):
+                yield arr.copy()
+
+
+def _trades(seg: Segment) -> bk.Trades | None:
+    """The instrument's trades from the segment's trades files, or None without any."""
+    if not seg.trade_files:
+        return None
+    parts = list(_chunks(seg.trade_files, seg.instrument_id, SCHEMA_RTYPES["trades"]))
+    if not parts:
+        return bk.trades_from_records(np.empty(0, dtype=_trade_dtype(seg.trade_files[0])))
+    return bk.trades_from_records(np.concatenate(parts))
+
+
+def _trade_dtype(path: str) -> np.dtype:
+    from alphafeat.dbn import open_dbn, record_dtype
+
+    d = open_dbn(path)
+    return record_dtype(SCHEMA_RTYPES["trades"], d.version, d.ts_out)
+
+
+def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
+    """The session's book of the segment's instrument, from its files.
+
+    Returns
+    -------
+    (BookArrays, records, notes)
+        The rows (prices float64 index points, NaN where empty; sizes float64; counts
+        uint32; trade flow float64), the book records read, and notes (e.g. cancels of
+        unknown orders in MBO).
+
+    Raises
+    ------
+    InputError
+        A bad file (named, with the byte offset).
+    """
+    s0, s1 = seg.bounds
+    rtype = SCHEMA_RTYPES[seg.schema]
+    trades = _trades(seg)
+    notes: list[str] = []
+    if seg.schema in ("mbp-10", "mbp-1"):
+        builder = None
+        for recs in _prefetch(_chunks(seg.book_files, seg.instrument_id, rtype)):
+            if builder is None:
+                builder = bk.MBPBookBuilder(recs.dtype, s0, s1, _record_bound(seg.book_files, recs.dtype.itemsize))
+            builder.add(recs)
+        if builder is None:
+            return _empty_book(), 0, notes
+        return builder.finish(trades), builder.records, notes
+    parts = list(_chunks(seg.book_files, seg.instrument_id, rtype))
+    if not parts:
+        return _empty_book(), 0, notes
+    recs = np.concatenate(parts)
+    del parts
+    raw, stream_trades, n_unknown = bk.rebuild_mbo(recs)
+    n = len(recs)
+    del recs
+    if n_unknown:
+        notes.append(f"{seg.raw_symbol} {seg.session}: {n_unknown} cancels of unknown orders "
+                     "(the first file starts without a snapshot)")
+    keep = (raw.ts_recv >= s0) & (raw.ts_recv < s1)
+    raw = raw.take(keep)
+    t = stream_trades if trades is None else trades
+    t = t.take((t.ts_recv >= s0) & (t.ts_recv < s1))
+    b = bk.to_book_arrays(raw, t)
+    b.bid_ct, b.ask_ct = raw.bid_ct.astype(np.uint32), raw.ask_ct.astype(np.uint32)
+    return b, n, notes
+
+
+def _record_bound(paths: Iterable[str], itemsize: int) -> int:
+    """Records the files can hold at most, from their sizes: a plain file's size over the record
+    size; a zstd file's size times 40 (DBN market data compresses 5-15x) over it. A bound
+    that proves short only costs a copy (:class:`alphafeat.book.MBPBookBuilder` grows)."""
+    total = 0
+    for p in paths:
+        size = os.path.getsize(p)
+        total += size * (40 if str(p).endswith((".zst", ".zstd")) else 1) // itemsize
+    return total + 1
+
+
+def _empty_book() -> BookArrays:
+    z1, z2 = np.empty(0), np.empty((0, LEVELS))
+    zi = np.empty(0, np.int64)
+    zc = np.empty((0, LEVELS), np.uint32)
+    return BookArrays(zi, zi, z2, z2, z2, z2, zc, zc, z1, z1, z1)
+
+
+def book_key(seg: Segment) -> str:
+    """Key of a segment's kept book: its files' identity, instrument, session and format."""
+    files = []
+    for p in seg.book_files + seg.trade_files:
+        st = os.stat(p)
+        files.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
+    ident = [files, seg.instrument_id, seg.session.isoformat(), seg.schema, BOOK_FORMAT]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
+
+
+def save_book(b: BookArrays, d: Path) -> None:
+    """Keep ``b`` under ``d`` (written to a temporary folder, renamed when complete)."""
+    tmp = d.with_name(f".{d.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        for k in _BOOK_COLS:
+            a = getattr(b, k)
+            np.save(tmp / f"{k}.npy", np.ascontiguousarray(a, dtype=_STORED.get(k, a.dtype)))
+        (tmp / "depth").write_text(str(int(b.depth)))
+        os.replace(tmp, d)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not d.is_dir():
+            raise
+
+
+def load_book(d: Path) -> BookArrays:
+    """A book kept by :func:`save_book`: prices memory-mapped (copy-on-write); sizes widened to float64."""
+    c = {k: np.load(d / f"{k}.npy", mmap_mode="c") for k in _BOOK_COLS}
+    for k in ("bid_sz", "ask_sz"):
+        c[k] = c[k].astype(np.float64)
+    return BookArrays(**c, depth=int((d / "depth").read_text()))
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def run_segment(seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None) -> SegmentResult:
+    """Compute one segment and write its partition to ``staging/seg.relpath``.
+
+    Parameters
+    ----------
+    seg : Segment
+        What to compute.
+    staging : str
+        The cache's staging folder (the partition goes to ``staging/seg.relpath``).
+    meta : dict
+        The partition's schema metadata (JSON-able), fingerprint included.
+    job : alphafeat.pipeline.Job
+        Output options: features, dtype, compression, labels, device.
+    predecoded_dir : str or None
+        Where books are kept between runs (module docstring); None keeps none.
+
+    Returns
+    -------
+    SegmentResult
+
+    Raises
+    ------
+    InputError
+        A bad file. A worker on another machine that cannot see a path names it.
+    """
+    from alphafeat.pipeline import segment_table, write_table
+
+    res = SegmentResult(seg.relpath)
+    t0 = time.perf_counter()
+    for p in seg.book_files + seg.trade_files:
+        if not os.path.exists(p):
+            raise InputError(p, f"not visible from this worker ({os.uname().nodename}); inputs and --out must be "
+                                "on a filesystem every worker shares")  # fmt: skip
+    kept = Path(predecoded_dir) / "book" / book_key(seg) if predecoded_dir else None
+    if kept is not None and (kept / "depth").is_file():
+        b = load_book(kept)
+        res.predecoded = True
+    else:
+        b, res.records, res.notes = build_book(seg)
+        if kept is not None and len(b):
+            save_book(b, kept)
+    res.seconds["book"] = time.perf_counter() - t0
+    if len(b):
+        table, res.crossed = segment_table(b, seg, job, res.seconds)
+        del b
+        t1 = time.perf_counter()
+        write_table(Path(staging) / seg.relpath, table, meta, job.compression)
+        res.rows = table.num_rows
+        res.seconds["write"] = time.perf_counter() - t1
+    res.peak_rss = _peak_rss()
+    return res
