@@ -17,7 +17,8 @@ from test_dbn import _mbp10, _metadata
 from alphafeat import book as bk
 from alphafeat.dbn import read_dbn, record_dtype
 from alphafeat.instruments import Symbology, insert_symbol_mappings, session_dates
-from alphafeat.reader import read_files, roll_schedule
+from alphafeat.plan import Segment, make_plan
+from alphafeat.segment import build_book, load_book, save_book
 from alphafeat.types import UNDEF_PRICE
 
 MBP10, MBO, SMAP = 0x0A, 0xA0, 0x16
@@ -60,15 +61,22 @@ def _ct(y: int, m: int, d: int, h: int, mi: int = 0) -> int:
     return int(dt.datetime(y, m, d, h, mi, tzinfo=ZoneInfo("America/Chicago")).timestamp()) * NS
 
 
-def test_ts_out_through_the_predecoded_cache(tmp_path: Path) -> None:
+def test_ts_out_through_segment_books(tmp_path: Path) -> None:
+    """A trailing ts_out on every record: the segment reader steps over it; the book (built,
+    then kept and read back) is that of the same records without it."""
     recs = _mbp10(20, ts_out=True)
     p = _write(tmp_path / "t.dbn.zst", _metadata(ts_out=True) + recs.tobytes())
-    for _ in range(2):  # cold, then warm
-        fr = read_files([p], cache_dir=tmp_path / "pre").files[0]
-        got = fr.arrays[MBP10]
-        # (DBNStore.to_ndarray drops ts_out and warns "truncated": the written records are the oracle)
-        assert got.dtype.names[-1] == "ts_out" and got.tobytes() == recs.tobytes()
-    assert fr.from_cache
+    q = _write(tmp_path / "n.dbn.zst", _metadata() + _mbp10(20).tobytes())  # the same records, no ts_out
+    day = session_dates(np.asarray(recs["ts_recv"][:1]).astype(np.int64))[0].astype(dt.date)
+    seg = Segment(day, 17077, "ESZ3", "ES", "mbp-10", (str(p),), (), "root=ES/x.arrow")
+    got, n, _ = build_book(seg)
+    ref, _, _ = build_book(Segment(day, 17077, "ESZ3", "ES", "mbp-10", (str(q),), (), "root=ES/x.arrow"))
+    assert n == 20 and len(got) == len(ref) > 0
+    save_book(got, tmp_path / "pre" / "book")
+    warm = load_book(tmp_path / "pre" / "book")  # what a rerun reads
+    for f in ("ts_event", "ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sell_volume"):
+        assert np.array_equal(getattr(got, f), getattr(ref, f), equal_nan=True), f
+        assert np.array_equal(getattr(warm, f), getattr(ref, f), equal_nan=True), f
 
 
 def test_v1_and_v3_symbol_lengths(tmp_path: Path) -> None:
@@ -187,10 +195,10 @@ def test_roll_where_the_old_contract_still_trades(tmp_path: Path) -> None:
         rows += [(t + k, 17077, "T") for k in range(n_old)] + [(t + 100 + k, 5602, "T") for k in range(n_new)]
         rows += [(t + 200 + k, 42140, "T") for k in range(20)]  # the spread trades most: never chosen
     p = _book_file(tmp_path / "roll.mbp-10.dbn.zst", rows, maps)
-    sched, _ = roll_schedule([p])
+    sched = make_plan([p]).schedule
     assert [c.raw_symbol for c in sched] == ["ESH4", "ESH4", "ESM4", "ESM4"]  # no switch back
     assert [c.session.day for c in sched] == [6, 7, 8, 11]
-    cal, _ = roll_schedule([p], rule="calendar", roll_days=8)  # ESH4 expires 2024-03-15
+    cal = make_plan([p], roll_rule="calendar", roll_days=8).schedule  # ESH4 expires 2024-03-15
     assert [c.raw_symbol for c in cal] == ["ESH4", "ESM4", "ESM4", "ESM4"]
 
 
@@ -200,9 +208,10 @@ def test_instrument_id_reused_for_another_symbol_later(tmp_path: Path) -> None:
         _Map("ESZ5", [_Iv(dt.date(2024, 3, 18), dt.date(2024, 3, 30), "777")]),
     ]
     p = _book_file(tmp_path / "reuse.dbn.zst", [(_ct(2024, 3, 6, 9), 777, "T"), (_ct(2024, 3, 19, 9), 777, "T")], maps)
-    sched, rr = roll_schedule([p])
-    assert [(c.session.isoformat(), c.raw_symbol) for c in sched] == [("2024-03-06", "ESH4"), ("2024-03-19", "ESZ5")]
-    sym = Symbology.build([rr.files[0].dbn.metadata])
+    plan = make_plan([p])
+    got = [(c.session.isoformat(), c.raw_symbol) for c in plan.schedule]
+    assert got == [("2024-03-06", "ESH4"), ("2024-03-19", "ESZ5")]
+    sym = Symbology.build([plan.files[0].metadata])
     assert sym.resolve(777, dt.date(2024, 3, 6)) == "ESH4" and sym.resolve(777, dt.date(2024, 3, 19)) == "ESZ5"
 
 
@@ -214,7 +223,7 @@ def test_continuous_symbol_file_follows_the_mapped_instrument(tmp_path: Path) ->
     recs["instrument_id"] = [17077, 5602]
     meta = _meta(mappings=maps, stype_in=databento_dbn.SType.CONTINUOUS, symbols=["ES.v.0"])
     p = _write(tmp_path / "cont.dbn.zst", meta + recs.tobytes())
-    sched, _ = roll_schedule([p])
+    sched = make_plan([p]).schedule
     assert [(c.instrument_id, c.raw_symbol) for c in sched] == [(17077, "ES.v.0"), (5602, "ES.v.0")]
     m = np.zeros(1, dtype=record_dtype(SMAP, 3))
     imap = Symbology.build([]).imap

@@ -1,0 +1,178 @@
+"""Reading DBN inputs: the plan's scans (parallel, Dask backend, kept between runs), a
+segment's reads (its instrument only), kept books, and bad inputs (one-line errors with the
+byte offset, ``--on-error skip``) through the CLI and the API."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import joblib
+import numpy as np
+import pytest
+import zstandard
+from test_dbn import _mbp10, _metadata
+
+from alphafeat import book as bk
+from alphafeat import plan as plan_mod
+from alphafeat import segment
+from alphafeat.errors import InputError
+from alphafeat.instruments import InstrumentMode
+from alphafeat.plan import make_plan
+from cli.alphafeat import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ALL = InstrumentMode("all")
+
+
+def _file(tmp: Path, name: str, n: int = 50, ids=(17077, 5602)) -> tuple[Path, np.ndarray]:
+    recs = _mbp10(n, instrument_ids=ids)
+    p = tmp / name
+    p.write_bytes(zstandard.ZstdCompressor().compress(_metadata() + recs.tobytes()))
+    return p, recs
+
+
+def _segments(plan: plan_mod.Plan) -> list[tuple]:
+    return [(s.session, s.instrument_id, s.raw_symbol, s.book_files, s.relpath) for s in plan.segments]
+
+
+def _same_book(a, b) -> bool:
+    return all(
+        np.array_equal(np.asarray(getattr(a, f.name), float), np.asarray(getattr(b, f.name), float), equal_nan=True)
+        if isinstance(getattr(a, f.name), np.ndarray) else getattr(a, f.name) == getattr(b, f.name)
+        for f in dataclasses.fields(a)
+    )  # fmt: skip
+
+
+def test_parallel_plan_equals_serial_and_a_segment_reads_only_its_instrument(tmp_path: Path) -> None:
+    files, recs = zip(*(_file(tmp_path, f"f{i}.dbn.zst", 40 + i) for i in range(3)), strict=True)
+    serial = make_plan(files, mode=ALL)
+    par = make_plan(files, mode=ALL, jobs=2)
+    assert _segments(par) == _segments(serial)
+    assert par.scanned == 3  # no symbol mappings in the metadata: the records answer
+    assert sorted(s.instrument_id for s in par.segments) == [5602, 17077]
+    seg = next(s for s in par.segments if s.instrument_id == 5602)
+    assert seg.book_files == tuple(str(f) for f in files) and seg.trade_files == ()
+    got, n, notes = segment.build_book(seg)
+    mine = np.concatenate(recs)
+    mine = mine[mine["instrument_id"] == 5602]
+    assert n == len(mine) == 20 + 20 + 21 and not notes
+    assert _same_book(got, bk.to_book_arrays(*bk.mbp_snapshots(mine)))
+
+
+def test_dask_backend(tmp_path: Path) -> None:
+    distributed = pytest.importorskip("distributed")
+    files = [_file(tmp_path, f"d{i}.dbn.zst")[0] for i in range(2)]
+    ref = make_plan(files, mode=ALL)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cl:
+        with distributed.Client(cl) as client, joblib.parallel_config(backend="dask"):
+            got = make_plan(files, mode=ALL, jobs=2)
+            book, n, _ = client.submit(segment.build_book, got.segments[0]).result()
+    assert _segments(got) == _segments(ref)
+    assert n == 50 and _same_book(book, segment.build_book(ref.segments[0])[0])
+
+
+def test_plan_scans_kept_and_invalidated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p, _ = _file(tmp_path, "c.dbn.zst")
+    pre = tmp_path / "pre"
+    cold = make_plan([p], mode=ALL, survey_dir=pre)
+    kept = sorted((pre / "survey").iterdir())
+    assert len(kept) == 1 and kept[0].suffix == ".pkl"
+    scan = plan_mod._scan_file
+    monkeypatch.setattr(plan_mod, "_scan_file", lambda *a: pytest.fail("a kept scan was read again"))
+    assert _segments(make_plan([p], mode=ALL, survey_dir=pre)) == _segments(cold)
+    # a changed source (mtime) is scanned again under a new key, so is a new survey version
+    monkeypatch.setattr(plan_mod, "_scan_file", scan)
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
+    assert _segments(make_plan([p], mode=ALL, survey_dir=pre)) == _segments(cold)
+    assert len(list((pre / "survey").iterdir())) == 2
+    key = plan_mod._survey_key(p)
+    monkeypatch.setattr(plan_mod, "SURVEY_VERSION", plan_mod.SURVEY_VERSION + 1)
+    assert plan_mod._survey_key(p) != key
+    assert not [c for c in (pre / "survey").iterdir() if c.name.startswith(".")]  # no temporary left
+
+
+def test_kept_book_keys_and_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p, _ = _file(tmp_path, "k.dbn.zst")
+    seg = make_plan([p], mode=ALL).segments[0]
+    book, _, _ = segment.build_book(seg)
+    key = segment.book_key(seg)
+    d = tmp_path / "pre" / "book" / key
+    segment.save_book(book, d)
+    assert _same_book(segment.load_book(d), book)
+    assert isinstance(segment.load_book(d).bid_px, np.memmap)
+    assert not [c for c in d.parent.iterdir() if ".tmp-" in c.name]
+    other = next(s for s in make_plan([p], mode=ALL).segments if s.instrument_id != seg.instrument_id)
+    assert segment.book_key(other) != key  # another instrument, another book
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
+    assert segment.book_key(seg) != key  # a changed source
+    key = segment.book_key(seg)
+    monkeypatch.setattr(segment, "BOOK_FORMAT", segment.BOOK_FORMAT + 1)
+    assert segment.book_key(seg) != key  # a new layout
+
+
+def test_failed_decode_leaves_nothing_kept(tmp_path: Path) -> None:
+    good, _ = _file(tmp_path, "good.dbn.zst")
+    p, _ = _file(tmp_path, "bad.dbn.zst")
+    p.write_bytes(p.read_bytes()[:-7])
+    with pytest.raises(InputError, match="truncated"):
+        make_plan([p], mode=ALL, survey_dir=tmp_path / "pre")
+    assert not (tmp_path / "pre").exists()
+    seg = dataclasses.replace(make_plan([good], mode=ALL).segments[0], book_files=(str(p),))
+    with pytest.raises(InputError, match="truncated") as e:
+        segment.build_book(seg)
+    assert p.name in str(e.value) and "byte offset" in str(e.value)
+
+
+def _bad_files(tmp: Path) -> dict[str, Path]:
+    good = _mbp10(5)
+    raw = bytearray(_metadata() + good.tobytes())
+    h = len(_metadata())
+    length = bytearray(raw)
+    length[h + 368] = 50  # second record: length byte disagrees with MBP-10
+    rtype = bytearray(raw)
+    rtype[h + 2 * 368 + 1] = 0x7E  # third record: unknown rtype
+    z = zstandard.ZstdCompressor(write_checksum=True).compress(bytes(raw))
+    corrupt = bytearray(z)
+    corrupt[len(z) // 2 : len(z) // 2 + 16] = bytes(16)
+    out = {}
+    for name, data in {
+        "cut": z[: len(z) - 9],
+        "corrupt": bytes(corrupt),
+        "length": zstandard.ZstdCompressor().compress(bytes(length)),
+        "rtype": zstandard.ZstdCompressor().compress(bytes(rtype)),
+    }.items():
+        out[name] = tmp / f"{name}.mbp-10.dbn.zst"
+        out[name].write_bytes(data)
+    return out
+
+
+def test_bad_inputs_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = _bad_files(tmp_path)
+    expect = {"cut": "truncated", "corrupt": "corrupt zstd", "length": "disagrees", "rtype": "unknown record type"}
+    for name, p in bad.items():
+        assert main(["roll-schedule", "--input", str(p), "--out", str(tmp_path / "c")]) == 1
+        err = capsys.readouterr().err.replace("\n", "")
+        assert p.name in err and expect[name] in err and "byte offset" in err, err
+    # skip: a warning per bad file, the good files read, the skipped ones listed
+    good = sorted(str(q) for q in DATA.glob("*.dbn.zst"))
+    args = ["roll-schedule", "--input", *good, *map(str, bad.values()), "--on-error", "skip",
+            "--out", str(tmp_path / "c")]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out.replace("\n", "")
+    for p in bad.values():
+        assert f"skipped: {p}" in out
+    assert "ESM4" in out and "ESH4" in out
+
+
+def test_skip_in_make_plan(tmp_path: Path) -> None:
+    bad = _bad_files(tmp_path)
+    p, recs = _file(tmp_path, "ok.dbn.zst")
+    plan = make_plan([bad["length"], p, bad["rtype"]], mode=ALL, on_error="skip", jobs=2)
+    assert [s for s, _ in plan.skipped] == [bad["length"], bad["rtype"]]
+    assert all("byte offset" in why for _, why in plan.skipped)
+    assert {s.book_files for s in plan.segments} == {(str(p),)}
+    assert sum(segment.build_book(s)[1] for s in plan.segments) == len(recs)
+    with pytest.raises(InputError, match="disagrees"):
+        make_plan([p, bad["length"]], mode=ALL, jobs=2)
