@@ -7,8 +7,9 @@ numpy/pandas vectorised version of the same features. Prints a table and one JSO
         [--deadline S] [--build-jobs N] [--scratch DIR] [--roll-rule volume|calendar] ...
 
 ``--rows`` / ``--input`` (everything in memory): a random-walk 10-level ES-like book of
-``--rows`` snapshots, or the front-month book rows of each session of DBN files (reader, roll
-schedule and book code of ``alphafeat precompute``). Rows: CPU with ``--jobs`` threads over
+``--rows`` snapshots, or the front-month book rows of each session of DBN files (the plan and
+segment books of ``alphafeat precompute``: :func:`alphafeat.plan.make_plan`,
+:func:`alphafeat.segment.build_book`; ``--roll-rule`` applies). Rows: CPU with ``--jobs`` threads over
 exact chunks of each session (best of 2, after one untimed pass); CPU one core on up to
 0.5 M rows; CUDA float64 results from
 ordinary (pageable) input and float32 results, the sessions streamed
@@ -20,16 +21,18 @@ stage alone; numpy/pandas on ``--pandas-rows`` rows.
 ``--input ... --stream`` (a set larger than memory, e.g. a quarter: 63 sessions, ~280 M
 front-month rows), ``--batch`` sessions at a time:
 
-- *front-month schedule* (not a rate): computed once over all sessions before the batches:
-  candidates from the book files' metadata mappings, volumes from the trades files (decoded
-  in ``--jobs`` processes), :func:`alphafeat.instruments.front_month_schedule` (volume rule:
-  most volume in the previous session; calendar rule for the first session, or for all without
-  trades files). Equal to ``alphafeat.reader.roll_schedule`` here, which would decode every book
-  record first.
+- *front-month schedule* (not a rate): the plan of ``alphafeat precompute``
+  (:func:`alphafeat.plan.make_plan`, scans in ``--jobs`` processes), once over all sessions
+  before the batches: candidates from the book files' metadata mappings, volumes from the
+  trades files (book files are read only when the metadata cannot answer, e.g. the volume rule
+  without trades files), :func:`alphafeat.instruments.front_month_schedule` (volume rule: most
+  volume in the previous session; calendar rule for the first session). One segment per
+  session: the chosen instrument and the files holding the session.
 - *build books -> scratch* (untimed in the rates, its time printed): ``--build-jobs`` joblib
-  processes, one per session: the chosen instrument's records decoded (filtered while
-  decoding), its book read (MBP, piece by piece) or rebuilt (MBO) with the trade flow of the
-  trades file, cut to the CME session -- the same columns ``load_sessions`` gives -- and the 8
+  processes, one per segment, :func:`alphafeat.segment.build_book`: the chosen instrument's
+  records decoded (filtered while decoding), its book read (MBP, chunk by chunk) or rebuilt
+  (MBO) with the trade flow of the trades files, cut to the CME session -- the same columns
+  ``load_sessions`` gives -- and the 8
   columns the features read saved as .npy in a scratch directory (/dev/shm when it has room).
   Saving and memory-mapping beats returning the arrays: the CPU workers and the parent read
   them without a pickle round trip. The parent never holds more than one batch (one session
@@ -84,53 +87,18 @@ from alphafeat.features.registry import frac_diff_weights  # noqa: E402
 from alphafeat.types import LEVELS, BookArrays  # noqa: E402
 
 
-def load_sessions(
-    inputs: list, root: str = "ES", jobs: int = 1, rule: str = "volume", buffer=None
-) -> list[BookArrays]:
-    """Front-month book rows of every session of the DBN files (or directories) ``inputs``:
-    the roll schedule of :func:`alphafeat.reader.roll_schedule` (volume rule), each chosen
-    instrument's book rebuilt (MBO) or read (MBP-10 / MBP-1) with trades from the trades
-    files (else from the book stream), cut per CME session -- as the pipeline does."""
-    from alphafeat import book as bk
-    from alphafeat.dbn import SCHEMA_RTYPES
-    from alphafeat.instruments import session_dates
-    from alphafeat.pipeline import _by_instrument, build_book, discover
-    from alphafeat.reader import roll_schedule
+def load_sessions(inputs: list, root: str = "ES", jobs: int = 1, rule: str = "volume") -> list[BookArrays]:
+    """Front-month book rows of every session of the DBN files (or directories) ``inputs``, as
+    ``alphafeat precompute`` makes them: the plan (:func:`alphafeat.plan.make_plan`: roll
+    schedule and one segment per session, ``jobs`` processes for its scans), then each
+    segment's book (:func:`alphafeat.segment.build_book`: the chosen instrument's records of
+    that session, MBP read or MBO rebuilt, trades from the trades files, else from the book
+    stream)."""
+    from alphafeat.plan import make_plan
+    from alphafeat.segment import build_book
 
-    schedule, rr = roll_schedule(discover(inputs), root=root, rule=rule, n_jobs=jobs)
-    files = sorted(rr.files, key=lambda f: (int(f.dbn.metadata.start), str(f.path)))
-    wanted = {c.instrument_id for c in schedule}
-    book_parts: dict[int, list[np.ndarray]] = {}
-    trade_parts: dict[int, list[np.ndarray]] = {}
-    schema = None
-    for f in files:
-        if f.dbn.schema in ("mbo", "mbp-10", "mbp-1"):
-            schema, parts, rt = f.dbn.schema, book_parts, SCHEMA_RTYPES[f.dbn.schema]
-        elif f.dbn.schema == "trades":
-            parts, rt = trade_parts, SCHEMA_RTYPES["trades"]
-        else:
-            continue
-        arr = f.arrays.get(rt)
-        if arr is None or not len(arr):
-            continue
-        for iid, sel in _by_instrument(arr).items():
-            if iid in wanted:
-                parts.setdefault(iid, []).append(sel)
-    books: list[BookArrays] = []
-    built: dict[int, tuple] = {}
-    for c in schedule:
-        iid = c.instrument_id
-        if iid not in book_parts:
-            continue
-        if iid not in built:
-            trade_recs = np.concatenate(trade_parts[iid]) if iid in trade_parts else None
-            raw, trades, _ = build_book(schema, np.concatenate(book_parts[iid]), trade_recs)
-            built[iid] = (raw, trades, session_dates(raw.ts_recv), session_dates(trades.ts_recv))
-        raw, trades, sess, tsess = built[iid]
-        in_seg = sess == np.datetime64(c.session)
-        if in_seg.any():
-            seg_trades = trades.take(tsess == np.datetime64(c.session))
-            books.append(bk.to_book_arrays(raw.take(in_seg), seg_trades, buffer=buffer))
+    plan = make_plan(inputs, root=root, roll_rule=rule, jobs=jobs)
+    books = [b for b in (build_book(seg)[0] for seg in plan.segments) if len(b)]
     if not books:
         raise SystemExit(f"no front-month book rows of {root} in {inputs}")
     return books
@@ -142,85 +110,6 @@ def load_sessions(
 BOOK_COLS = ("ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sell_volume", "trade_count")
 #: Pinned-buffer layout of the float columns (as ``alphafeat.book.to_book_arrays(..., buffer=...)``).
 _PIN_COLS = BOOK_COLS[1:]
-
-
-def _session_files(inputs: list[str]) -> dict:
-    """session date -> the DBN files whose data starts in that CME session (header only)."""
-    from alphafeat.dbn import open_dbn
-    from alphafeat.instruments import session_dates
-    from alphafeat.pipeline import discover
-
-    groups: dict = {}
-    for f in discover(inputs):
-        day = session_dates(np.array([open_dbn(f).metadata.start], dtype=np.int64))[0]
-        groups.setdefault(day.astype(object), []).append(f)
-    return dict(sorted(groups.items()))
-
-
-def _trade_volume(path: str) -> dict:
-    """Worker: {(session, instrument_id): contracts} of one trades file (as roll_schedule counts)."""
-    from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner
-    from alphafeat.reader import _session_groups
-
-    vol: dict = {}
-    for chunk in RecordScanner(path, chunk_bytes=16 << 20):
-        arr = chunk.get(SCHEMA_RTYPES["trades"])
-        if arr is None or not len(arr):
-            continue
-        for key, (_, v) in _session_groups(arr, np.asarray(arr["size"]).astype(np.float64)).items():
-            vol[key] = vol.get(key, 0.0) + v
-    return vol
-
-
-def stream_schedule(groups: dict, root: str, rule: str, jobs: int) -> tuple[dict, str]:
-    """The front-month choice of every session, computed once over all files without decoding a
-    book file: candidates are the outrights of ``root`` mapped on the session's date in the book
-    files' metadata, volumes come from the trades files (decoded in ``jobs`` processes), and
-    :func:`alphafeat.instruments.front_month_schedule` applies the rule (volume: most volume in
-    the previous session, calendar for the first). ``alphafeat.reader.roll_schedule`` gives the
-    same choices but decodes every book record first (about 120 GB for the quarter, more than
-    that machine's memory or disk). Returns ``({session: Choice}, how)``; sessions without a
-    candidate are left out (their workers fall back to the calendar rule on their own files)."""
-    import datetime as dt
-
-    import joblib
-
-    from alphafeat.dbn import open_dbn
-    from alphafeat.instruments import Symbology, front_month_schedule, is_candidate
-
-    metas, cand, trade_files = [], {}, []
-    for day, files in groups.items():
-        for f in files:
-            d = open_dbn(f)
-            if d.schema == "trades":
-                trade_files.append(str(f))
-            if d.schema not in ("mbo", "mbp-10", "mbp-1"):
-                continue
-            metas.append(d.metadata)
-            for sym, ivs in (d.metadata.mappings or {}).items():
-                if not is_candidate(sym, root):
-                    continue
-                for iv in ivs:  # the session spans UTC dates day-1 and day
-                    if iv["start_date"] <= day and iv["end_date"] > day - dt.timedelta(days=1):
-                        try:
-                            cand.setdefault(day, {})[int(iv["symbol"])] = sym
-                        except ValueError:
-                            pass
-    if not cand:
-        return {}, "calendar per session (no outright of the root in the metadata mappings)"
-    volume: dict = {}
-    if rule == "volume" and not trade_files:
-        rule = "calendar"  # volumes here come from trades files only (book files are not decoded)
-    if rule == "volume":
-        parts = joblib.Parallel(n_jobs=jobs)(  # the loky pool of the later stages (started once)
-            joblib.delayed(_trade_volume)(f) for f in trade_files
-        )
-        for part in parts:
-            for k, v in part.items():
-                volume[k] = volume.get(k, 0.0) + v
-    how = f"{rule}, once over all sessions (metadata candidates, {len(trade_files)} trades files)"
-    sched = front_month_schedule(cand, volume, Symbology.build(metas), root, rule=rule)
-    return {c.session: c for c in sched}, how
 
 
 def _save_book(b: BookArrays, d: Path) -> None:
@@ -240,124 +129,22 @@ def load_book(d: str | Path, mmap: bool = True) -> BookArrays:
                       c["buy_volume"], c["sell_volume"], c["trade_count"], int((d / "depth").read_text()))  # fmt: skip
 
 
-def _mbp_book_streamed(path, schema: str, iid: int, day, trade_recs, out: Path, max_rows: int | None) -> int:
-    """One instrument's MBP book of session ``day``, built piece by piece while the file is
-    decoded (``chunk`` MiB of records at a time) and written to ``out`` as .npy; returns its
-    rows. Each piece goes through :func:`alphafeat.book.mbp_snapshots` (stream positions made
-    global) and :func:`alphafeat.book.to_book_arrays` with the trades not yet assigned whose
-    position (book-stream trades) or ``ts_recv`` (trades file) is at or before the piece's last
-    row; later trades wait for the next piece. Trades go to the first row at or after them in
-    both cases, so the columns equal those of one call on the whole session (checked in the
-    local tests). Memory: the output columns and one piece, not the whole file's records."""
-    from alphafeat import book as bk
-    from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner
-    from alphafeat.instruments import session_dates
-
-    day64 = np.datetime64(day)
-    rt = SCHEMA_RTYPES[schema]
-    pending = None
-    if trade_recs is not None:
-        pending = bk.trades_from_records(trade_recs)
-        pending = pending.take(session_dates(pending.ts_recv) == day64)
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in BOOK_COLS}
-    pos0, rows, depth = 0, 0, LEVELS
-    for chunk in RecordScanner(path, instrument_ids=[iid], chunk_bytes=8 << 20):
-        recs = chunk.get(rt)
-        if recs is None or not len(recs):
-            continue
-        raw, st = bk.mbp_snapshots(recs)
-        raw.pos += pos0  # positions in the instrument's whole stream, not in the piece
-        st.pos += pos0
-        pos0 += len(recs)
-        depth = raw.depth
-        seg = session_dates(raw.ts_recv) == day64
-        if not seg.all():
-            raw = raw.take(seg)
-        if trade_recs is None:  # trades of the book stream, matched by position
-            st = st.take(session_dates(st.ts_recv) == day64)
-            pending = st if pending is None else bk.Trades(*(np.concatenate([getattr(pending, f), getattr(st, f)])
-                                                             for f in ("ts_event", "ts_recv", "pos", "price", "size",
-                                                                       "aggressor")))  # fmt: skip
-        if not len(raw):
-            continue
-        key, last = (pending.pos, raw.pos[-1]) if trade_recs is None else (pending.ts_recv, raw.ts_recv[-1])
-        if len(key) < 2 or key[-1] >= key[0] and np.all(key[1:] >= key[:-1]):  # in order: a slice
-            cut = int(np.searchsorted(key, last, side="right"))
-            mine, rest = slice(0, cut), slice(cut, None)
-        else:
-            mine = key <= last
-            rest = ~mine
-        b = bk.to_book_arrays(raw, pending.take(mine))
-        pending = pending.take(rest)
-        if max_rows and rows + len(b) > max_rows:
-            b = head(b, max_rows - rows)
-        for k in BOOK_COLS:
-            parts[k].append(getattr(b, k))
-        rows += len(b)
-        if max_rows and rows >= max_rows:
-            break
-    if rows:
-        out.mkdir(parents=True, exist_ok=True)
-        for k, ps in parts.items():
-            dst = np.lib.format.open_memmap(out / f"{k}.npy", mode="w+", dtype=ps[0].dtype,
-                                            shape=(rows, *ps[0].shape[1:]))  # fmt: skip
-            np.concatenate(ps, out=dst)
-            dst.flush()
-            del dst
-            ps.clear()
-        (out / "depth").write_text(str(int(depth)))
-    return rows
-
-
-def _build_session(files: list, day, iid: int | None, root: str, out: str, max_rows: int | None) -> list[dict]:
-    """Worker: the front-month book of one session saved as .npy under ``out``.
-
-    With ``iid`` (from :func:`stream_schedule`) only that instrument's records are decoded (the
-    scanner filters while decoding) and its book is cut to the session with the trades of the
-    trades files (else of the book stream), as the pipeline does: MBP-10 / MBP-1 piece by piece
-    (:func:`_mbp_book_streamed`), MBO rebuilt from the whole stream. Without one:
-    :func:`load_sessions` on these files alone with the calendar rule (a lone session has no
-    previous session's volume). Returns one ``{"session", "rows", "dir", ...}`` per book."""
-    from alphafeat import book as bk
-    from alphafeat.dbn import SCHEMA_RTYPES, open_dbn
-    from alphafeat.instruments import session_dates
-    from alphafeat.pipeline import build_book
-    from alphafeat.reader import read_files
+def _build_segment(seg, out: str, max_rows: int | None) -> dict:
+    """Worker: the book of one segment (:func:`alphafeat.segment.build_book`: only the chosen
+    instrument's records of the session's files decoded, MBP rows built chunk by chunk, MBO
+    rebuilt; trades from the trades files, else from the book stream) saved as .npy under
+    ``out`` (the first ``max_rows`` rows when given). Returns ``{"session", "rows", "dir",
+    "build_s"}``."""
+    from alphafeat.segment import build_book
 
     t0 = time.perf_counter()
-    sub = Path(out) / f"{day}-0"
-    schemas = {str(f): open_dbn(f).schema for f in files}
-    book_files = [f for f in files if schemas[str(f)] in ("mbo", "mbp-10", "mbp-1")]
-    trade_files = [f for f in files if schemas[str(f)] == "trades"]
-    if iid is None:
-        res = []
-        for k, b in enumerate(load_sessions(files, root, jobs=1, rule="calendar")):
-            b = head(b, min(len(b), max_rows)) if max_rows else b
-            _save_book(b, Path(out) / f"{day}-{k}")
-            res.append({"session": str(day), "rows": len(b), "dir": str(Path(out) / f"{day}-{k}")})
-        return [dict(r, build_s=time.perf_counter() - t0) for r in res]
-    trecs = None
-    if trade_files:
-        ts = [f.arrays[SCHEMA_RTYPES["trades"]] for f in read_files(trade_files, instrument_ids=[iid]).files]
-        trecs = np.concatenate(ts) if len(ts) > 1 else ts[0]
-    schema = schemas[str(book_files[0])] if book_files else None
-    if schema in ("mbp-10", "mbp-1") and len(book_files) == 1:
-        rows = _mbp_book_streamed(book_files[0], schema, iid, day, trecs, sub, max_rows)
-    elif book_files:
-        parts = [f.arrays[SCHEMA_RTYPES[schema]] for f in read_files(book_files, instrument_ids=[iid]).files]
-        raw, trades, _ = build_book(schema, np.concatenate(parts), trecs)
-        del parts
-        raw = raw.take(session_dates(raw.ts_recv) == np.datetime64(day))
-        trades = trades.take(session_dates(trades.ts_recv) == np.datetime64(day))
-        b = bk.to_book_arrays(raw, trades)
-        del raw, trades
-        b = head(b, min(len(b), max_rows)) if max_rows else b
-        rows = len(b)
-        if rows:
-            _save_book(b, sub)
-    else:
-        rows = 0
-    return [{"session": str(day), "rows": rows, "dir": str(sub), "build_s": time.perf_counter() - t0}]
+    sub = Path(out) / f"{seg.session}-{seg.instrument_id}"
+    b, _, _ = build_book(seg)
+    if max_rows and len(b) > max_rows:
+        b = head(b, max_rows)
+    if len(b):
+        _save_book(b, sub)
+    return {"session": str(seg.session), "rows": len(b), "dir": str(sub), "build_s": time.perf_counter() - t0}
 
 
 def _cpu_task(d: str, p: FeatureParams) -> dict:
@@ -417,15 +204,20 @@ def _pinned_copies(books: list[BookArrays], threads: int = 8) -> list[BookArrays
 _ARENA: list[np.ndarray] = []
 
 
-def _scratch_root(groups: dict, batch: int, want: str | None) -> str:
+def _scratch_root(segments: list, batch: int, want: str | None) -> str:
     """``want``, else /dev/shm when it can hold a batch of books (about 12x the compressed book
-    files of the largest batch), else the temp directory."""
+    files of the largest batch, a file shared by several sessions counted in equal shares), else
+    the temp directory."""
     import shutil
     import tempfile
 
     if want:
         return want
-    sizes = [sum(f.stat().st_size for f in fs if ".trades." not in f.name) for fs in groups.values()]
+    refs: dict[str, int] = {}
+    for seg in segments:
+        for f in seg.book_files:
+            refs[f] = refs.get(f, 0) + 1
+    sizes = [sum(os.path.getsize(f) / refs[f] for f in seg.book_files) for seg in segments]
     need = 1.5 * 12 * max(sum(sizes[i : i + batch]) for i in range(0, max(len(sizes), 1), batch))
     if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > need:
         return "/dev/shm"
@@ -481,29 +273,34 @@ def stream_bench(
 
     import joblib
 
+    from alphafeat.plan import make_plan
+
     t_start = time.perf_counter()
     build_jobs = build_jobs or jobs
-    groups = _session_files(inputs)
+    plan = make_plan(inputs, root=root, roll_rule=rule, jobs=jobs)  # the loky pool of the later stages
+    segments = plan.segments
     res: dict = {"_acc": {"t0": t_start}, "input": inputs, "cores": os.cpu_count(), "jobs": jobs,
-                 "build_jobs": build_jobs, "batch": batch, "sessions_total": len(groups), "sessions": 0, "rows": 0,
+                 "build_jobs": build_jobs, "batch": batch, "sessions_total": len(segments), "sessions": 0, "rows": 0,
                  "rows_per_session_max": 0, "batches": 0, "complete": False, "cuda_vs_cpu_max_rel": 0.0,
                  "cuda_vs_cpu_nan_mismatches": 0, "cuda_vs_cpu_rows": 0, "cpu_workers_nan": 0,
                  "cpu_workers_checksum": 0.0}  # fmt: skip
     acc = res["_acc"]
     if max_rows:
         res["max_rows_per_session"] = max_rows
-    t0 = time.perf_counter()
-    sched, how = stream_schedule(groups, root, rule, jobs)
-    acc["schedule_s"] = time.perf_counter() - t0
+    acc["schedule_s"] = time.perf_counter() - t_start
+    how = f"{rule}, alphafeat.plan.make_plan ({plan.scanned} book file(s) scanned)"
     res["roll_rule"] = how
-    res["schedule"] = {str(d): c.raw_symbol for d, c in sched.items()}
-    scratch_root = _scratch_root(groups, batch, scratch)
+    res["schedule"] = {str(c.session): c.raw_symbol for c in plan.schedule}
+    if plan.notes:
+        res["plan_notes"] = plan.notes
+    scratch_root = _scratch_root(segments, batch, scratch)
     work = Path(tempfile.mkdtemp(prefix="alphafeat-bench-", dir=scratch_root))
     res["scratch"] = str(work)
     log = lambda msg: print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    log(f"{len(groups)} sessions, schedule ({how}) in {acc['schedule_s']:.1f}s, scratch {work}")
+    log(f"{len(segments)} sessions, schedule ({how}) in {acc['schedule_s']:.1f}s, scratch {work}")
     _rates(res)
     _write_json(json_out, res)
+
     def on_term(*_):
         raise SystemExit(143)  # so that the scratch directory is removed (finally below)
 
@@ -517,25 +314,21 @@ def stream_bench(
         compute_features(make_book(5000, 1), p)  # fills numba's cache for the workers too
         compute_features(make_book(5000, 1), p, n_chunks=jobs, n_jobs=jobs)
         warmed = 0  # rows the CUDA pools (device buffers, pinned results) were sized for
-        days = list(groups)
         last_batch_s = 0.0
-        for bi in range(0, len(days), batch):
+        for bi in range(0, len(segments), batch):
             if deadline and bi and time.perf_counter() - t_start + 1.15 * last_batch_s > deadline:
                 log(f"deadline {deadline:.0f}s: stopping before batch {bi // batch + 1}")
                 break
             tb = time.perf_counter()
-            part = days[bi : bi + batch]
+            part = segments[bi : bi + batch]
             bdir = work / f"b{bi // batch}"
             # 1. build the batch's books in processes (untimed in the rates)
             t0 = time.perf_counter()
             built = joblib.Parallel(n_jobs=build_jobs)(
-                joblib.delayed(_build_session)(
-                    groups[d], d, sched[d].instrument_id if d in sched else None, root, str(bdir), max_rows
-                )
-                for d in part
+                joblib.delayed(_build_segment)(seg, str(bdir), max_rows) for seg in part
             )
             t_build = time.perf_counter() - t0
-            sess = [s for lst in built for s in lst if s["rows"]]
+            sess = [s for s in built if s["rows"]]
             n_rows = sum(s["rows"] for s in sess)
             acc["build_s"] = acc.get("build_s", 0.0) + t_build
             acc["build_rows"] = acc.get("build_rows", 0) + n_rows
@@ -618,11 +411,12 @@ def stream_bench(
             last_batch_s = time.perf_counter() - tb
             _rates(res)
             _write_json(json_out, res)
-            log(f"batch {bi // batch + 1}/{-(-len(days) // batch)}: {part[0]}..{part[-1]} {len(sess)} sessions "
+            log(f"batch {bi // batch + 1}/{-(-len(segments) // batch)}: {part[0].session}..{part[-1].session} "
+                f"{len(sess)} sessions "
                 f"{n_rows:,} rows | build {t_build:.1f}s | CPU {jobs} procs {t_cpu:.2f}s "
                 f"({n_rows / t_cpu / 1e6:.1f} M/s) | CUDA f64+f32 {t_cuda:.2f}s "
                 f"| batch {last_batch_s:.1f}s")  # fmt: skip
-        res["complete"] = res["sessions"] > 0 and res["batches"] == -(-len(days) // batch)
+        res["complete"] = res["sessions"] > 0 and res["batches"] == -(-len(segments) // batch)
     finally:
         signal.signal(signal.SIGTERM, prev_term)
         shutil.rmtree(work, ignore_errors=True)
@@ -915,7 +709,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16, help="--stream: sessions per batch (default 16)")
     ap.add_argument("--build-jobs", type=int, help="--stream: processes building the books (default --jobs)")
     ap.add_argument("--scratch", help="--stream: where the books go (default /dev/shm if it has room, else TMPDIR)")
-    ap.add_argument("--roll-rule", choices=("volume", "calendar"), default="volume", help="--stream: front-month rule")
+    ap.add_argument("--roll-rule", choices=("volume", "calendar"), default="volume", help="front-month rule (--input)")
     ap.add_argument("--json-out", help="--stream: the (partial) result as JSON, rewritten after every batch")
     ap.add_argument("--deadline", type=float, help="--stream: start no batch that would end past this many seconds")
     ap.add_argument("--max-rows-per-session", type=int, help=argparse.SUPPRESS)  # smoke tests (CUDA simulator)
@@ -934,7 +728,7 @@ def main() -> int:
         print(json.dumps(_public(res), default=str))
         return 0
     t0 = time.perf_counter()
-    books = load_sessions(args.input, args.root, args.jobs) if args.input else [make_book(args.rows)]
+    books = load_sessions(args.input, args.root, args.jobs, args.roll_rule) if args.input else [make_book(args.rows)]
     t_gen = time.perf_counter() - t0
     n = sum(len(b) for b in books)
     book = max(books, key=len)
