@@ -5,19 +5,22 @@ Stages, one core each (records/s = records in the file / wall seconds):
 * ``zstd decompressobj``: plain decompression, ``zstandard`` ``decompressobj`` (the baseline);
 * ``zstd readinto``: plain decompression into a reused buffer (what the reader does);
 * ``ours``: :class:`alphafeat.dbn.RecordScanner` decode + front-month instrument filter;
-* ``ours cold``: the same, written to the predecoded cache (``.npy``, fsync'ed);
-* ``ours warm``: the predecoded entry memory-mapped and made resident (one byte of every 4 KiB
-  page read): the state ``ours cold`` ends in, the kept records in memory, ready for the book
-  stage -- the warm/cold ratio is taken on this row;
-* ``ours warm + book pass``: the same, then every book field of every record read once (one
-  byte each: ``ts_recv`` and each level's prices and sizes), for a consumer's view;
+* ``book cold``: what ``alphafeat precompute`` does for a segment without a kept book, over
+  the segments of the file's plan (:func:`alphafeat.plan.make_plan`, calendar rule: from the
+  metadata when it has mappings and an end time; the segments of the ``--ids`` instruments
+  when given): :func:`alphafeat.segment.build_book` (each segment decodes its instrument's
+  records of the file and builds its session's rows) and :func:`alphafeat.segment.save_book`
+  (the book kept as ``.npy``, as ``--predecoded keep`` does);
+* ``book warm``: those kept books read back (:func:`alphafeat.segment.load_book`, memory-mapped,
+  sizes widened) and made resident (one byte of every 4 KiB page of every column read): what a
+  rerun with other features starts from -- the warm/cold ratio is taken on this row;
 * ``DBNStore.to_ndarray`` / ``DBNStore.to_df``: Databento's Python path;
 * peak RSS of ``ours`` in a fresh process.
 
 ``--scaling K`` also reads K copies of the file (loky processes) and prints records/s:
 ``scan n_jobs=J`` for J = 1, 2 and all cores (decode + filter, workers return counts: the CPU
-work), and ``read_files cold`` on all cores (each file decoded into a fresh predecoded cache:
-decode, write and fsync, so the disk joins in; needs K times the kept bytes of disk).
+work), and ``build_book`` on all cores (the first segment's book built from each copy, workers
+return row counts: decode + filter + book).
 
 ``--generate GB`` writes a file of about GB decompressed bytes with the project's generator
 (``alphafeat.synth``, ``scale="full"`` sessions merged into one file), then re-executes itself
@@ -33,6 +36,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -49,12 +53,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alphafeat import predecoded  # noqa: E402
 from alphafeat.dbn import RecordScanner  # noqa: E402
-from alphafeat.reader import read_files  # noqa: E402
+from alphafeat.plan import make_plan  # noqa: E402
+from alphafeat.segment import book_key, build_book, load_book, save_book  # noqa: E402
 
 log = logging.getLogger("bench.decode")
-MBP10 = 0x0A
 
 
 def generate(path: Path, gbytes: float, jobs: int | None = None, seed: int = 0) -> Path:
@@ -197,15 +200,6 @@ def _ours_rss(path: str, ids: list[int] | None, q: mp.Queue) -> None:
     q.put((base, _peak_rss_kb()))
 
 
-def _touch(arr: np.ndarray) -> int:
-    """Read ``ts_recv`` and every book level's price and size of each record in one pass (one
-    byte of each field: every cache line of the book, so every page of a memory map, is read
-    once); returns a checksum."""
-    names = ["ts_recv"] + [f"{k}_{lvl:02d}" for lvl in range(10) for k in ("bid_px", "ask_px", "bid_sz", "ask_sz")]
-    offsets = np.array([arr.dtype.fields[n][1] for n in names], dtype=np.int64)
-    return int(_checksum(arr.view(np.uint8).reshape(len(arr), arr.dtype.itemsize), offsets))
-
-
 def _touch_pages(arr: np.ndarray) -> int:
     """Read one byte of every 4 KiB page of ``arr`` (a memory map becomes resident)."""
     return int(_page_sum(arr.reshape(-1).view(np.uint8)))
@@ -219,13 +213,14 @@ def _page_sum(flat: np.ndarray) -> np.uint64:
     return s
 
 
-@numba.njit(nogil=True, cache=True)
-def _checksum(rec: np.ndarray, offsets: np.ndarray) -> np.uint64:
-    s = np.uint64(0)
-    for i in range(rec.shape[0]):
-        for k in range(offsets.shape[0]):
-            s += np.uint64(rec[i, offsets[k]])
-    return s
+def _book_pages(b) -> int:
+    """One byte of every 4 KiB page of every column of a book (a memory map becomes resident)."""
+    return sum(_touch_pages(np.ascontiguousarray(v)) for v in vars(b).values() if isinstance(v, np.ndarray))
+
+
+def _build_rows(seg) -> int:
+    """Worker: the rows of one segment's book (decode + filter + book; the book is dropped)."""
+    return len(build_book(seg)[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
         ids = [int(i) for i in args.ids.split(",")]
     log.info("%s: keeping instrument ids %s", path, ids if ids is not None else "all")
     _warm(path)  # load the numba kernels once
-    _checksum(np.zeros((1, 8), np.uint8), np.zeros(1, np.int64))
     _page_sum(np.zeros(8, np.uint8))
     rows: dict[str, dict] = {}
 
@@ -285,17 +279,29 @@ def main(argv: list[str] | None = None) -> int:
     proc.start()
     base_kb, peak_kb = q.get()
     proc.join()
+    plan = make_plan([path], roll_rule="calendar")
+    segs = [s for s in plan.segments if ids is None or s.instrument_id in ids] or plan.segments
+    log.info("%d segment(s): %s", len(segs), ", ".join(f"{s.session} {s.raw_symbol}" for s in segs))
     pre_dir = Path(tempfile.mkdtemp(prefix="alphafeat-predecoded-"))
     try:
-        t_cold, pre = _timed(lambda: predecoded.decode_to_cache(path, pre_dir, ids))
-        row("ours cold (-> predecoded)", t_cold, n_rec)
-        del pre
-        t_warm = t_pass = np.inf
+        books = [pre_dir / "book" / book_key(s) for s in segs]
+
+        def cold() -> int:
+            n = 0
+            for seg, d in zip(segs, books, strict=True):
+                b = build_book(seg)[0]
+                n += len(b)
+                if len(b):
+                    save_book(b, d)
+            return n
+
+        build_book(segs[0])  # load the book kernels (numba) untimed
+        t_cold, book_rows = _timed(cold)
+        row("book cold (build + save)", t_cold, n_rec, segments=len(segs), rows=book_rows)
+        t_warm = np.inf
         for _ in range(2):  # best of two, in a fresh mapping each time
-            t_warm = min(t_warm, _timed(lambda: _touch_pages(predecoded.load(pre_dir, path, ids).arrays[MBP10]))[0])
-            t_pass = min(t_pass, _timed(lambda: _touch(predecoded.load(pre_dir, path, ids).arrays[MBP10]))[0])
-        row("ours warm (predecoded)", t_warm, n_rec)
-        row("ours warm + book pass", t_pass, n_rec)
+            t_warm = min(t_warm, _timed(lambda: [_book_pages(load_book(d)) for d in books if d.is_dir()])[0])
+        row("book warm (load_book)", t_warm, n_rec, rows=book_rows)
         if args.scaling:
             copies = [pre_dir / f"copy{i}.dbn.zst" for i in range(args.scaling)]
             for c in copies:
@@ -307,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
                     par(delayed(_warm)(path) for _ in range(jobs))  # start the workers, load the kernels
                     t_j, _ = _timed(lambda p=par: p(delayed(_ours)(c, ids) for c in copies))
                 row(f"scan n_jobs={jobs}", t_j, n_rec * len(copies), files=len(copies))
-            jobs = os.cpu_count() or 1  # cold, all cores: decode + write .npy; workers return locations
-            t_j, _ = _timed(lambda: read_files(copies, instrument_ids=ids, n_jobs=jobs, cache_dir=pre_dir / "cold"))
-            row(f"read_files cold n_jobs={jobs}", t_j, n_rec * len(copies), files=len(copies))
+            jobs = os.cpu_count() or 1  # decode + filter + book of the first segment of each copy
+            one = [dataclasses.replace(segs[0], book_files=(str(c),)) for c in copies]
+            with Parallel(n_jobs=jobs) as par:
+                par(delayed(_build_rows)(s) for s in one[:jobs])  # start the workers, load the kernels
+                t_j, _ = _timed(lambda p=par: p(delayed(_build_rows)(s) for s in one))
+            row(f"build_book n_jobs={jobs}", t_j, n_rec * len(copies), files=len(copies))
     finally:
         shutil.rmtree(pre_dir, ignore_errors=True)
     if not args.skip_databento:
@@ -333,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         "ours_vs_to_ndarray": (
             round(rows["DBNStore.to_ndarray"]["seconds"] / t_ours, 2) if "DBNStore.to_ndarray" in rows else None
         ),
+        "book_rows": book_rows,
         "warm_vs_cold": round(t_cold / t_warm, 1),
-        "warm_book_pass_vs_cold": round(t_cold / t_pass, 1),
         "peak_rss_ours_mb": round(peak_kb / 1024, 1),
         "rss_after_imports_mb": round(base_kb / 1024, 1),
         "cpus": os.cpu_count(),
