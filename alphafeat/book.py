@@ -19,6 +19,8 @@ records of the same stream unless a trades file is given.
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -559,10 +561,8 @@ class MBPBookBuilder:
 
     @staticmethod
     def _alloc(cap: int) -> list[np.ndarray]:
-        lv = (cap, LEVELS)
-        return [np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(lv), np.empty(lv), np.empty(lv),
-                np.empty(lv), np.empty(lv, np.uint32), np.empty(lv, np.uint32), np.empty(cap), np.empty(cap),
-                np.empty(cap)]  # fmt: skip
+        """The output columns for ``cap`` rows, from this process's reserve when it is free."""
+        return [_reserve(f"mbp{c}", (cap, *shape), dt) for c, (shape, dt) in enumerate(_COLS)]
 
     def add(self, records: np.ndarray) -> int:
         """Consume one chunk of records (a contiguous structured array); returns rows emitted."""
@@ -588,12 +588,38 @@ class MBPBookBuilder:
         session: those in the session are used), the flow is recomputed from them, each trade
         going to the first row at or after its ``ts_recv``."""
         c = [a[: self.rows] for a in self._cols]
-        self._cols = self._alloc(0)
+        self._cols = []
         b = BookArrays(*c, depth=self.depth)
         if trades is not None:
             t = trades.take((trades.ts_recv >= self.start) & (trades.ts_recv < self.end))
             attach_trades(b, t)
         return b
+
+
+#: Trailing shape and dtype of each output column of :class:`MBPBookBuilder` (BookArrays order).
+_COLS = (
+    ((), np.int64), ((), np.int64), ((LEVELS,), np.float64), ((LEVELS,), np.float64), ((LEVELS,), np.float64),
+    ((LEVELS,), np.float64), ((LEVELS,), np.uint32), ((LEVELS,), np.uint32), ((), np.float64), ((), np.float64),
+    ((), np.float64),
+)  # fmt: skip
+#: Column buffers of the last book built in this process, reused by the next when nothing refers to
+#: them any more: a worker mapping many segments touches the same pages (fresh memory costs page
+#: faults, on some hosts most of a segment's time) and its memory stays that of its largest book.
+_RESERVE: dict[str, np.ndarray] = {}
+_RESERVE_LOCK = threading.Lock()
+
+
+def _reserve(tag: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """An uninitialised array of ``shape``: a view of ``tag``'s kept buffer when it is large enough
+    and no array refers to it (reference count back to the pool's own), else a new kept buffer."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    with _RESERVE_LOCK:
+        buf = _RESERVE.get(tag)
+        # references: the dict, the local name, getrefcount's argument
+        if buf is None or buf.nbytes < nbytes or sys.getrefcount(buf) > 3:
+            buf = np.empty(max(nbytes, 1), dtype=np.uint8)
+            _RESERVE[tag] = buf
+        return buf[:nbytes].view(dtype).reshape(shape)
 
 
 def attach_trades(b: BookArrays, trades: Trades) -> None:

@@ -121,8 +121,9 @@ class PrecomputeConfig:
         ``<parent of out>/.predecoded``.
     keep_books : str
         ``auto`` (default: keep books rebuilt from MBO, whose rebuild is the costly part),
-        ``keep`` (keep every book) or ``none``. A kept book lets a rerun with other features,
-        horizons or output options skip decode and book (~360 bytes a row on disk).
+        ``keep`` (keep every book) or ``none`` (keep none, use none). A kept book lets a rerun
+        with other features, horizons or output options skip decode and book (~360 bytes a
+        row on disk); ``auto`` and ``keep`` use the books kept by earlier runs.
     rebuild_predecoded : bool
         Clear the predecoded folder first.
     sample : str
@@ -457,10 +458,10 @@ def _first_use() -> bool:
         return False
 
 
-def _map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None) -> SegmentResult | tuple:
+def _map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None, keep: bool) -> SegmentResult | tuple:
     """Worker entry: :func:`run_segment`, with a user error returned as a picklable tuple."""
     try:
-        return run_segment(seg, staging, meta, job, pre)
+        return run_segment(seg, staging, meta, job, pre, keep)
     except InputError as e:
         return ("input", e.path, e.problem, e.offset, e.record)
     except AlphafeatError as e:
@@ -615,7 +616,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     if cfg.keep_books not in KEEP_BOOKS:
         raise AlphafeatError(f"--predecoded: expected auto, keep or none, got {cfg.keep_books!r}")
     keep = cfg.keep_books == "keep" or (cfg.keep_books == "auto" and plan.schema == "mbo")
-    pre = str(pre_dir) if keep else None
+    pre = None if cfg.keep_books == "none" else str(pre_dir)  # books kept earlier are used unless "none"
     n_crossed, min_rows = 0, 1 << 62
     first = " - first use: compiling kernels, ~30 s" if _first_use() else ""
     t_map = task(f"segments: decode, book, features, labels, write ({device}){first}", len(plan.segments))
@@ -632,7 +633,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 min_rows = min(min_rows, rows)
                 advance(t_map)
             else:
-                calls.append((seg, str(writer.staging), meta, job, pre))
+                calls.append((seg, str(writer.staging), meta, job, pre, keep))
         by_rel = {c[0].relpath: c[0] for c in calls}
         for res in _map(calls, cfg, device):
             if isinstance(res, tuple):

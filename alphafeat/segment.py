@@ -257,7 +257,9 @@ def _peak_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def run_segment(seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None) -> SegmentResult:
+def run_segment(
+    seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None, keep: bool = False
+) -> SegmentResult:
     """Compute one segment and write its partition to ``staging/seg.relpath``.
 
     Parameters
@@ -271,7 +273,10 @@ def run_segment(seg: Segment, staging: str, meta: dict, job: object, predecoded_
     job : alphafeat.pipeline.Job
         Output options: features, dtype, compression, labels, device.
     predecoded_dir : str or None
-        Where books are kept between runs (module docstring); None keeps none.
+        Where books are kept between runs (module docstring): a book kept there is used; None
+        reads none.
+    keep : bool
+        Keep this segment's book there when it has to be built.
 
     Returns
     -------
@@ -296,7 +301,7 @@ def run_segment(seg: Segment, staging: str, meta: dict, job: object, predecoded_
         res.predecoded = True
     else:
         b, res.records, res.notes = build_book(seg)
-        if kept is not None and len(b):
+        if keep and kept is not None and len(b):
             save_book(b, kept)
     res.seconds["book"] = time.perf_counter() - t0
     if len(b):
