@@ -19,14 +19,13 @@ records of the same stream unless a trades file is given.
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
+from alphafeat.arena import reserve
 from alphafeat.types import LEVELS, PRICE_SCALE, UNDEF_PRICE, BookArrays
 
 F_LAST = 0x80
@@ -543,9 +542,12 @@ class MBPBookBuilder:
         Session bounds, ns since the epoch (UTC).
     capacity : int
         Rows to reserve (an upper bound of the records, e.g. from the files' sizes).
+    double : bool
+        Two sets of columns used in turn by :meth:`keep_last`, so that one block can be read
+        (by another thread) while the next is built.
     """
 
-    def __init__(self, dtype: np.dtype, start: int, end: int, capacity: int = 1 << 20) -> None:
+    def __init__(self, dtype: np.dtype, start: int, end: int, capacity: int = 1 << 20, double: bool = False) -> None:
         f = dtype.fields
         self.depth = sum(1 for n in dtype.names if n.startswith("bid_px_"))
         lvl = f["bid_px_01"][1] - f["bid_px_00"][1] if self.depth > 1 else 32
@@ -555,14 +557,20 @@ class MBPBookBuilder:
         self._itemsize = dtype.itemsize
         self.start, self.end = int(start), int(end)
         self._acc = np.zeros(3)
-        self._cols = self._alloc(max(int(capacity), 1))
+        self._cap = max(int(capacity), 1)
+        self._double = double
+        self._set = 0
+        self._cols = self._alloc(self._cap, 0)
+        self._sets: list[list[np.ndarray] | None] = [self._cols, None]
         self.rows = 0
         self.records = 0
+        self._taken = 0
+        self._last_ts: int | None = None
 
     @staticmethod
-    def _alloc(cap: int) -> list[np.ndarray]:
-        """The output columns for ``cap`` rows, from this process's reserve when it is free."""
-        return [_reserve(f"mbp{c}", (cap, *shape), dt) for c, (shape, dt) in enumerate(_COLS)]
+    def _alloc(cap: int, which: int) -> list[np.ndarray]:
+        """Column set ``which`` for ``cap`` rows, from this process's reserve when it is free."""
+        return [reserve(f"mbp{which}:{c}", (cap, *shape), dt) for c, (shape, dt) in enumerate(_COLS)]
 
     def add(self, records: np.ndarray) -> int:
         """Consume one chunk of records (a contiguous structured array); returns rows emitted."""
@@ -572,15 +580,55 @@ class MBPBookBuilder:
             return 0
         cap = self._cols[0].shape[0]
         if self.rows + n > cap:  # more records than reserved: grow (copies the rows so far)
-            new = self._alloc(max(2 * cap, self.rows + n))
+            new = self._alloc(max(2 * cap, self.rows + n), self._set)
             for dst, src in zip(new, self._cols):
                 dst[: self.rows] = src[: self.rows]
-            self._cols = new
+            self._cols = self._sets[self._set] = new
         raw = np.ascontiguousarray(records).view(np.uint8).reshape(n, self._itemsize)
         k = _mbp_rows(raw.view(np.int64), raw.view(np.uint32), raw, self._off, self.depth, self.start, self.end,
                       self.rows, *self._cols, self._acc)  # fmt: skip
         emitted, self.rows = k - self.rows, k
         return emitted
+
+    def take(self, trades: Trades | None = None) -> tuple[BookArrays, bool]:
+        """The rows built since the last :meth:`take` as one block of a stream, for
+        :class:`alphafeat.features.cpu.FeatureStream`: views of the columns and ``halo``, True
+        when row 0 is the previous block's last row (every block but the first). With ``trades``
+        (a trades file's, already cut to the session and sorted by ``ts_recv``), the new rows'
+        flow is recomputed from the trades after the previous block's last row up to this
+        block's last row, each going to the first row at or after it (as :meth:`finish`).
+        Call :meth:`keep_last` once the block is used, before the next :meth:`add`."""
+        halo = self._taken > 0
+        lo = 1 if halo else 0
+        c = [a[: self.rows] for a in self._cols]
+        b = BookArrays(*c, depth=self.depth)
+        if trades is not None and self.rows > lo:
+            last = int(b.ts_recv[-1])
+            i0 = 0 if self._last_ts is None else int(np.searchsorted(trades.ts_recv, self._last_ts, side="right"))
+            i1 = int(np.searchsorted(trades.ts_recv, last, side="right"))
+            new = BookArrays(*(a[lo:] for a in c), depth=self.depth)
+            attach_trades(new, trades.take(slice(i0, i1)))
+            self._last_ts = last
+        self._taken += 1
+        return b, halo
+
+    def keep_last(self) -> None:
+        """Start the next block with the last row of this one (the halo of the next take); with
+        ``double``, in the other column set (the block just taken stays readable)."""
+        if not self.rows:
+            return
+        if self._double:  # the caller makes sure the other set's block is no longer read
+            self._set ^= 1
+            new = self._sets[self._set]
+            if new is None or new[0].shape[0] < self._cols[0].shape[0]:
+                new = self._sets[self._set] = self._alloc(self._cols[0].shape[0], self._set)
+            for dst, src in zip(new, self._cols):
+                dst[0] = src[self.rows - 1]
+            self._cols = new
+        else:
+            for a in self._cols:
+                a[0] = a[self.rows - 1]
+        self.rows = 1
 
     def finish(self, trades: Trades | None = None) -> BookArrays:
         """The session's rows as :class:`BookArrays` (prices float64 index points, sizes float64,
@@ -602,26 +650,6 @@ _COLS = (
     ((LEVELS,), np.float64), ((LEVELS,), np.uint32), ((LEVELS,), np.uint32), ((), np.float64), ((), np.float64),
     ((), np.float64),
 )  # fmt: skip
-#: Column buffers of the last book built in this process, reused by the next when nothing refers to
-#: them any more: a worker mapping many segments touches the same pages (fresh memory costs page
-#: faults, on some hosts most of a segment's time) and its memory stays that of its largest book.
-_RESERVE: dict[str, np.ndarray] = {}
-_RESERVE_LOCK = threading.Lock()
-
-
-def _reserve(tag: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-    """An uninitialised array of ``shape``: a view of ``tag``'s kept buffer when it is large enough
-    and no array refers to it (reference count back to the pool's own), else a new kept buffer."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    with _RESERVE_LOCK:
-        buf = _RESERVE.get(tag)
-        # references: the dict, the local name, getrefcount's argument
-        if buf is None or buf.nbytes < nbytes or sys.getrefcount(buf) > 3:
-            buf = np.empty(max(nbytes, 1), dtype=np.uint8)
-            _RESERVE[tag] = buf
-        return buf[:nbytes].view(dtype).reshape(shape)
-
-
 def attach_trades(b: BookArrays, trades: Trades) -> None:
     """Set ``b``'s trade flow (in place) from ``trades`` matched by ``ts_recv``: each trade goes to
     the first row at or after it (as :func:`to_book_arrays`); trades after the last row to none."""

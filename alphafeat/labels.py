@@ -109,11 +109,13 @@ def direction_labels(
 
 
 @numba.njit(cache=True, nogil=True)
-def _direction_h(mid, ts, h, y, t1):
-    """``y[t]``: 1 if ``mid[t+h] > mid[t]``, 0 if lower, NaN on a tie, a NaN mid or past the
-    end; ``t1[t] = ts[t+h]`` or ``NO_TIME``."""
+def _direction_h(mid, ts, h, y, t1, a=0, b=-1):
+    """Rows ``[a, b)`` (``b = -1``: to the end): ``y[t]`` 1 if ``mid[t+h] > mid[t]``, 0 if
+    lower, NaN on a tie, a NaN mid or past the end of ``mid``; ``t1[t] = ts[t+h]`` or ``NO_TIME``."""
     n = mid.shape[0]
-    for t in range(n):
+    if b < 0:
+        b = n
+    for t in range(a, b):
         j = t + h
         if j < n:
             d = mid[j] - mid[t]
@@ -177,17 +179,11 @@ TB_BLOCK = 64
 
 
 @numba.njit(cache=True, nogil=True)
-def _triple_barrier_blocked(price, upper, lower, h, ts, out_y, out_t1, out_k):
-    """:func:`_triple_barrier` with whole blocks of ``TB_BLOCK`` rows skipped where their
-    extrema touch no barrier. Exact: ``x -> x - p0`` is monotone in floating point, so
-    ``max(x) - p0 < up`` means every ``x - p0 < up`` (NaN prices never touch; they are left
-    out of the extrema). Identical results, ~h/TB_BLOCK + 2 TB_BLOCK steps a row at most."""
-    n = price.shape[0]
+def _tb_extrema(price, bmax, bmin, a, b):
+    """Fold rows ``[a, b)`` into the extrema of their ``TB_BLOCK``-row blocks (NaN left out;
+    a block's entries must start at -inf / +inf)."""
     B = TB_BLOCK
-    nb = (n + B - 1) // B
-    bmax = np.full(nb, -np.inf)
-    bmin = np.full(nb, np.inf)
-    for j in range(n):
+    for j in range(a, b):
         x = price[j]
         if x == x:
             k = j // B
@@ -195,7 +191,16 @@ def _triple_barrier_blocked(price, upper, lower, h, ts, out_y, out_t1, out_k):
                 bmax[k] = x
             if x < bmin[k]:
                 bmin[k] = x
-    for t in range(n):
+
+
+@numba.njit(cache=True, nogil=True)
+def _tb_rows(price, upper, lower, h, ts, out_y, out_t1, out_k, bmax, bmin, a, b):
+    """Rows ``[a, b)`` of the triple barrier over ``price`` (its length is the segment end so
+    far), whole blocks skipped where their extrema touch no barrier. A row whose vertical
+    barrier lies within ``price`` gets its final value whatever rows come later."""
+    n = price.shape[0]
+    B = TB_BLOCK
+    for t in range(a, b):
         out_y[t] = np.nan
         out_t1[t] = -1
         out_k[t] = -1
@@ -229,6 +234,18 @@ def _triple_barrier_blocked(price, upper, lower, h, ts, out_y, out_t1, out_k):
             out_y[t] = 0.0
             out_t1[t] = ts[t + h]
             out_k[t] = t + h
+
+
+def _triple_barrier_blocked(price, upper, lower, h, ts, out_y, out_t1, out_k):  # noqa: ANN001
+    """:func:`_triple_barrier` with whole blocks of ``TB_BLOCK`` rows skipped where their
+    extrema touch no barrier. Exact: ``x -> x - p0`` is monotone in floating point, so
+    ``max(x) - p0 < up`` means every ``x - p0 < up`` (NaN prices never touch; they are left
+    out of the extrema). Identical results, ~h/TB_BLOCK + 2 TB_BLOCK steps a row at most."""
+    n = price.shape[0]
+    nb = (n + TB_BLOCK - 1) // TB_BLOCK
+    bmax, bmin = np.full(nb, -np.inf), np.full(nb, np.inf)
+    _tb_extrema(price, bmax, bmin, 0, n)
+    _tb_rows(price, upper, lower, h, ts, out_y, out_t1, out_k, bmax, bmin, 0, n)
 
 
 def triple_barrier(
@@ -288,3 +305,78 @@ def triple_barrier(
         k = np.empty(n, dtype=np.int64)
         _triple_barrier_blocked(price, up, dn, int(horizon), tt, y, t1, k)
     return y.astype(np.float32), t1, k
+
+
+class LabelStream:
+    """Direction and triple-barrier labels of one segment computed while its rows arrive.
+
+    :meth:`update` labels the rows whose every horizon already lies within the rows seen (their
+    labels cannot change); :meth:`finish` labels the rest at the segment end. The values equal
+    :func:`direction_labels` and :func:`triple_barrier` on the whole segment (the same row
+    code on the same inputs). Outputs come from the process's reserve
+    (:func:`alphafeat.arena.reserve`), so reuse them before the next segment's stream.
+
+    Parameters
+    ----------
+    horizons : sequence of int
+        Direction horizons in rows.
+    barrier_horizon : int or None
+        Vertical barrier of the triple barrier in rows; None for no triple barrier.
+    capacity : int
+        Rows the segment can have at most.
+    """
+
+    def __init__(self, horizons: Sequence[int], barrier_horizon: int | None, capacity: int) -> None:
+        from alphafeat.arena import reserve
+
+        for h in horizons:
+            _check_horizon(h, integer=True)
+        if barrier_horizon is not None:
+            _check_horizon(barrier_horizon, integer=True)
+        self.horizons = [int(h) for h in horizons]
+        self.bh = None if barrier_horizon is None else int(barrier_horizon)
+        cap = max(int(capacity), 1)
+        self.y = {h: reserve(f"lab:y{k}", (cap,), np.float32) for k, h in enumerate(self.horizons)}
+        self.t1 = {h: reserve(f"lab:t{k}", (cap,), np.int64) for k, h in enumerate(self.horizons)}
+        if self.bh is not None:
+            nb = cap // TB_BLOCK + 1
+            self.tb = (reserve("lab:tby", (cap,), np.float64), reserve("lab:tbt", (cap,), np.int64),
+                       reserve("lab:tbk", (cap,), np.int64))  # fmt: skip
+            self.bmax = reserve("lab:bmax", (nb,), np.float64)
+            self.bmin = reserve("lab:bmin", (nb,), np.float64)
+            self.bmax[:] = -np.inf
+            self.bmin[:] = np.inf
+        self.done = 0  # rows labelled
+        self.seen = 0  # rows folded into the block extrema
+        self.reach = max([*self.horizons, self.bh or 0])
+
+    def update(self, mid: np.ndarray, ts: np.ndarray, width: np.ndarray | None, final: bool = False) -> None:
+        """Label what the rows so far decide: ``mid`` float64 (NaN where crossed or one-sided),
+        ``ts`` int64 ns and ``width`` (barrier half-width per row, index points) of every row
+        of the segment seen so far; ``final``: the segment ends here."""
+        n = mid.shape[0]
+        b = n if final else max(n - self.reach, self.done)
+        if b <= self.done:
+            return
+        a = self.done
+        for h in self.horizons:
+            _direction_h(mid, ts, h, self.y[h], self.t1[h], a, b)
+        if self.bh is not None:
+            _tb_extrema(mid, self.bmax, self.bmin, self.seen, n)
+            self.seen = n
+            _tb_rows(mid, width, width, self.bh, ts, *self.tb, self.bmax, self.bmin, a, b)
+        self.done = b
+
+    def finish(self, mid: np.ndarray, ts: np.ndarray, width: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Label the remaining rows; returns ``label_h{h}`` (float32), ``t1_h{h}`` (int64 ns,
+        ``NO_TIME`` past the end) and ``tb_label`` (float32) / ``tb_t1`` when a barrier is set."""
+        self.update(mid, ts, width, final=True)
+        n = mid.shape[0]
+        out: dict[str, np.ndarray] = {}
+        for h in self.horizons:
+            out[f"label_h{h}"] = self.y[h][:n]
+            out[f"t1_h{h}"] = self.t1[h][:n]
+        if self.bh is not None:
+            out["tb_label"] = self.tb[0][:n].astype(np.float32)
+            out["tb_t1"] = self.tb[1][:n]
+        return out

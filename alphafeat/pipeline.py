@@ -39,9 +39,9 @@ from alphafeat.errors import AlphafeatError, InputError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
 from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, InstrumentMode, session_end_ns
-from alphafeat.labels import DEFAULT_HORIZONS, direction_labels, direction_labels_seconds, triple_barrier
+from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
 from alphafeat.plan import Plan, Segment, discover, make_plan
-from alphafeat.segment import SegmentResult, run_segment
+from alphafeat.segment import BLOCK_ROWS, READ_CHUNK, SegmentResult, run_segment
 from alphafeat.types import LEVELS, BookArrays
 
 __all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "discover", "precompute", "resolve_device"]
@@ -252,7 +252,7 @@ def make_job(cfg: PrecomputeConfig, device: str) -> Job:
     job = Job(cfg.features, tuple(names), LEVELS if book else 1, cfg.dtype, cfg.compression, tuple(cfg.horizons),
               tuple(cfg.horizons_s), cfg.barrier, cfg.barrier_horizon, _bar_volume(cfg.sample), device)  # fmt: skip
     if cfg.barrier:
-        _barrier_widths({"mid": np.zeros(0), "ema_ret2_60s": np.zeros(0)}, job)  # checks --barrier now
+        _barrier_widths(np.zeros(0), np.zeros(0), job)  # checks --barrier now
     return job
 
 
@@ -303,7 +303,7 @@ def column_specs(job: Job) -> list[dict]:
     return cols
 
 
-def _barrier_widths(feats: dict[str, np.ndarray], job: Job) -> np.ndarray:
+def _barrier_widths(mid: np.ndarray, ret2: np.ndarray | None, job: Job) -> np.ndarray:
     """Triple-barrier half-width per row, index points (see PrecomputeConfig.barrier)."""
     kind, _, k = (job.barrier or "").partition(":")
     try:
@@ -314,9 +314,8 @@ def _barrier_widths(feats: dict[str, np.ndarray], job: Job) -> np.ndarray:
         raise AlphafeatError(f"--barrier: expected ticks:K or vol:K with K > 0, got {job.barrier!r}")
     tick = job.features.tick_size
     if kind == "ticks":
-        return np.full(feats["mid"].shape, mult * tick)
-    sigma_ticks = np.sqrt(feats["ema_ret2_60s"])
-    return mult * sigma_ticks * tick * np.sqrt(job.barrier_horizon)
+        return np.full(mid.shape, mult * tick)
+    return mult * np.sqrt(ret2) * tick * np.sqrt(job.barrier_horizon)
 
 
 def crossed(b: BookArrays) -> np.ndarray:
@@ -325,34 +324,10 @@ def crossed(b: BookArrays) -> np.ndarray:
         return b.bid_px[:, 0] > b.ask_px[:, 0]
 
 
-def _labels(feats: dict[str, np.ndarray], b: BookArrays, is_crossed: np.ndarray, job: Job) -> dict[str, np.ndarray]:
-    """Direction labels (snapshots, seconds) and the triple barrier, each with its end time.
-
-    The mid of a crossed book is not a price: labels are computed on a mid that is NaN there,
-    so a label is NaN where its start or end row is crossed.
-    """
-    mid = np.where(is_crossed, np.nan, feats["mid"])
-    out = direction_labels(mid, job.horizons, ts=b.ts_recv)
-    if job.horizons_s:
-        out.update(direction_labels_seconds(mid, b.ts_recv, job.horizons_s))
-    if job.barrier:
-        w = _barrier_widths(feats, job)
-        y, t1, _ = triple_barrier(mid, w, w, job.barrier_horizon, ts=b.ts_recv, device=job.device)
-        out["tb_label"] = y
-        out["tb_t1"] = t1
-    return out
-
-
 def book_mid(b: BookArrays) -> np.ndarray:
     """The mid price, float64 (n,), as the ``mid`` feature computes it: ``0.5 * (bid + ask)``
     of the best levels, NaN where either is empty (the same operations, so bit-identical)."""
     return 0.5 * (b.bid_px[:, 0] + b.ask_px[:, 0])
-
-
-def _timed(fn: Callable, *args: object) -> tuple[object, float]:
-    t = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t
 
 
 def _min_depth(params: FeatureParams) -> dict[str, int]:
@@ -360,59 +335,149 @@ def _min_depth(params: FeatureParams) -> dict[str, int]:
     return {spec.name: spec.min_depth for spec in feature_specs(params)}
 
 
-def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, float]) -> tuple[pa.Table, int]:
-    """Features, labels and the stored book columns of one segment's book as an Arrow table.
+class SegmentColumns:
+    """The stored columns of one segment, filled block by block, then labelled and tabled.
 
-    Returns ``(table, crossed rows)``; adds ``features`` and ``labels`` to ``seconds``.
-    Columns and types: :func:`column_specs` and :class:`PrecomputeConfig` (``dtype``).
+    :meth:`add` takes the segment's book in blocks (each after the first led by the previous
+    block's last row, a *halo*; see :meth:`alphafeat.book.MBPBookBuilder.take`) and, on the CPU,
+    continues the features from the block before
+    (:class:`alphafeat.features.cpu.FeatureStream`: identical values to one call over the
+    whole segment); or one whole book with its features already computed (GPU path).
+    :meth:`table` adds the labels, which look ahead, from the kept mid and returns the Arrow
+    table. Columns and types: :func:`column_specs`. Buffers come from the process's reserve
+    (:func:`alphafeat.arena.reserve`): a worker's memory is that of its largest segment.
+
+    Parameters
+    ----------
+    seg : Segment
+        The segment (instrument id and symbol of every row).
+    job : Job
+        Stored features, book levels, dtype, labels.
+    capacity : int
+        Rows the segment can have at most (untouched capacity is address space only).
     """
+
+    def __init__(self, seg: Segment, job: Job, capacity: int) -> None:
+        from alphafeat.arena import reserve
+
+        self.seg, self.job = seg, job
+        self.rows = 0
+        self.crossed = 0
+        cap = max(int(capacity), 1)
+        fdt = np.float32 if job.dtype == "float32" else np.float64
+        units = {s.name: s.unit for s in feature_specs(job.features)}
+        self.dtypes: dict[str, type] = {"ts_event": np.int64, "ts_recv": np.int64}
+        for lvl in range(job.book_levels):
+            for side in ("bid", "ask"):
+                self.dtypes.update({f"{side}_px_{lvl:02d}": np.float64, f"{side}_sz_{lvl:02d}": np.uint32,
+                                    f"{side}_ct_{lvl:02d}": np.uint32})  # fmt: skip
+        self.dtypes.update({"buy_volume": fdt, "sell_volume": fdt, "trade_count": fdt, "book_crossed": np.bool_})
+        self.dtypes.update({k: np.float64 if units[k] == "index points" else fdt for k in job.names})
+        label_inputs = {"_mid": np.float64, **({"_w": np.float64} if job.barrier else {})}
+        self.cols = {k: reserve(f"col:{k}", (cap,), dt) for k, dt in {**self.dtypes, **label_inputs}.items()}
+        self.index = {s.name: k for k, s in enumerate(feature_specs(job.features))}
+        self.min_depth = _min_depth(job.features)
+        self.stream = None
+        self.labels = LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, cap)
+        self.seconds = {"features": 0.0, "labels": 0.0}
+
+    def add(self, b: BookArrays, halo: bool, feats: dict[str, np.ndarray] | None = None) -> None:
+        """Append the new rows of block ``b`` (all but the halo row); features from ``feats``
+        (whole-book rows, no halo; ``ema_ret2_60s`` among them for a ``vol`` barrier) or
+        computed here on the CPU, continuing the stream; rows whose label horizons are all
+        within the rows so far are labelled now (:class:`alphafeat.labels.LabelStream`)."""
+        from alphafeat.features import _prepare
+        from alphafeat.features.registry import make_plan
+
+        t0 = time.perf_counter()
+        lo = 1 if halo else 0
+        m = len(b) - lo
+        if m <= 0:
+            return
+        k0, k1 = self.rows, self.rows + m
+        if k1 > self.cols["ts_recv"].shape[0]:
+            raise AlphafeatError(f"{self.seg.relpath}: more rows than the {self.cols['ts_recv'].shape[0]:,} "
+                                 "reserved for the segment")  # fmt: skip
+        if feats is None:
+            if self.stream is None:
+                from alphafeat.features.cpu import FeatureStream
+
+                self.stream = FeatureStream(make_plan(self.job.features), max(m, _STREAM_ROWS))
+            out = self.stream.push(_prepare(b, self.job.features), halo)
+            feats = {n: out[self.index[n]] for n in (*self.job.names, "ema_ret2_60s")}
+        c = self.cols
+        c["ts_event"][k0:k1] = b.ts_event[lo:]
+        c["ts_recv"][k0:k1] = b.ts_recv[lo:]
+        for lvl in range(self.job.book_levels):
+            for side, px, sz, ct in (("bid", b.bid_px, b.bid_sz, b.bid_ct), ("ask", b.ask_px, b.ask_sz, b.ask_ct)):
+                c[f"{side}_px_{lvl:02d}"][k0:k1] = px[lo:, lvl]
+                c[f"{side}_sz_{lvl:02d}"][k0:k1] = sz[lo:, lvl]
+                c[f"{side}_ct_{lvl:02d}"][k0:k1] = ct[lo:, lvl]
+        for k in ("buy_volume", "sell_volume", "trade_count"):
+            c[k][k0:k1] = getattr(b, k)[lo:]
+        x = crossed(b)[lo:]
+        c["book_crossed"][k0:k1] = x
+        self.crossed += int(x.sum())
+        mid = c["_mid"][k0:k1]
+        mid[:] = np.where(x, np.nan, book_mid(b)[lo:])
+        for name in self.job.names:
+            c[name][k0:k1] = np.nan if self.min_depth[name] > b.depth else feats[name]
+        if self.job.barrier:
+            c["_w"][k0:k1] = _barrier_widths(mid, feats["ema_ret2_60s"], self.job)
+        self.rows = k1
+        t1 = time.perf_counter()
+        self.labels.update(c["_mid"][:k1], c["ts_recv"][:k1], c["_w"][:k1] if self.job.barrier else None)
+        self.seconds["features"] += t1 - t0
+        self.seconds["labels"] += time.perf_counter() - t1
+
+    def table(self, seconds: dict[str, float]) -> tuple[pa.Table, int]:
+        """The Arrow table of the rows added, labels included (their time in ``seconds``);
+        returns ``(table, crossed rows)``."""
+        n = self.rows
+        c = {k: v[:n] for k, v in self.cols.items()}
+        t0 = time.perf_counter()
+        labels = self.labels.finish(c["_mid"], c["ts_recv"], c.get("_w"))
+        if self.job.horizons_s:
+            labels.update(direction_labels_seconds(c["_mid"], c["ts_recv"], self.job.horizons_s))
+        seconds["features"] = seconds.get("features", 0.0) + self.seconds["features"]
+        seconds["labels"] = self.seconds["labels"] + time.perf_counter() - t0
+        ts = pa.timestamp("ns", tz="UTC")
+        cols: dict[str, pa.Array] = {
+            "ts_event": pa.array(c["ts_event"], ts),
+            "ts_recv": pa.array(c["ts_recv"], ts),
+            "instrument_id": pa.array(np.full(n, self.seg.instrument_id, dtype=np.uint32)),
+            "raw_symbol": pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int8), pa.array([self.seg.raw_symbol])),
+        }
+        for k in self.dtypes:
+            if k not in cols:
+                cols[k] = pa.array(c[k])
+        del c
+        for k, v in labels.items():
+            if k.startswith("t1_") or k == "tb_t1":
+                cols[k] = pa.array(v, ts, mask=v < 0)  # null where unknown
+            else:
+                cols[k] = pa.array(v)
+        return pa.table(cols), self.crossed
+
+
+#: Most new rows one block brings to :class:`SegmentColumns` (a block of
+#: :data:`alphafeat.segment.BLOCK_ROWS` plus one decode chunk of the smallest book records).
+_STREAM_ROWS = BLOCK_ROWS + READ_CHUNK // 48 + 2
+
+
+def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, float]) -> tuple[pa.Table, int]:
+    """Features, labels and the stored book columns of one whole segment book (the GPU and
+    volume-bar path) as an Arrow table; returns ``(table, crossed rows)`` and adds
+    ``features`` and ``labels`` to ``seconds``. Columns and types: :func:`column_specs`."""
     t0 = time.perf_counter()
     if job.bar_volume:
         b = volume_bars(b, job.bar_volume)
-    n = len(b)
-    is_crossed = crossed(b)
-    label_job = None
-    if not (job.barrier or "").startswith("vol:"):  # labels need only the mid: beside the features
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(1)
-        label_job = pool.submit(_timed, _labels, {"mid": book_mid(b)}, b, is_crossed, job)
+    cols = SegmentColumns(seg, job, len(b))
     feats = compute_features(b, job.features, device=job.device)
-    for name, need in _min_depth(job.features).items():
-        if b.depth < need:
-            feats[name] = np.full(n, np.nan)
     seconds["features"] = time.perf_counter() - t0
-    if label_job is None:
-        labels, seconds["labels"] = _timed(_labels, feats, b, is_crossed, job)
-    else:
-        labels, seconds["labels"] = label_job.result()
-        pool.shutdown()
-    ts = pa.timestamp("ns", tz="UTC")
-    cols: dict[str, pa.Array] = {
-        "ts_event": pa.array(np.asarray(b.ts_event, dtype=np.int64), ts),
-        "ts_recv": pa.array(np.asarray(b.ts_recv, dtype=np.int64), ts),
-        "instrument_id": pa.array(np.full(n, seg.instrument_id, dtype=np.uint32)),
-        "raw_symbol": pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int8), pa.array([seg.raw_symbol])),
-    }
-    for lvl in range(job.book_levels):
-        for side, px, sz, ct in (("bid", b.bid_px, b.bid_sz, b.bid_ct), ("ask", b.ask_px, b.ask_sz, b.ask_ct)):
-            cols[f"{side}_px_{lvl:02d}"] = pa.array(np.ascontiguousarray(px[:, lvl], dtype=np.float64))
-            cols[f"{side}_sz_{lvl:02d}"] = pa.array(sz[:, lvl].astype(np.uint32))
-            cols[f"{side}_ct_{lvl:02d}"] = pa.array(ct[:, lvl].astype(np.uint32))
-    fdt = np.float32 if job.dtype == "float32" else np.float64
-    for k in ("buy_volume", "sell_volume", "trade_count"):
-        cols[k] = pa.array(np.asarray(getattr(b, k), dtype=fdt))
-    cols["book_crossed"] = pa.array(is_crossed)
-    units = {s.name: s.unit for s in feature_specs(job.features)}
-    for k in job.names:
-        cols[k] = pa.array(np.asarray(feats[k], dtype=np.float64 if units[k] == "index points" else fdt))
+    cols.add(b, False, feats)
     del feats
-    for k, v in labels.items():
-        if k.startswith("t1_") or k == "tb_t1":
-            cols[k] = pa.array(np.where(v >= 0, v, 0), ts, mask=v < 0)
-        else:
-            cols[k] = pa.array(v)
-    return pa.table(cols), int(is_crossed.sum())
+    return cols.table(seconds)
 
 
 def write_table(path: Path, table: pa.Table, metadata: dict, compression: str = "none") -> None:

@@ -47,7 +47,7 @@ __all__ = ["SegmentResult", "build_book", "load_book", "run_segment", "save_book
 log = logging.getLogger(__name__)
 
 #: Version of the predecoded book layout; bump to invalidate kept books.
-BOOK_FORMAT = 1
+BOOK_FORMAT = 2
 #: Decompressed bytes per decode step of the segment reader.
 READ_CHUNK = 8 << 20
 _BOOK_COLS = ("ts_event", "ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct",
@@ -227,28 +227,78 @@ def book_key(seg: Segment) -> str:
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
 
+class _BookWriter:
+    """Append a book's rows block by block to raw column files in a temporary folder, renamed to
+    ``d`` by :meth:`close` (a crash leaves no folder that looks complete)."""
+
+    def __init__(self, d: Path) -> None:
+        self.d = d
+        self.tmp = d.with_name(f".{d.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self.tmp.mkdir(parents=True)
+        self.files = {k: open(self.tmp / f"{k}.bin", "wb") for k in _BOOK_COLS}  # noqa: SIM115
+        self.rows = 0
+        self.shapes: dict[str, list] = {}
+
+    def add(self, b: BookArrays, lo: int = 0) -> None:
+        for k, fh in self.files.items():
+            a = getattr(b, k)[lo:]
+            a = np.ascontiguousarray(a, dtype=_STORED.get(k, a.dtype))
+            self.shapes[k] = [str(a.dtype), list(a.shape[1:])]
+            fh.write(memoryview(a).cast("B"))
+        self.rows += len(b) - lo
+
+    def close(self, depth: int) -> None:
+        for fh in self.files.values():
+            fh.close()
+        (self.tmp / "book.json").write_text(json.dumps({"rows": self.rows, "depth": int(depth),
+                                                        "columns": self.shapes}))  # fmt: skip
+        try:
+            os.replace(self.tmp, self.d)
+        except OSError:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            if not (self.d / "book.json").is_file():
+                raise
+
+    def abort(self) -> None:
+        for fh in self.files.values():
+            fh.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def save_book(b: BookArrays, d: Path) -> None:
-    """Keep ``b`` under ``d`` (written to a temporary folder, renamed when complete)."""
-    tmp = d.with_name(f".{d.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
+    """Keep ``b`` under ``d`` (raw column files and ``book.json``; written to a temporary folder
+    and renamed when complete). Sizes and counts are stored as uint32, the rest as they are."""
+    w = _BookWriter(d)
     try:
-        for k in _BOOK_COLS:
-            a = getattr(b, k)
-            np.save(tmp / f"{k}.npy", np.ascontiguousarray(a, dtype=_STORED.get(k, a.dtype)))
-        (tmp / "depth").write_text(str(int(b.depth)))
-        os.replace(tmp, d)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not d.is_dir():
-            raise
+        w.add(b)
+    except BaseException:
+        w.abort()
+        raise
+    w.close(b.depth)
 
 
-def load_book(d: Path) -> BookArrays:
-    """A book kept by :func:`save_book`: prices memory-mapped (copy-on-write); sizes widened to float64."""
-    c = {k: np.load(d / f"{k}.npy", mmap_mode="c") for k in _BOOK_COLS}
-    for k in ("bid_sz", "ask_sz"):
-        c[k] = c[k].astype(np.float64)
-    return BookArrays(**c, depth=int((d / "depth").read_text()))
+def load_book(d: Path, widen: bool = True) -> BookArrays:
+    """A book kept by :func:`save_book`, memory-mapped (copy-on-write); sizes widened to float64
+    unless ``widen`` is False (then uint32 memory maps, to widen block by block)."""
+    meta = json.loads((d / "book.json").read_text())
+    n = int(meta["rows"])
+    c = {}
+    for k in _BOOK_COLS:
+        dtype, rest = meta["columns"].get(k, ["float64", []]) if n else (_empty_dtype(k), _empty_rest(k))
+        c[k] = np.memmap(d / f"{k}.bin", dtype=dtype, mode="c", shape=(n, *rest)) if n else \
+            np.empty((0, *rest), dtype=dtype)  # fmt: skip
+    if widen:
+        for k in ("bid_sz", "ask_sz"):
+            c[k] = np.asarray(c[k], dtype=np.float64)
+    return BookArrays(**c, depth=int(meta["depth"]))
+
+
+def _empty_dtype(k: str) -> str:
+    return "uint32" if k in _STORED else ("int64" if k.startswith("ts_") else "float64")
+
+
+def _empty_rest(k: str) -> list[int]:
+    return [LEVELS] if k.endswith(("_px", "_sz", "_ct")) else []
 
 
 def _peak_rss() -> int:
@@ -257,10 +307,100 @@ def _peak_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+#: Rows per block of the streamed CPU path (book rows, features, output columns).
+BLOCK_ROWS = 1 << 16
+
+
+def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[tuple[BookArrays, bool]]:
+    """The segment's book as blocks ``(rows, halo)`` (see ``MBPBookBuilder.take``), from a kept
+    book, from MBP records streamed chunk by chunk, or from the rebuilt MBO book. Sets
+    ``res.records``, ``res.notes``, ``res.predecoded``."""
+    if kept is not None and (kept / "book.json").is_file():
+        res.predecoded = True
+        yield from _slices(load_book(kept, widen=False))
+        return
+    if seg.schema not in ("mbp-10", "mbp-1"):
+        b, res.records, res.notes = build_book(seg)
+        yield from _slices(b)
+        return
+    yield from _mbp_blocks(seg, res)
+
+
+def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[tuple[BookArrays, bool]]:
+    """MBP book blocks built on a thread of their own while the caller uses the one before.
+
+    The thread decodes the records (RecordScanner: zstd and the scan release the GIL) and turns
+    them into book rows (:class:`alphafeat.book.MBPBookBuilder`, numba) in two column sets used
+    in turn: it starts filling a set only once the caller has finished with the block it held
+    (one semaphore per set), so nothing is copied between the threads.
+    """
+    s0, s1 = seg.bounds
+    trades = _trades(seg)
+    if trades is not None:
+        trades = trades.take((trades.ts_recv >= s0) & (trades.ts_recv < s1))
+        trades = trades.take(np.argsort(trades.ts_recv, kind="stable"))
+    free = (threading.Semaphore(1), threading.Semaphore(1))
+    stop = threading.Event()
+
+    def produce() -> Iterator[tuple[BookArrays, bool, int]]:
+        builder, cur = None, 0
+        rtype = SCHEMA_RTYPES[seg.schema]
+        for p in seg.book_files:
+            for chunk in RecordScanner(p, instrument_ids=[seg.instrument_id], chunk_bytes=READ_CHUNK):
+                recs = chunk.get(rtype)
+                if recs is None or not len(recs):
+                    continue
+                if builder is None:
+                    limit = BLOCK_ROWS + READ_CHUNK // recs.dtype.itemsize + 1
+                    builder = bk.MBPBookBuilder(recs.dtype, s0, s1, limit + 1, double=True)
+                    free[0].acquire()
+                if builder.rows + len(recs) > limit or builder.rows >= BLOCK_ROWS:
+                    yield (*builder.take(trades), cur)
+                    cur ^= 1
+                    free[cur].acquire()
+                    if stop.is_set():
+                        return
+                    builder.keep_last()
+                builder.add(recs)
+                res.records = builder.records
+        if builder is not None and builder.rows > (1 if builder._taken else 0):
+            yield (*builder.take(trades), cur)
+
+    it = _prefetch(produce(), depth=1)
+    try:
+        for b, halo, which in it:
+            yield b, halo
+            del b
+            free[which].release()
+    finally:
+        stop.set()
+        for sem in free:  # a thread waiting for a set is let go; it sees stop and ends
+            sem.release()
+        it.close()
+
+
+def _slices(b: BookArrays) -> Iterator[tuple[BookArrays, bool]]:
+    """A whole book as blocks of BLOCK_ROWS new rows, each after the first with its halo row."""
+    n = len(b)
+    for lo in range(0, n, BLOCK_ROWS):
+        hi = min(lo + BLOCK_ROWS, n)
+        a = lo - 1 if lo else 0
+        blk = BookArrays(*(getattr(b, k)[a:hi] for k in _BOOK_COLS), depth=b.depth)
+        for k in ("bid_sz", "ask_sz"):
+            setattr(blk, k, np.asarray(getattr(blk, k), dtype=np.float64))
+        yield blk, lo > 0
+
+
 def run_segment(
     seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None, keep: bool = False
 ) -> SegmentResult:
     """Compute one segment and write its partition to ``staging/seg.relpath``.
+
+    On the CPU with snapshot sampling the book flows through in blocks of :data:`BLOCK_ROWS`
+    rows (decode on a reader thread -> book rows -> features continued from the block before ->
+    output columns), so memory is a few blocks plus the stored columns of the session; labels,
+    which look ahead, are computed at the end from the mid. On a GPU, or with volume bars,
+    the session's whole book is built first.
 
     Parameters
     ----------
@@ -287,7 +427,7 @@ def run_segment(
     InputError
         A bad file. A worker on another machine that cannot see a path names it.
     """
-    from alphafeat.pipeline import segment_table, write_table
+    from alphafeat.pipeline import SegmentColumns, segment_table, write_table
 
     res = SegmentResult(seg.relpath)
     t0 = time.perf_counter()
@@ -296,20 +436,62 @@ def run_segment(
             raise InputError(p, f"not visible from this worker ({os.uname().nodename}); inputs and --out must be "
                                 "on a filesystem every worker shares")  # fmt: skip
     kept = Path(predecoded_dir) / "book" / book_key(seg) if predecoded_dir else None
-    if kept is not None and (kept / "depth").is_file():
-        b = load_book(kept)
-        res.predecoded = True
-    else:
-        b, res.records, res.notes = build_book(seg)
-        if keep and kept is not None and len(b):
-            save_book(b, kept)
-    res.seconds["book"] = time.perf_counter() - t0
-    if len(b):
+    if job.device != "cpu" or job.bar_volume:
+        if kept is not None and (kept / "book.json").is_file():
+            b = load_book(kept)
+            res.predecoded = True
+        else:
+            b, res.records, res.notes = build_book(seg)
+            if keep and kept is not None and len(b):
+                save_book(b, kept)
+        res.seconds["book"] = time.perf_counter() - t0
+        if not len(b):
+            res.peak_rss = _peak_rss()
+            return res
         table, res.crossed = segment_table(b, seg, job, res.seconds)
         del b
-        t1 = time.perf_counter()
-        write_table(Path(staging) / seg.relpath, table, meta, job.compression)
-        res.rows = table.num_rows
-        res.seconds["write"] = time.perf_counter() - t1
+    else:
+        writer = _BookWriter(kept) if keep and kept is not None and not (kept / "book.json").is_file() else None
+        cols = SegmentColumns(seg, job, _row_bound(seg, kept))
+        t_map = 0.0
+        try:
+            blocks = _blocks(seg, kept, res)
+            depth = LEVELS
+            for b, halo in blocks:
+                t1 = time.perf_counter()
+                cols.add(b, halo)
+                depth = b.depth
+                if writer is not None:
+                    writer.add(b, 1 if halo else 0)
+                t_map += time.perf_counter() - t1
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        if writer is not None:
+            if cols.rows:
+                writer.close(depth)
+            else:
+                writer.abort()
+        res.seconds["book"] = time.perf_counter() - t0 - t_map  # decode and book rows (what the blocks waited for)
+        if not cols.rows:
+            res.peak_rss = _peak_rss()
+            return res
+        table, res.crossed = cols.table(res.seconds)
+        del cols
+    t1 = time.perf_counter()
+    write_table(Path(staging) / seg.relpath, table, meta, job.compression)
+    res.rows = table.num_rows
+    res.seconds["write"] = time.perf_counter() - t1
     res.peak_rss = _peak_rss()
     return res
+
+
+def _row_bound(seg: Segment, kept: Path | None) -> int:
+    """Rows the segment can have at most (a kept book's count, else from the files' sizes)."""
+    if kept is not None and (kept / "book.json").is_file():
+        return int(json.loads((kept / "book.json").read_text())["rows"]) + 1
+    from alphafeat.dbn import record_dtype
+
+    rt = SCHEMA_RTYPES[seg.schema]
+    return _record_bound(seg.book_files, record_dtype(rt, 1).itemsize)

@@ -8,7 +8,8 @@ Rows (``--cases``, comma-separated; default all that the input allows):
 
 * ``zstd``: ``zstd -d`` of the book files to /dev/null, one file, then all of them ``--jobs``
   at a time (``xargs -P``); the yardstick of the speed goals.
-* ``cold1`` / ``coldN``: one session, then every session, from scratch (no cache, nothing kept).
+* ``cold1`` / ``coldN`` / ``coldN1``: one session, then every session with ``--jobs``, then every
+  session with ``--jobs 1``, from scratch (no cache, nothing kept).
 * ``warm``: a rerun with other horizons after a run that kept its books (``--predecoded keep``);
   ``same``: a rerun with nothing changed.
 * ``bytes``: bytes per row of the default cache, of ``--features all`` and of each compression.
@@ -40,7 +41,9 @@ from pathlib import Path
 import psutil
 
 PROJECT = Path(__file__).resolve().parents[1]
-CASES = ("zstd", "cold1", "coldN", "warm", "same", "bytes", "dask", "pandas")
+#: Options added to every precompute run (``--extra``).
+EXTRA: list[str] = []
+CASES = ("zstd", "cold1", "coldN", "coldN1", "warm", "same", "bytes", "dask", "pandas")
 
 
 def run_measured(cmd: list[str], env: dict | None = None) -> dict:
@@ -79,14 +82,15 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
 
 def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
     """One precompute run in a fresh process; its measured time and memory, and its manifest's
-    run record (per-stage seconds, rows, bytes per row)."""
-    cmd = [sys.executable, "-m", "cli.alphafeat", "precompute", "-q", "--device", "cpu", "--out", str(out),
-           "--input", *map(str, inputs), *args]  # fmt: skip
+    run record (per-stage seconds, rows, bytes per row). ``EXTRA`` options are added."""
+    cmd = [sys.executable, "-m", "cli.alphafeat", "precompute", "-q", "--out", str(out), "--input",
+           *map(str, inputs), *EXTRA, *args]  # fmt: skip
     res = run_measured(cmd)
     run = json.loads((out / "_alphafeat.json").read_text())["run"]
     res.update(inside_s=run["seconds"], stage_seconds=run["stage_seconds"], rows=run["rows"],
                bytes_per_row=run["bytes_per_row"], books_predecoded=run["books_predecoded"])
     res["rows_per_s"] = round(res["rows"] / res["seconds"]) if res["seconds"] else 0
+    res["cache_gb"] = round(sum(p.stat().st_size for p in out.rglob("*.arrow")) / 1e9, 3)
     return res
 
 
@@ -161,6 +165,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="--jobs of N-session runs (default: cores)")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--extra", default="--device cpu",
+                    help="options added to every precompute run (default '--device cpu')")
     ap.add_argument("--scratch", type=Path, default=None, help="where caches are written (default: a temp folder)")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--pandas-worker", nargs=3, help=argparse.SUPPRESS)
@@ -174,14 +180,15 @@ def main() -> None:
                         str(args.generate), "--scale", args.scale, "--jobs", str(args.jobs), "--out", str(args.input)],
                        check=True, cwd=PROJECT)  # fmt: skip
     cases = [c for c in args.cases.split(",") if c]
+    EXTRA[:] = args.extra.split()
     by_day = sessions(args.input)
     days = list(by_day)
     first = by_day[days[0]]
     every = [f for fs in by_day.values() for f in fs]
     books = [f for f in every if ".mbp-10." in f.name or ".mbo." in f.name or ".mbp-1." in f.name]
     scratch = Path(tempfile.mkdtemp(prefix="bench-pre-", dir=args.scratch))
-    res: dict = {"sessions": len(days), "jobs": args.jobs, "cores": os.cpu_count(), "input_bytes":
-                 sum(f.stat().st_size for f in every)}  # fmt: skip
+    res: dict = {"sessions": len(days), "jobs": args.jobs, "cores": os.cpu_count(), "extra": args.extra,
+                 "input_bytes": sum(f.stat().st_size for f in every)}  # fmt: skip
     rows = []
 
     def fresh(name: str) -> Path:
@@ -204,6 +211,7 @@ def main() -> None:
             r = res["coldN"] = precompute(every, fresh("cN"), "--predecoded", "none", "--jobs", str(args.jobs))
             rows.append((f"precompute, {len(days)} sessions, cold, --jobs {args.jobs}", r["seconds"],
                          r["peak_rss_gb"], r["rows"]))  # fmt: skip
+        if "coldN1" in cases:
             r = res["coldN_jobs1"] = precompute(every, fresh("cN1"), "--predecoded", "none")
             rows.append((f"precompute, {len(days)} sessions, cold, --jobs 1", r["seconds"], r["peak_rss_gb"],
                          r["rows"]))  # fmt: skip

@@ -271,7 +271,7 @@ def test_kept_books_rerun_with_other_horizons(data, tmp_path):
     out = tmp_path / "kept" / "cache"
     s1 = precompute(_cfg([data], out, keep_books="keep", horizons=(30,)))
     assert s1.books_predecoded == 0 and s1.records > 0
-    books = [d for d in (tmp_path / "kept" / ".predecoded" / "book").iterdir() if (d / "depth").is_file()]
+    books = [d for d in (tmp_path / "kept" / ".predecoded" / "book").iterdir() if (d / "book.json").is_file()]
     assert len(books) == len(s1.schedule) == 3
     s2 = precompute(_cfg([data], out, keep_books="keep", horizons=(100, 300)))
     assert s2.books_predecoded == len(s2.schedule) == 3

@@ -480,3 +480,110 @@ def test_direction_labels_equal_numpy_on_real_mids():
             y, t1 = numpy_direction(mid, b.ts_recv, h)
             np.testing.assert_array_equal(got[f"label_h{h}"], y)
             np.testing.assert_array_equal(got[f"t1_h{h}"], t1)
+
+
+# ---- the streamed CPU path: features continued block by block, books taken in blocks ----------
+
+
+def test_feature_stream_equals_one_call_on_random_blocks() -> None:
+    """FeatureStream over random block splits (each block after the first led by its halo row)
+    gives every feature bit for bit as one compute_features call over the whole segment."""
+    from alphafeat.features import FeatureParams, _prepare
+    from alphafeat.features.cpu import FeatureStream
+    from alphafeat.features.registry import make_plan
+
+    rng = np.random.default_rng(7)
+    params = FeatureParams()
+    books = []
+    for day in DAYS:
+        s0, s1 = session_bounds(day)
+        b = bk.MBPBookBuilder(_records(_book_file(day), ESH4, MBP10).dtype, s0, s1, 1 << 16)
+        b.add(_records(_book_file(day), ESH4, MBP10))
+        books.append(b.finish())
+    for book in books:
+        ref = compute_features(book, params)
+        cols = _prepare(book, params)
+        n = len(book)
+        for k in (1, 2, 17, 60):
+            cuts = np.sort(rng.choice(np.arange(1, n), size=k - 1, replace=False)) if k > 1 else np.array([], int)
+            bounds = [0, *cuts.tolist(), n]
+            fs = FeatureStream(make_plan(params), max(np.diff(bounds)))
+            got = []
+            for a, c in zip(bounds[:-1], bounds[1:]):
+                got.append(fs.push({name: v[max(a - 1, 0) : c] for name, v in cols.items()}, a > 0).copy())
+            got = np.concatenate(got, axis=1)
+            for j, name in enumerate(ref):
+                assert np.array_equal(got[j], ref[name], equal_nan=True), (name, k)
+    with pytest.raises(ValueError, match="halo"):
+        FeatureStream(make_plan(params), 10).push({name: v[:5] for name, v in cols.items()}, True)
+
+
+@pytest.mark.parametrize("with_trades_file", [False, True])
+def test_builder_blocks_equal_finish(with_trades_file: bool) -> None:
+    """Blocks taken from the builder (halo row first, flow of a trades file given per block)
+    hold the rows of one finish() call, in order, exactly."""
+    day = DAYS[0]
+    s0, s1 = session_bounds(day)
+    recs = _records(_book_file(day), ESH4, MBP10)
+    trades = None
+    if with_trades_file:
+        t = bk.trades_from_records(_records(_trades_file(day), ESH4, TRADES))
+        trades = t.take((t.ts_recv >= s0) & (t.ts_recv < s1))
+        trades = trades.take(np.argsort(trades.ts_recv, kind="stable"))
+    whole = bk.MBPBookBuilder(recs.dtype, s0, s1, len(recs))
+    whole.add(recs)
+    ref = whole.finish(trades)
+    got: dict[str, list] = {k: [] for k in _COLS}
+    builder = bk.MBPBookBuilder(recs.dtype, s0, s1, 2000)
+    for piece in np.array_split(recs, 37):
+        builder.add(piece)
+        if builder.rows >= 500:
+            b, halo = builder.take(trades)
+            for k in _COLS:
+                got[k].append(np.array(getattr(b, k)[1 if halo else 0 :]))
+            builder.keep_last()
+    b, halo = builder.take(trades)
+    for k in _COLS:
+        got[k].append(np.array(getattr(b, k)[1 if halo else 0 :]))
+    for k in _COLS:
+        assert np.array_equal(np.concatenate(got[k]), getattr(ref, k), equal_nan=True), k
+
+
+def test_small_blocks_give_the_same_cache(tmp_path, monkeypatch) -> None:
+    """precompute with blocks of ~200 rows (many blocks, decode chunks of 64 KiB) writes the same
+    partition bytes as with the default blocks (one block per embedded session)."""
+    from alphafeat import segment
+    from alphafeat.pipeline import PrecomputeConfig, precompute
+
+    if not any(DATA.glob("*.dbn.zst")):
+        pytest.skip("data/ has no embedded sample")
+
+    def run(out):
+        precompute(PrecomputeConfig(inputs=[DATA], out=out, device="cpu", feature_set="all", keep_books="none"))
+        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.arrow"))}
+
+    ref = run(tmp_path / "one")
+    monkeypatch.setattr(segment, "BLOCK_ROWS", 200)
+    monkeypatch.setattr(segment, "READ_CHUNK", 64 << 10)
+    got = run(tmp_path / "many")
+    assert len(ref) == 3 and got == ref
+
+
+def test_label_stream_equals_whole_segment_labels() -> None:
+    """LabelStream updated at random row counts gives the labels of direction_labels and
+    triple_barrier on the whole segment, exactly (rows labelled early never change)."""
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 50, 3000, 20000):
+        mid = 5000 + 0.25 * np.cumsum(rng.integers(-1, 2, n)).astype(float)
+        mid[rng.random(n) < 0.02] = np.nan
+        ts = np.cumsum(rng.integers(1, 10**6, n)).astype(np.int64)
+        width = np.where(rng.random(n) < 0.05, np.nan, rng.choice([0.25, 0.5, 1.0], n))
+        ref = lb.direction_labels(mid, (3, 30, 700), ts=ts)
+        y, t1, _ = lb.triple_barrier(mid, width, width, 400, ts=ts)
+        ls = lb.LabelStream((3, 30, 700), 400, n + 1)
+        for cut in sorted(rng.integers(0, n + 1, 7)):
+            ls.update(mid[:cut], ts[:cut], width[:cut])
+        got = ls.finish(mid, ts, width)
+        for k, v in ref.items():
+            assert np.array_equal(got[k], v, equal_nan=True), (n, k)
+        assert np.array_equal(got["tb_label"], y, equal_nan=True) and np.array_equal(got["tb_t1"], t1), n

@@ -99,7 +99,7 @@ LUT_N = 4096
 #: Input codes of the recurrences (registry.Z_*): 9 codes, the first N_LF tracked (skip-NaN).
 N_CODES = 9
 
-_MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED = 0, 1, 2, 3
+_MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED, _MODE_CONTINUE = 0, 1, 2, 3, 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,13 +380,14 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
 def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
                 s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp,
                 p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w,
-                cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB):  # fmt: skip
+                cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB, g0):  # fmt: skip
     """Recurrences over rows ``[b0, b1)``.
 
     ``mode`` 1: compose into ``A, B``; 2: replay from ``X`` (updated in place), post
     transforms into ``out`` and fractional differencing (``Y``: forward-filled log mid,
     ``Y[W - 1 + t]`` = row ``b0 + t``, the ``W - 1`` rows before already in place). Skip-NaN
     carries per input code (updated): ``cj`` last finite row, ``cz`` its value, ``ct`` its time.
+    ``g0``: segment row of array row 0 (the fractional difference is NaN for segment rows < W - 1).
 
     Stages, each a loop over the block that LLVM vectorises unless noted: inputs ``Z``; decay
     factors ``E``, ``NU`` per distinct time constant of the common step; per skip-NaN input
@@ -674,7 +675,7 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
         kk += 1
     o = out[fd_col, b0:b1]
     for t in range(nb):
-        o[t] = ACC[t] if b0 + t >= W - 1 else nan
+        o[t] = ACC[t] if g0 + b0 + t >= W - 1 else nan
     # slide the window: keep the last W - 1 values in front
     for q in range(W - 1):
         Y[q] = Y[nb + q]
@@ -706,9 +707,13 @@ def _fd_prefix(out, lo, W, Y):
 @numba.njit(cache=True, nogil=True)
 def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, lo, hi, n_out,
                s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp, p_int, p_tau, h_mu, h_alpha,
-               fd_col, fd_w, jprev, x0, lastf, ab, lut):  # fmt: skip
+               fd_col, fd_w, jprev, x0, lastf, ab, lut, g0, cz_io, ct_io, y_io):  # fmt: skip
     """One chunk ``[lo, hi)``: mode 0 row-wise (+ ``lastf``), 1 compose (``ab``), 2 replay +
-    post + fractional differencing from ``x0``, 3 all of it from the segment start."""
+    post + fractional differencing from ``x0``, 3 all of it from the segment start, 4 all of it
+    continuing a stream (:class:`FeatureStream`): the carries come in and go back out through
+    ``x0`` (recurrence states), ``jprev`` / ``cz_io`` / ``ct_io`` (last finite row, value and
+    time per skip-NaN input) and ``y_io`` (the forward-filled log mids of the ``W - 1`` rows
+    before); ``g0`` is the segment row of array row 0."""
     S = s_kind.shape[0]
     n_lv = bid_px.shape[1]
     Bk = BLOCK
@@ -739,14 +744,18 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
     X = x0.copy()
     A = np.ones(S)
     B = np.zeros(S)
+    cont = mode == _MODE_CONTINUE
     cj = jprev.copy()
-    cz = np.zeros(N_LF)
-    ct = np.zeros(N_LF, dtype=np.int64)
+    cz = cz_io.copy() if cont else np.zeros(N_LF)
+    ct = ct_io.copy() if cont else np.zeros(N_LF, dtype=np.int64)
     L_ = L
     lut1p = lut[0]
     lutlog = lut[1]
     smode = _MODE_COMPOSE if mode == _MODE_COMPOSE else _MODE_REPLAY
-    if mode != _MODE_ROWWISE:
+    if cont:
+        for q in range(W - 1):
+            Y[q] = y_io[q]
+    elif mode != _MODE_ROWWISE:
         for c in range(N_LF):
             if cj[c] >= 0:
                 cz[c] = _z_at(c, cj[c], out, L_, buy, sell, cnt)
@@ -755,13 +764,13 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
             _fd_prefix(out, lo, W, Y)
     for b0 in range(lo, hi, Bk):
         b1 = min(b0 + Bk, hi)
-        if mode == _MODE_ROWWISE or mode == _MODE_FUSED:
+        if mode == _MODE_ROWWISE or mode == _MODE_FUSED or cont:
             _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L_, depth_w, out, b0, b1,
                            PB, PA, QB, QA, TWO, S1, S2, lut1p)  # fmt: skip
         if mode != _MODE_ROWWISE:
             _scan_block(smode, ts, buy, sell, cnt, L_, out, b0, b1, n_out, lutlog, s_kind, s_code, s_tau, s_scale,
                         s_tix, taus, tau_nu, interp, p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w, cj, cz, ct, X, A,
-                        B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB)  # fmt: skip
+                        B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB, g0)  # fmt: skip
     if mode == _MODE_ROWWISE:
         for c in range(N_LF):
             lastf[c] = -1
@@ -772,6 +781,13 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
     if mode == _MODE_COMPOSE:
         ab[0, :] = A
         ab[1, :] = B
+    if cont:
+        x0[:] = X
+        jprev[:] = cj
+        cz_io[:] = cz
+        ct_io[:] = ct
+        for q in range(W - 1):
+            y_io[q] = Y[q]
 
 
 # --------------------------------------------------------------------------------------------
@@ -779,6 +795,11 @@ def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L
 # --------------------------------------------------------------------------------------------
 
 _LUT: np.ndarray | None = None
+
+
+_NO_CZ = np.zeros(N_LF)  # unused carries of the modes that are not a stream (read-only use)
+_NO_CT = np.zeros(N_LF, dtype=np.int64)
+_NO_Y = np.zeros(1)
 
 
 def _lut() -> np.ndarray:
@@ -870,7 +891,7 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     def chunk(mode: int, lo: int, hi: int, jprev: np.ndarray, x0: np.ndarray):
         lastf = np.full(N_LF, -1, dtype=np.int64)
         ab = np.empty((2, S))
-        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut)
+        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut, 0, _NO_CZ, _NO_CT, _NO_Y)
         return lastf if mode == _MODE_ROWWISE else ab
 
     none = np.full(N_LF, -1, dtype=np.int64)
@@ -898,3 +919,69 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
             x0[c] = A * x0[c - 1] + B
     run([(_MODE_REPLAY, lo, hi, jprev[c], x0[c]) for c, (lo, hi) in enumerate(bounds)])
     return out
+
+
+class FeatureStream:
+    """The CPU features of one segment computed block by block as its rows arrive.
+
+    Each :meth:`push` runs the sequential kernel over the new rows, continuing from the carries
+    of the rows before (recurrence states, the skip-NaN rule's last finite row, value and time
+    per input, the fractional-difference window): the same operations in the same order as
+    one :func:`compute_cpu` call over the whole segment, so the values are identical
+    (``tests/test_segment.py``), while memory is one block's result matrix.
+
+    Parameters
+    ----------
+    plan : Plan
+        :func:`alphafeat.features.registry.make_plan` of the feature parameters.
+    max_rows : int
+        Most new rows one push may bring (the result matrix is allocated once for them).
+    """
+
+    def __init__(self, plan: Plan, max_rows: int) -> None:
+        S = plan.s_kind.shape[0]
+        W = plan.fd_w.shape[0]
+        self.plan = plan
+        self.rows = 0  # segment rows pushed so far
+        self.x = np.zeros(S)
+        self.jprev = np.full(N_LF, -1, dtype=np.int64)
+        self.cz = np.zeros(N_LF)
+        self.ct = np.zeros(N_LF, dtype=np.int64)
+        self.y = np.full(max(W - 1, 1), np.nan)
+        self.out = np.empty((plan.n_out, int(max_rows) + 1))
+        self._lut = _lut()
+        self._tau = _tau_tables(plan)
+
+    def push(self, cols: dict[str, np.ndarray], halo: bool) -> np.ndarray:
+        """Features of the new rows of ``cols`` as a float64 view ``(n_out, m)``, valid until
+        the next push.
+
+        ``cols``: contiguous input columns (:func:`alphafeat.features._prepare`) of the new
+        rows, preceded when ``halo`` by the last row of the previous push (the row-wise
+        differences read it). The first push has no halo.
+        """
+        n = int(cols["ts_recv"].shape[0])
+        lo = 1 if halo else 0
+        if halo != (self.rows > 0):
+            raise ValueError("FeatureStream.push: the first push has no halo row, every later push has one")
+        m = n - lo
+        if m > self.out.shape[1] - 1:
+            raise ValueError(f"FeatureStream.push: {m} rows, more than max_rows = {self.out.shape[1] - 1}")
+        if m <= 0:
+            return self.out[:, :0]
+        p = self.plan
+        g0 = self.rows - lo  # segment row of array row 0
+        far = np.int64(2**62)  # a last finite row before the arrays: "seen, not the previous row"
+        jloc = np.where(self.jprev >= 0, np.maximum(self.jprev - g0, 0), -1)
+        jloc = np.where((self.jprev >= 0) & (self.jprev < g0), far, jloc).astype(np.int64)
+        taus, tix, tau_nu = self._tau
+        out = self.out[:, :n]
+        S = p.s_kind.shape[0]
+        _run_chunk(_MODE_CONTINUE, cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"],
+                   cols["buy_volume"], cols["sell_volume"], cols["trade_count"], p.tick, p.layout, p.depth_w, out,
+                   lo, n, p.n_out, p.s_kind, p.s_code, p.s_tau, p.s_scale, tix, taus, tau_nu, p.interp, p.p_int,
+                   p.p_tau, p.hawkes_mu, p.hawkes_alpha, p.fd_col, p.fd_w, jloc, self.x, np.empty(N_LF, np.int64),
+                   np.empty((2, S)), self._lut, g0, self.cz, self.ct, self.y)  # fmt: skip
+        self.jprev = np.where((jloc >= 0) & (jloc < far) & (jloc >= lo), jloc + g0, self.jprev)
+        self.rows += m
+        return out[:, lo:]
