@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -380,6 +381,8 @@ class SegmentColumns:
         self.stream = None
         self.labels = LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, cap)
         self.seconds = {"features": 0.0, "labels": 0.0}
+        self._labeller = ThreadPoolExecutor(1)  # labels of complete rows beside the next block's features
+        self._pending: list[Future] = []
 
     def add(self, b: BookArrays, halo: bool, feats: dict[str, np.ndarray] | None = None) -> None:
         """Append the new rows of block ``b`` (all but the halo row); features from ``feats``
@@ -425,16 +428,24 @@ class SegmentColumns:
         if self.job.barrier:
             c["_w"][k0:k1] = _barrier_widths(mid, feats["ema_ret2_60s"], self.job)
         self.rows = k1
-        t1 = time.perf_counter()
-        self.labels.update(c["_mid"][:k1], c["ts_recv"][:k1], c["_w"][:k1] if self.job.barrier else None)
-        self.seconds["features"] += t1 - t0
-        self.seconds["labels"] += time.perf_counter() - t1
+        self.seconds["features"] += time.perf_counter() - t0
+        w = c["_w"][:k1] if self.job.barrier else None
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._labeller.submit(self._label, c["_mid"][:k1], c["ts_recv"][:k1], w))
+
+    def _label(self, mid: np.ndarray, ts: np.ndarray, w: np.ndarray | None) -> None:
+        t = time.perf_counter()
+        self.labels.update(mid, ts, w)
+        self.seconds["labels"] += time.perf_counter() - t
 
     def table(self, seconds: dict[str, float]) -> tuple[pa.Table, int]:
         """The Arrow table of the rows added, labels included (their time in ``seconds``);
         returns ``(table, crossed rows)``."""
         n = self.rows
         c = {k: v[:n] for k, v in self.cols.items()}
+        for f in self._pending:
+            f.result()  # raises what an update raised
+        self._labeller.shutdown()
         t0 = time.perf_counter()
         labels = self.labels.finish(c["_mid"], c["ts_recv"], c.get("_w"))
         if self.job.horizons_s:

@@ -172,10 +172,15 @@ def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
     notes: list[str] = []
     if seg.schema in ("mbp-10", "mbp-1"):
         builder = None
-        for recs in _prefetch(_chunks(seg.book_files, seg.instrument_id, rtype)):
-            if builder is None:
-                builder = bk.MBPBookBuilder(recs.dtype, s0, s1, _record_bound(seg.book_files, recs.dtype.itemsize))
-            builder.add(recs)
+        for p in seg.book_files:  # records turned into rows as they are decoded (views: no copies)
+            for chunk in RecordScanner(p, instrument_ids=[seg.instrument_id], chunk_bytes=READ_CHUNK):
+                recs = chunk.get(rtype)
+                if recs is None or not len(recs):
+                    continue
+                if builder is None:
+                    cap = _record_bound(seg.book_files, recs.dtype.itemsize)
+                    builder = bk.MBPBookBuilder(recs.dtype, s0, s1, cap)
+                builder.add(recs)
         if builder is None:
             return _empty_book(), 0, notes
         return builder.finish(trades), builder.records, notes
