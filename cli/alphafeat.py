@@ -250,7 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", nargs="+", action="extend", metavar="PATH",
                    help="DBN files or directories (default: the embedded sample in data/)")
     p.add_argument("--out", default="cache", help="cache directory (default: ./cache)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where features are computed; auto: the CPU, whose streamed path is the faster one "
+                        "for this job even beside a GPU (README)")
     p.add_argument("--root", default="ES", help="product root for front-month (default: ES)")
     p.add_argument("--horizons", default=None,
                    help="label horizons in snapshots, comma-separated (default: 30,100,300,1000,6000)")
