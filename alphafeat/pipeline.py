@@ -41,7 +41,7 @@ from alphafeat.features import FeatureParams, compute_features, cuda_available, 
 from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, InstrumentMode, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
-from alphafeat.plan import Plan, Segment, discover, make_plan
+from alphafeat.plan import Plan, Segment, discover, make_plan, validate_jobs
 from alphafeat.segment import BLOCK_ROWS, READ_CHUNK, SegmentResult, run_segment
 from alphafeat.types import LEVELS, BookArrays
 
@@ -245,6 +245,11 @@ def _bar_volume(sample: str) -> float:
 
 def make_job(cfg: PrecomputeConfig, device: str) -> Job:
     """The worker options of ``cfg``; AlphafeatError naming the option for a bad value."""
+    validate_jobs(cfg.jobs)
+    if cfg.dask_local < 0:
+        raise AlphafeatError(f"--dask-local: expected a number of Dask workers >= 1 (0: no Dask), got {cfg.dask_local}")
+    if cfg.scheduler is not None and cfg.dask_local:
+        raise AlphafeatError("--scheduler and --dask-local: give one of them (a cluster's address, or a local one)")
     if cfg.dtype not in DTYPES:
         raise AlphafeatError(f"--dtype: expected float32 or float64, got {cfg.dtype!r}")
     if cfg.compression not in COMPRESSIONS:
@@ -764,6 +769,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             "peak_rss": max(summary.peak_rss, _self_rss()),
             "bytes_per_row": round(summary.bytes_per_row, 1),
             "books_predecoded": summary.books_predecoded,
+            "rows_per_second": round(summary.rows_per_second),
         }
         manifest = dict(common, schedule=schedule, sources=[e for _, e in sources], notes=summary.notes,
                         partitions=sorted(str(p.relative_to(writer.out)) for p in summary.partitions),

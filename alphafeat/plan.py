@@ -36,7 +36,7 @@ import joblib
 import numpy as np
 
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
-from alphafeat.errors import InputError, SelectionError
+from alphafeat.errors import AlphafeatError, InputError, SelectionError
 from alphafeat.instruments import (
     Choice,
     InstrumentMode,
@@ -149,6 +149,13 @@ def discover(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
         else:
             raise InputError(p, "no such file or directory")
     return files
+
+
+def validate_jobs(jobs: int) -> int:
+    """``--jobs``: a number of processes >= 1, or -1 for all cores; AlphafeatError otherwise."""
+    if not (isinstance(jobs, int) and (jobs >= 1 or jobs == -1)):
+        raise AlphafeatError(f"--jobs: expected a number of processes >= 1, or -1 for all cores, got {jobs}")
+    return jobs
 
 
 def session_bounds(day: dt.date) -> tuple[int, int]:
@@ -335,6 +342,7 @@ def make_plan(
         No candidate of ``root``, or no record of ``id=N``.
     """
     mode = mode or InstrumentMode("front-month")
+    validate_jobs(jobs)
     skipped: list[tuple[Path, str]] = []
     files = discover(inputs)
     book, trades, defs = _classify(files, on_error, skipped)

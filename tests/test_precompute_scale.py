@@ -295,7 +295,7 @@ def test_kept_books_rerun_with_other_horizons(data, tmp_path):
 @pytest.mark.parametrize(
     ("option", "value", "status"),
     [("--features", "bogus", 1), ("--dtype", "float16", 2), ("--compression", "gzip", 2),
-     ("--predecoded", "maybe", 2)],
+     ("--predecoded", "maybe", 2), ("--jobs", "0", 1), ("--dask-local", "-1", 1)],
 )  # fmt: skip
 def test_bad_options_through_the_cli(option, value, status, data, tmp_path, capsys):
     out = tmp_path / "cache"
