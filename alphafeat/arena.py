@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["reserve"]
+__all__ = ["release", "reserve"]
 
 _KEPT: dict[str, np.ndarray] = {}
 _LOCK = threading.Lock()
@@ -34,3 +34,12 @@ def reserve(tag: str, shape: tuple[int, ...], dtype: type | np.dtype) -> np.ndar
             buf = np.empty(max(nbytes, 1), dtype=np.uint8)
             _KEPT[tag] = buf
         return buf[:nbytes].view(dtype).reshape(shape)
+
+
+def release() -> int:
+    """Drop every kept buffer (memory goes back once no array refers to it); returns how many.
+    :func:`alphafeat.pipeline.precompute` calls it when it returns, so a notebook keeps none."""
+    with _LOCK:
+        n = len(_KEPT)
+        _KEPT.clear()
+        return n

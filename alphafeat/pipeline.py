@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 (pa.compute)
 
 import alphafeat
+from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
 from alphafeat.cache import FORMAT_VERSION, META_KEY, CacheWriter, check_folder, check_out
 from alphafeat.errors import AlphafeatError, InputError
@@ -777,6 +778,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         writer.commit(manifest)
     summary.peak_rss = max(summary.peak_rss, _self_rss())
     summary.seconds = time.perf_counter() - t0
+    release_buffers()  # the buffers this process kept for its segments (arena) go back
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary
 

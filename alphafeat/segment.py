@@ -313,7 +313,7 @@ def _peak_rss() -> int:
 
 
 #: Rows per block of the streamed CPU path (book rows, features, output columns).
-BLOCK_ROWS = 1 << 16
+BLOCK_ROWS = 64 << 10
 
 
 def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[tuple[BookArrays, bool]]:

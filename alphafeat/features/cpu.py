@@ -66,6 +66,7 @@ import threading
 import numba
 import numpy as np
 
+from alphafeat.arena import reserve
 from alphafeat.features._vmath import vexp, vexp_expm1, vlog, vlog1p
 from alphafeat.features.registry import (
     K_DECAY,
@@ -948,7 +949,7 @@ class FeatureStream:
         self.cz = np.zeros(N_LF)
         self.ct = np.zeros(N_LF, dtype=np.int64)
         self.y = np.full(max(W - 1, 1), np.nan)
-        self.out = np.empty((plan.n_out, int(max_rows) + 1))
+        self.out = reserve("features:stream", (plan.n_out, int(max_rows) + 1), np.float64)
         self._lut = _lut()
         self._tau = _tau_tables(plan)
 
