@@ -2,21 +2,28 @@
 
 :func:`run_segment` is the function a worker runs (in this process, a joblib/loky process or a
 Dask worker): it reads only the segment's instrument from the segment's files, keeps nothing
-of any other session, and writes one Arrow IPC partition to a staging path. Its memory is
-that of one session's book and features, whatever the number of sessions in the run.
+of any other session, and writes one Arrow IPC partition (one record batch) to a staging path.
 
-Book
-    MBP-10 / MBP-1: records are decoded in 8 MiB chunks on a reader thread (zstd and the
-    record scan release the GIL) while :class:`alphafeat.book.MBPBookBuilder` turns the
-    previous chunk into book rows (numba); the records are never held whole. MBO: the
-    instrument's records of the segment's files are rebuilt
-    (:func:`alphafeat.book.rebuild_mbo`) from the start of the first file, then cut to the
-    session. Trades come from trades files when the run has them, else from the book stream.
-Predecoded books
-    With a predecoded folder, the book of a segment is kept there (``book/<key>/*.npy``, key:
-    the segment's files (path, size, mtime), instrument, session and format) and memory-mapped
-    by a later run, which then skips decode and book (a rerun with other features, horizons
-    or output options). About 360 bytes per row.
+Streamed CPU path (the default)
+    MBP-10 / MBP-1 records are decoded (8 MiB chunks, filtered to the instrument while
+    decoding) and turned into book rows (:class:`alphafeat.book.MBPBookBuilder`, numba) on a
+    thread of their own, in blocks of :data:`BLOCK_ROWS` rows written into two column sets
+    used in turn. The calling thread takes each block and continues the features from the
+    block before (:class:`alphafeat.features.cpu.FeatureStream`), fills the stored columns
+    (:class:`alphafeat.pipeline.SegmentColumns`), and hands the rows whose label horizons are
+    complete to a third thread (:class:`alphafeat.labels.LabelStream`). Memory: a few blocks
+    and the session's stored columns, never the records nor the whole book. MBO: the
+    instrument's records of the segment's files are rebuilt (:func:`alphafeat.book.rebuild_mbo`)
+    from the start of the first file, cut to the session, then fed to the same path in blocks.
+    Trades come from the trades files when the run has them, else from the book stream.
+GPU and volume bars
+    The session's whole book is built first (:func:`build_book`), then one GPU call
+    (``compute_features(..., device="cuda")``) or the bars.
+Kept books
+    With ``--predecoded keep`` (or ``auto`` for MBO) a segment's book is kept under
+    ``<predecoded>/book/<key>/`` (raw columns and ``book.json``; key: the segment's files'
+    path, size and mtime, instrument, session, format) and memory-mapped by a later run, which
+    then skips decode and book. About 360 bytes per row.
 """
 
 from __future__ import annotations
