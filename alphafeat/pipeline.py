@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -185,7 +186,7 @@ class Summary:
     ``stage_seconds`` sums worker time per stage (``plan`` is the parent's): ``book`` (decode
     and book, or the predecoded load), ``features``, ``labels``, ``write``. ``peak_rss`` is the
     largest peak resident memory of any process of the run (bytes); ``cache_bytes`` the size
-    of the partitions of this run.
+    of the run's partitions, those written and those already current.
     """
 
     files: int = 0
@@ -251,6 +252,13 @@ def make_job(cfg: PrecomputeConfig, device: str) -> Job:
         raise AlphafeatError(f"--dask-local: expected a number of Dask workers >= 1 (0: no Dask), got {cfg.dask_local}")
     if cfg.scheduler is not None and cfg.dask_local:
         raise AlphafeatError("--scheduler and --dask-local: give one of them (a cluster's address, or a local one)")
+    if (cfg.scheduler or cfg.dask_local) and importlib.util.find_spec("distributed") is None:
+        raise AlphafeatError("--scheduler / --dask-local need Dask distributed: pip install 'dask[distributed]' "
+                             "(or pip install -e '.[dask]')")  # fmt: skip
+    bad = [h for h in cfg.horizons if not (isinstance(h, int | np.integer) and h >= 1)]
+    if bad or not cfg.horizons or len(set(cfg.horizons)) != len(cfg.horizons):
+        raise AlphafeatError(f"--horizons: expected distinct whole numbers of snapshots >= 1, got "
+                             f"{','.join(map(str, cfg.horizons)) or 'none'}")  # fmt: skip
     if cfg.dtype not in DTYPES:
         raise AlphafeatError(f"--dtype: expected float32 or float64, got {cfg.dtype!r}")
     if cfg.compression not in COMPRESSIONS:
@@ -562,10 +570,10 @@ def _dask_client(cfg: PrecomputeConfig) -> object:
     if cfg.scheduler:
         try:
             return Client(cfg.scheduler, timeout="20s")
-        except OSError as e:
+        except (OSError, ValueError, TimeoutError) as e:
             raise AlphafeatError(f"--scheduler {cfg.scheduler}: cannot connect ({e})") from None
     cluster = LocalCluster(n_workers=cfg.dask_local, threads_per_worker=1, processes=True,
-                           dashboard_address=None, local_directory=None)  # fmt: skip
+                           dashboard_address=None, silence_logs=logging.WARNING)  # fmt: skip
     return Client(cluster)
 
 
@@ -574,9 +582,9 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
     if not calls:
         return
     if cfg.scheduler or cfg.dask_local > 0:
+        client = _dask_client(cfg)
         from dask.distributed import as_completed
 
-        client = _dask_client(cfg)
         try:
             futures = client.map(_map_one, *zip(*calls), pure=False)
             for fut in as_completed(futures):
@@ -713,6 +721,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 summary.partitions_skipped += 1
                 summary.partitions.append(writer.out / seg.relpath)
                 rows, n_x = _partition_stats(writer.out / seg.relpath)
+                summary.cache_bytes += (writer.out / seg.relpath).stat().st_size
                 summary.rows += rows
                 n_crossed += n_x
                 min_rows = min(min_rows, rows)

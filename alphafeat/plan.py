@@ -279,6 +279,43 @@ def _classify(files: list[Path], on_error: str, skipped: list) -> tuple[list[DBN
     return sorted(book, key=key), sorted(trades, key=key), defs
 
 
+def _mapped_ids(f: DBNFile) -> set[int] | None:
+    """Instrument ids the metadata maps (None when it maps none: unknown)."""
+    ids = set()
+    for ivs in (f.metadata.mappings or {}).values():
+        for iv in ivs:
+            try:
+                ids.add(int(iv["symbol"]))
+            except ValueError:
+                pass
+    return ids or None
+
+
+def _check_overlaps(files: list[DBNFile]) -> None:
+    """Two files of one schema whose time ranges overlap and that map a common instrument (or
+    whose instruments are unknown) would double that instrument's records: refuse them.
+
+    Raises
+    ------
+    InputError
+        Naming both files (a file given twice under two names, or a copy).
+    """
+    spans = []
+    for f in files:
+        start, end = _file_range(f)
+        if end is not None:
+            spans.append((start, end, f, _mapped_ids(f)))
+    spans.sort(key=lambda x: x[0])
+    for i, (_s0, e0, f0, ids0) in enumerate(spans):
+        for s1, _e1, f1, ids1 in spans[i + 1 :]:
+            if s1 >= e0:
+                break
+            if f0.schema == f1.schema and (ids0 is None or ids1 is None or ids0 & ids1):
+                raise InputError(f1.path, f"{f1.schema} data overlaps {f0.path} in time and instruments: the same "
+                                          "records would be read twice (a file given twice under two names, or a "
+                                          "copy?); give each period once")  # fmt: skip
+
+
 def _sessions_of(f: DBNFile, groups: dict | None) -> list[dt.date]:
     epoch = dt.date(1970, 1, 1)
     if groups is not None:
@@ -344,8 +381,10 @@ def make_plan(
     mode = mode or InstrumentMode("front-month")
     validate_jobs(jobs)
     skipped: list[tuple[Path, str]] = []
-    files = discover(inputs)
+    files = list(dict.fromkeys(p.resolve() for p in discover(inputs)))  # a path given twice is read once
     book, trades, defs = _classify(files, on_error, skipped)
+    _check_overlaps(book)
+    _check_overlaps(trades)
     schema = book[0].schema
     no_maps = [f for f in book if not f.metadata.mappings or _file_range(f)[1] is None]
     need_volume = mode.kind == "front-month" and roll_rule == "volume" and not trades

@@ -36,7 +36,13 @@ def _precompute(args: argparse.Namespace) -> int:
                 "(or run `alphafeat synth --default` in a source checkout)"
             )
         inputs = [DEFAULT_DATA_DIR]
-    horizons = tuple(int(h) for h in args.horizons.split(",")) if args.horizons else None
+    horizons = None
+    if args.horizons is not None:
+        try:
+            horizons = tuple(int(h) for h in args.horizons.split(","))
+        except ValueError:
+            raise AlphafeatError(f"--horizons: expected whole numbers of snapshots >= 1, comma-separated, "
+                                 f"got {args.horizons!r}") from None
     cfg = PrecomputeConfig(
         inputs=inputs,
         out=Path(args.out),
@@ -51,7 +57,7 @@ def _precompute(args: argparse.Namespace) -> int:
         dask_local=args.dask_local,
         keep_books=args.predecoded,
     )
-    if horizons:
+    if horizons is not None:
         cfg.horizons = horizons
     cfg.roll_rule, cfg.roll_days = args.roll_rule, args.roll_days
     cfg.on_error, cfg.rebuild_predecoded, cfg.jobs = args.on_error, args.rebuild_predecoded, args.jobs
@@ -81,7 +87,7 @@ def _precompute(args: argparse.Namespace) -> int:
                  ("seconds per stage (summed over workers)", stages),
                  ("rows per second", f"{s.rows_per_second:,.0f}"),
                  ("peak memory (largest process)", f"{s.peak_rss / 2**30:.2f} GiB"),
-                 ("bytes per row written", f"{s.bytes_per_row:.0f}" if s.cache_bytes else "-")):
+                 ("bytes per row in the cache", f"{s.bytes_per_row:.0f}" if s.cache_bytes else "-")):
         t.add_row(k, v)
     out.print(t)
     for note in s.notes:

@@ -340,3 +340,45 @@ def test_segment_whose_file_disappeared(gone, data, tmp_path):
     assert info.value.path == missing
     assert missing in str(info.value)
     assert not staging.exists() or not any(staging.rglob("*.arrow"))
+
+
+# --------------------------------------------------------------------------------------
+# the same data twice, bad values of the new options
+# --------------------------------------------------------------------------------------
+
+
+def test_a_path_given_twice_is_read_once(data, tmp_path):
+    book = data / "glbx-mdp3-20240306.mbp-10.dbn.zst"
+    once = precompute(_cfg([book], tmp_path / "once"))
+    twice = precompute(_cfg([book, book, data / ".." / "data" / book.name], tmp_path / "twice"))
+    assert once.rows == twice.rows > 0
+
+
+def test_a_copy_under_another_name_is_refused(data, tmp_path):
+    """Two files of one schema overlapping in time and instruments would double every record
+    (rows out of order, wrong features): one line naming both, nothing written."""
+    book = data / "glbx-mdp3-20240306.mbp-10.dbn.zst"
+    copy = tmp_path / "copy.mbp-10.dbn.zst"
+    shutil.copy2(book, copy)
+    with pytest.raises(InputError, match="overlaps .* in time and instruments"):
+        precompute(_cfg([book, copy], tmp_path / "cache"))
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc", "30,30", ""])
+def test_bad_horizons_one_line(value, data, tmp_path, capsys):
+    rc = main(["precompute", "-q", "--input", str(data), "--out", str(tmp_path / "c"), "--horizons", value])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err and "--horizons" in err and len(err.strip().splitlines()) == 1
+
+
+def test_feature_groups_are_exact() -> None:
+    from alphafeat.features import FeatureParams
+    from alphafeat.features.registry import select_features
+
+    p = FeatureParams()
+    price, _ = select_features("price", p)
+    assert "mid" in price and not any(n.startswith("mid_z") for n in price)
+    assert select_features("default,book", p)[1] and not select_features("default", p)[1]
+    with pytest.raises(ValueError, match="no feature or group"):
+        select_features(" , ", p)

@@ -466,7 +466,7 @@ def make_plan(params: FeatureParams) -> Plan:
 #: imbalances, OFI at the first three levels and integrated, trade flow, time step, return,
 #: volatility, trade rates, Hawkes and propagator flow, z-score, trend, book slopes and the
 #: fractionally differenced log mid. With the top of book, trade flow, timestamps and the
-#: default labels this is 252 bytes a row at float32 (``bench/precompute.py`` measures it).
+#: default labels this is about 250 bytes a row at float32 (``bench/precompute.py``).
 DEFAULT_FEATURES: tuple[str, ...] = (
     "mid", "spread_ticks", "microprice", "imbalance_l1", "imbalance_l10", "imbalance_weighted",
     "ofi_l01", "ofi_l02", "ofi_l03", "ofi_integrated", "signed_volume", "aggressor_imbalance",
@@ -475,11 +475,12 @@ DEFAULT_FEATURES: tuple[str, ...] = (
     "book_slope_bid", "book_slope_ask",
 )  # fmt: skip
 
-#: Named groups for ``--features``: a prefix of feature names each, plus ``default`` and ``all``.
+#: Named groups for ``--features`` (entries ending in ``_`` are name prefixes, the others whole
+#: names), besides ``default``, ``all`` and ``book``.
 #: ``book`` is not a feature: it stores every book level (price, size, orders) instead of the
 #: top of book.
 FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
-    "ofi": ("ofi_", "slog_ofi_"),
+    "ofi": ("ofi_", "ofi_integrated", "slog_ofi_"),
     "depth": ("log_depth_", "imbalance_", "book_slope_"),
     "ema": ("ema_",),
     "flow": ("signed_volume", "aggressor_imbalance", "trade_rate_", "log_trade_rate_", "log1p_trade_count",
@@ -514,7 +515,10 @@ def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
     names = [s.name for s in feature_specs(params)]
     want: set[str] = set()
     book = False
-    for tok in (t.strip() for t in text.split(",")):
+    toks = [t.strip() for t in text.split(",")]
+    if not any(toks):
+        raise ValueError("no feature or group given (e.g. default, all, default,book, mid,ofi)")
+    for tok in (t for t in toks if t):
         if tok == "all":
             want.update(names)
             book = True
@@ -522,8 +526,9 @@ def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
             want.update(n for n in DEFAULT_FEATURES if n in names)
         elif tok == "book":
             book = True
-        elif tok in FEATURE_GROUPS:
-            want.update(n for n in names if n.startswith(FEATURE_GROUPS[tok]))
+        elif tok in FEATURE_GROUPS:  # entries ending in "_" are prefixes, the others whole names
+            pats = FEATURE_GROUPS[tok]
+            want.update(n for n in names for g in pats if (n.startswith(g) if g.endswith("_") else n == g))
         elif tok in names:
             want.add(tok)
         else:
