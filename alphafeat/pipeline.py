@@ -447,6 +447,9 @@ class SegmentColumns:
         self.rows = k1
         self.seconds["features"] += time.perf_counter() - t0
         w = c["_w"][:k1] if self.job.barrier else None
+        for f in self._pending:
+            if f.done():
+                f.result()  # raises what an update raised
         self._pending = [f for f in self._pending if not f.done()]
         self._pending.append(self._labeller.submit(self._label, c["_mid"][:k1], c["ts_recv"][:k1], w))
 
