@@ -44,7 +44,7 @@ from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, InstrumentMode, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
 from alphafeat.plan import Plan, Segment, discover, make_plan, validate_jobs
-from alphafeat.segment import BLOCK_ROWS, READ_CHUNK, SegmentResult, run_segment
+from alphafeat.segment import BLOCK_ROWS, READ_CHUNK, SegmentResult, peak_rss, run_segment
 from alphafeat.types import LEVELS, BookArrays
 
 __all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "discover", "precompute", "resolve_device"]
@@ -779,7 +779,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             "seconds": round(summary.seconds, 3),
             "stage_seconds": {k: round(v, 3) for k, v in summary.stage_seconds.items()},
             "rows": summary.rows,
-            "peak_rss": max(summary.peak_rss, _self_rss()),
+            "peak_rss": max(summary.peak_rss, peak_rss()),
             "bytes_per_row": round(summary.bytes_per_row, 1),
             "books_predecoded": summary.books_predecoded,
             "rows_per_second": round(summary.rows_per_second),
@@ -788,7 +788,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                         partitions=sorted(str(p.relative_to(writer.out)) for p in summary.partitions),
                         run=stats)  # fmt: skip
         writer.commit(manifest)
-    summary.peak_rss = max(summary.peak_rss, _self_rss())
+    summary.peak_rss = max(summary.peak_rss, peak_rss())
     summary.seconds = time.perf_counter() - t0
     release_buffers()  # the buffers this process kept for its segments (arena) go back
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
@@ -797,12 +797,6 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
 
 def _depth_of(f: object) -> int:
     return 1 if f.schema == "mbp-1" else LEVELS
-
-
-def _self_rss() -> int:
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _partition_stats(path: Path) -> tuple[int, int]:

@@ -316,10 +316,8 @@ def _check_overlaps(files: list[DBNFile]) -> None:
                                           "copy?); give each period once")  # fmt: skip
 
 
-def _sessions_of(f: DBNFile, groups: dict | None) -> list[dt.date]:
-    epoch = dt.date(1970, 1, 1)
-    if groups is not None:
-        return sorted({epoch + dt.timedelta(days=int(d)) for d, _ in groups})
+def _sessions_of(f: DBNFile) -> list[dt.date]:
+    """The sessions the file's time range (metadata start and end) overlaps."""
     start, end = _file_range(f)
     days = session_dates(np.array([start, max(start, end - 1)], dtype=np.int64)).astype(object)
     return [days[0] + dt.timedelta(days=k) for k in range((days[1] - days[0]).days + 1)]
@@ -482,7 +480,7 @@ def _present(book: list[DBNFile], groups: dict[Path, dict], symbology: Symbology
                 sym = symbology.resolve(int(iid), utc) or f"id{iid}"
                 out.setdefault((epoch + dt.timedelta(days=int(d)), int(iid)), sym)
             continue
-        for day in _sessions_of(f, None):
+        for day in _sessions_of(f):
             for sym, ivs in (f.metadata.mappings or {}).items():
                 for iv in ivs:  # the session spans UTC dates day-1 and day
                     if iv["start_date"] <= day and iv["end_date"] > day - dt.timedelta(days=1):

@@ -132,13 +132,20 @@ def _prefetch(it: Iterable, depth: int = 2) -> Iterator:
                 th.join(0.01)
 
 
-def _chunks(paths: Iterable[str], iid: int, rtype: int) -> Iterator[np.ndarray]:
-    """Records of ``rtype`` of one instrument from ``paths`` in order, as owned copies."""
+def _records(paths: Iterable[str], iid: int, rtype: int) -> Iterator[np.ndarray]:
+    """Records of ``rtype`` of one instrument from ``paths`` in order, chunk by chunk: views of
+    the scanner's buffer, valid until the next chunk."""
     for p in paths:
         for chunk in RecordScanner(p, instrument_ids=[iid], chunk_bytes=READ_CHUNK):
             arr = chunk.get(rtype)
             if arr is not None and len(arr):
-                yield arr.copy()
+                yield arr
+
+
+def _chunks(paths: Iterable[str], iid: int, rtype: int) -> Iterator[np.ndarray]:
+    """:func:`_records` as owned copies (to keep them)."""
+    for arr in _records(paths, iid, rtype):
+        yield arr.copy()
 
 
 def _trades(seg: Segment) -> bk.Trades | None:
@@ -179,15 +186,10 @@ def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
     notes: list[str] = []
     if seg.schema in ("mbp-10", "mbp-1"):
         builder = None
-        for p in seg.book_files:  # records turned into rows as they are decoded (views: no copies)
-            for chunk in RecordScanner(p, instrument_ids=[seg.instrument_id], chunk_bytes=READ_CHUNK):
-                recs = chunk.get(rtype)
-                if recs is None or not len(recs):
-                    continue
-                if builder is None:
-                    cap = _record_bound(seg.book_files, recs.dtype.itemsize)
-                    builder = bk.MBPBookBuilder(recs.dtype, s0, s1, cap)
-                builder.add(recs)
+        for recs in _records(seg.book_files, seg.instrument_id, rtype):  # rows as decoded, no copies
+            if builder is None:
+                builder = bk.MBPBookBuilder(recs.dtype, s0, s1, _record_bound(seg.book_files, recs.dtype.itemsize))
+            builder.add(recs)
         if builder is None:
             return _empty_book(), 0, notes
         return builder.finish(trades), builder.records, notes
@@ -294,26 +296,22 @@ def load_book(d: Path, widen: bool = True) -> BookArrays:
     unless ``widen`` is False (then uint32 memory maps, to widen block by block)."""
     meta = json.loads((d / "book.json").read_text())
     n = int(meta["rows"])
+    if not n:
+        b = _empty_book()
+        b.depth = int(meta["depth"])
+        return b
     c = {}
     for k in _BOOK_COLS:
-        dtype, rest = meta["columns"].get(k, ["float64", []]) if n else (_empty_dtype(k), _empty_rest(k))
-        c[k] = np.memmap(d / f"{k}.bin", dtype=dtype, mode="c", shape=(n, *rest)) if n else \
-            np.empty((0, *rest), dtype=dtype)  # fmt: skip
+        dtype, rest = meta["columns"][k]
+        c[k] = np.memmap(d / f"{k}.bin", dtype=dtype, mode="c", shape=(n, *rest))
     if widen:
         for k in ("bid_sz", "ask_sz"):
             c[k] = np.asarray(c[k], dtype=np.float64)
     return BookArrays(**c, depth=int(meta["depth"]))
 
 
-def _empty_dtype(k: str) -> str:
-    return "uint32" if k in _STORED else ("int64" if k.startswith("ts_") else "float64")
-
-
-def _empty_rest(k: str) -> list[int]:
-    return [LEVELS] if k.endswith(("_px", "_sz", "_ct")) else []
-
-
-def _peak_rss() -> int:
+def peak_rss() -> int:
+    """Peak resident memory of this process so far, bytes (``getrusage``)."""
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -356,25 +354,20 @@ def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[tuple[BookArrays, 
 
     def produce() -> Iterator[tuple[BookArrays, bool, int]]:
         builder, cur = None, 0
-        rtype = SCHEMA_RTYPES[seg.schema]
-        for p in seg.book_files:
-            for chunk in RecordScanner(p, instrument_ids=[seg.instrument_id], chunk_bytes=READ_CHUNK):
-                recs = chunk.get(rtype)
-                if recs is None or not len(recs):
-                    continue
-                if builder is None:
-                    limit = BLOCK_ROWS + READ_CHUNK // recs.dtype.itemsize + 1
-                    builder = bk.MBPBookBuilder(recs.dtype, s0, s1, limit + 1, double=True)
-                    free[0].acquire()
-                if builder.rows + len(recs) > limit or builder.rows >= BLOCK_ROWS:
-                    yield (*builder.take(trades), cur)
-                    cur ^= 1
-                    free[cur].acquire()
-                    if stop.is_set():
-                        return
-                    builder.keep_last()
-                builder.add(recs)
-                res.records = builder.records
+        for recs in _records(seg.book_files, seg.instrument_id, SCHEMA_RTYPES[seg.schema]):
+            if builder is None:
+                limit = BLOCK_ROWS + READ_CHUNK // recs.dtype.itemsize + 1
+                builder = bk.MBPBookBuilder(recs.dtype, s0, s1, limit + 1, double=True)
+                free[0].acquire()
+            if builder.rows + len(recs) > limit or builder.rows >= BLOCK_ROWS:
+                yield (*builder.take(trades), cur)
+                cur ^= 1
+                free[cur].acquire()
+                if stop.is_set():
+                    return
+                builder.keep_last()
+            builder.add(recs)
+            res.records = builder.records
         if builder is not None and builder.rows > (1 if builder._taken else 0):
             yield (*builder.take(trades), cur)
 
@@ -439,9 +432,20 @@ def run_segment(
     InputError
         A bad file. A worker on another machine that cannot see a path names it.
     """
+    res = SegmentResult(seg.relpath)
+    try:
+        _map_segment(seg, staging, meta, job, predecoded_dir, keep, res)
+    finally:
+        res.peak_rss = peak_rss()
+    return res
+
+
+def _map_segment(
+    seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None, keep: bool, res: SegmentResult
+) -> None:
+    """The body of :func:`run_segment`; fills ``res``."""
     from alphafeat.pipeline import SegmentColumns, segment_table, write_table
 
-    res = SegmentResult(seg.relpath)
     t0 = time.perf_counter()
     for p in seg.book_files + seg.trade_files:
         if not os.path.exists(p):
@@ -458,8 +462,7 @@ def run_segment(
                 save_book(b, kept)
         res.seconds["book"] = time.perf_counter() - t0
         if not len(b):
-            res.peak_rss = _peak_rss()
-            return res
+            return
         table, res.crossed = segment_table(b, seg, job, res.seconds)
         del b
     else:
@@ -487,16 +490,13 @@ def run_segment(
                 writer.abort()
         res.seconds["book"] = time.perf_counter() - t0 - t_map  # decode and book rows (what the blocks waited for)
         if not cols.rows:
-            res.peak_rss = _peak_rss()
-            return res
+            return
         table, res.crossed = cols.table(res.seconds)
         del cols
     t1 = time.perf_counter()
     write_table(Path(staging) / seg.relpath, table, meta, job.compression)
     res.rows = table.num_rows
     res.seconds["write"] = time.perf_counter() - t1
-    res.peak_rss = _peak_rss()
-    return res
 
 
 def _row_bound(seg: Segment, kept: Path | None) -> int:
