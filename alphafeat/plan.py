@@ -329,7 +329,7 @@ def _overlaps(f: DBNFile, groups: dict | None, day: dt.date, iid: int | None = N
         return any(k[0] == d and (iid is None or k[1] == iid) for k in groups)
     s0, s1 = session_bounds(day)
     start, end = _file_range(f)
-    return start < s1 and end > s0
+    return start < s1 and (end is None or end > s0)  # no end time (a live recording): open-ended
 
 
 def make_plan(
