@@ -35,7 +35,6 @@ Triple barrier (AFML ch. 3)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numba
@@ -207,14 +206,11 @@ def _tb_rows(price, upper, lower, h, ts, out_y, out_t1, out_k, bmax, bmin, a, b)
     n = price.shape[0]
     B = TB_BLOCK
     for t in range(b - 1, a - 1, -1):
-        out_y[t] = np.nan
-        out_t1[t] = -1
-        out_k[t] = -1
+        if not _R.barrier_start(price, upper, lower, out_y, out_t1, out_k, t):
+            continue
         p0 = price[t]
         up = upper[t]
         dn = lower[t]
-        if not (math.isfinite(p0) and math.isfinite(up) and math.isfinite(dn) and up > 0.0 and dn > 0.0):
-            continue
         if t + 1 < b and price[t + 1] == p0 and upper[t + 1] == up and lower[t + 1] == dn:
             j = out_k[t + 1]
             y = out_y[t + 1]

@@ -300,20 +300,31 @@ def fracdiff_row(y, w, i):
 
 
 @jit
-def triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t):
-    """Row t of the triple barrier (:func:`alphafeat.labels.triple_barrier`): the first row
-    ``j`` in ``(t, t + h]`` with ``price[j] - price[t] >= upper[t]`` (+1) or ``<= -lower[t]``
-    (-1); 0 at ``t + h`` when neither is touched; NaN / -1 / -1 where unknown, and where the
-    price or a width is not finite or a width is not positive (no barrier)."""
-    n = price.shape[0]
+def barrier_start(price, upper, lower, out_y, out_t1, out_k, t):
+    """Row t's outcome set to unknown (NaN / -1 / -1); True when the row has a barrier (its
+    price and widths are finite and the widths positive). Shared by the row code below and
+    the CPU's block-skipping variant (:func:`alphafeat.labels._tb_rows`)."""
     out_y[t] = math.nan
     out_t1[t] = -1
     out_k[t] = -1
     p0 = price[t]
     up = upper[t]
     dn = lower[t]
-    if not (math.isfinite(p0) and math.isfinite(up) and math.isfinite(dn) and up > 0.0 and dn > 0.0):
+    return math.isfinite(p0) and math.isfinite(up) and math.isfinite(dn) and up > 0.0 and dn > 0.0
+
+
+@jit
+def triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t):
+    """Row t of the triple barrier (:func:`alphafeat.labels.triple_barrier`): the first row
+    ``j`` in ``(t, t + h]`` with ``price[j] - price[t] >= upper[t]`` (+1) or ``<= -lower[t]``
+    (-1); 0 at ``t + h`` when neither is touched; NaN / -1 / -1 where unknown, and where the
+    price or a width is not finite or a width is not positive (no barrier)."""
+    n = price.shape[0]
+    if not barrier_start(price, upper, lower, out_y, out_t1, out_k, t):
         return
+    p0 = price[t]
+    up = upper[t]
+    dn = lower[t]
     end = min(t + h, n - 1)
     for j in range(t + 1, end + 1):
         d = price[j] - p0
