@@ -279,7 +279,7 @@ def front_month_schedule(
     UsageError
         Unknown ``rule``.
     """
-    rule = validate_enum(rule, RollRule, "--roll-rule")
+    rule = validate_enum(rule, RollRule, "--roll-rule").value
     sessions = sorted(candidates)
     out: list[Choice] = []
     for k, day in enumerate(sessions):

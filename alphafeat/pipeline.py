@@ -247,9 +247,9 @@ def resolve_device(device: str) -> str:
     AlphafeatError
         ``cuda`` without a usable GPU.
     """
-    device = validate_enum(device, Device, "--device")
+    device = validate_enum(device, Device, "--device").value
     if device == Device.AUTO:
-        return Device.CUDA if cuda_available() else Device.CPU
+        return Device.CUDA.value if cuda_available() else Device.CPU.value
     if device == Device.CUDA and not cuda_available():
         raise AlphafeatError("--device cuda: no usable CUDA GPU (numba.cuda.is_available() is False)")
     return device
@@ -257,7 +257,8 @@ def resolve_device(device: str) -> str:
 
 def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
     """``cfg`` with every option checked by its ``validate_*`` (:mod:`alphafeat.validation`)
-    and normalised (enums, int tuples, paths); ``cfg`` itself is left as it was.
+    and normalised (enum options as their plain strings, int tuples, paths); ``cfg`` itself
+    is left as it was.
 
     Raises
     ------
@@ -274,20 +275,20 @@ def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
         out=validate_path(cfg.out, "--out"),
         instrument_mode=validate_instrument_mode(cfg.instrument_mode),
         root=validate_root(cfg.root),
-        device=validate_enum(cfg.device, Device, "--device"),
+        device=validate_enum(cfg.device, Device, "--device").value,
         horizons=validate_horizons(cfg.horizons),
-        dtype=validate_enum(cfg.dtype, Dtype, "--dtype"),
-        compression=validate_enum(cfg.compression, Compression, "--compression"),
+        dtype=validate_enum(cfg.dtype, Dtype, "--dtype").value,
+        compression=validate_enum(cfg.compression, Compression, "--compression").value,
         roll_days=validate_int(cfg.roll_days, "--roll-days", lo=0, what="a number of days"),
         horizons_s=validate_horizons_s(cfg.horizons_s),
         barrier_horizon=validate_int(cfg.barrier_horizon, "barrier_horizon", lo=1, what="a number of snapshots"),
-        roll_rule=validate_enum(cfg.roll_rule, RollRule, "--roll-rule"),
-        on_error=validate_enum(cfg.on_error, OnError, "--on-error"),
+        roll_rule=validate_enum(cfg.roll_rule, RollRule, "--roll-rule").value,
+        on_error=validate_enum(cfg.on_error, OnError, "--on-error").value,
         jobs=validate_jobs(cfg.jobs),
         scheduler=validate_scheduler(cfg.scheduler),
         dask_local=validate_int(cfg.dask_local, "--dask-local", lo=0, what="a number of Dask workers (0: no Dask)"),
         predecoded_dir=None if cfg.predecoded_dir is None else validate_path(cfg.predecoded_dir, "predecoded_dir"),
-        keep_books=validate_enum(cfg.keep_books, Predecoded, "--predecoded"),
+        keep_books=validate_enum(cfg.keep_books, Predecoded, "--predecoded").value,
         rebuild_predecoded=validate_bool(cfg.rebuild_predecoded, "--rebuild-predecoded"),
     )
     if c.scheduler is not None and c.dask_local:
@@ -681,7 +682,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     """
     t0 = time.perf_counter()
     cfg = check_config(cfg)
-    device = Device.CPU if cfg.device == Device.AUTO else resolve_device(cfg.device)  # see PrecomputeConfig.device
+    # auto is the CPU here: see PrecomputeConfig.device
+    device = Device.CPU.value if cfg.device == Device.AUTO else resolve_device(cfg.device)
     job = make_job(cfg, device)
     summary = Summary(device=device, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute

@@ -383,8 +383,8 @@ def make_plan(
     """
     mode = validate_instrument_mode(mode or ModeKind.FRONT_MONTH)
     root, roll_days = validate_root(root), validate_int(roll_days, "--roll-days", lo=0, what="a number of days")
-    roll_rule = validate_enum(roll_rule, RollRule, "--roll-rule")
-    on_error = validate_enum(on_error, OnError, "--on-error")
+    roll_rule = validate_enum(roll_rule, RollRule, "--roll-rule").value
+    on_error = validate_enum(on_error, OnError, "--on-error").value
     jobs = validate_jobs(jobs)
     skipped: list[tuple[Path, str]] = []
     files = list(dict.fromkeys(p.resolve() for p in discover(inputs)))  # a path given twice is read once

@@ -2200,8 +2200,8 @@ def generate(
         Paths written, per session in the order of ``schemas`` (the report not included).
     """
     start, sessions = validate_date(start, "--start"), validate_int(sessions, "--sessions", lo=1)
-    seed, scale = validate_int(seed, "--seed", lo=0), validate_enum(scale, Scale, "--scale")
-    schemas, jobs = validate_schemas(schemas), validate_jobs(jobs)
+    seed, scale = validate_int(seed, "--seed", lo=0), validate_enum(scale, Scale, "--scale").value
+    schemas, jobs = tuple(s.value for s in validate_schemas(schemas)), validate_jobs(jobs)
     if zstd_level is not None:
         zstd_level = validate_int(zstd_level, "--zstd-level", lo=1, hi=22)
     level = zstd_level if zstd_level is not None else (ZSTD_LEVEL if scale == "quiet" else FAST_ZSTD_LEVEL)
