@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from alphafeat import errors as af
 from alphafeat.validation import (
     Device,
     HorizonWeighting,
@@ -166,5 +167,5 @@ def read_config(path: str | os.PathLike[str], train: dict | None = None) -> tupl
         if isinstance(tcfg, dict):
             tcfg = {**tcfg, **(train or {})}
         return from_dict(ModelConfig, doc.get("model", {}), "model"), from_dict(TrainConfig, tcfg, "train")
-    except UsageError as e:
+    except af.UsageError as e:  # alphafeat's validate_* or ours
         raise ConfigError(p, e.option, e.problem) from None

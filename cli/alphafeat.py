@@ -60,7 +60,7 @@ def _count(lo: int, what: str = "a whole number", hi: int | None = None) -> obje
 
 
 def _precompute(args: argparse.Namespace) -> int:
-    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
+    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, make_job, precompute
 
     if args.input:
         inputs = list(args.input)
@@ -77,6 +77,7 @@ def _precompute(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.horizons is not None:
         cfg.horizons = args.horizons
+    make_job(cfg, "cpu")  # every option checked before the progress bar starts: a bad one is one line
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=False, disable=args.quiet,
