@@ -34,12 +34,23 @@ T = TypeVar("T")
 Rule = Callable[[Any, str], Any]
 
 
+def _number(rule: Rule, what: str) -> Rule:
+    """``rule`` for a number in a config: text (``"3"``) is the wrong type there."""
+
+    def check(v: Any, o: str) -> Any:
+        if isinstance(v, str):
+            raise UsageError(o, f"expected {what}, not text", v)
+        return rule(v, o)
+
+    return check
+
+
 def _int(lo: int | None = None, what: str = "a whole number") -> Rule:
-    return lambda v, o: validate_int(v, o, lo=lo, what=what)
+    return _number(lambda v, o: validate_int(v, o, lo=lo, what=what), what)
 
 
 def _float(lo: float | None = None, hi: float | None = None, open_: bool = False) -> Rule:
-    return lambda v, o: validate_float(v, o, lo=lo, hi=hi, lo_open=open_, hi_open=open_)
+    return _number(lambda v, o: validate_float(v, o, lo=lo, hi=hi, lo_open=open_, hi_open=open_), "a number")
 
 
 def _optional(rule: Rule) -> Rule:
