@@ -46,92 +46,27 @@ class StrEnum(str, Enum):
 E = TypeVar("E", bound=StrEnum)
 
 
-class Device(StrEnum):
-    """Where features (alphafeat) or the model (alphamodel) run; ``auto``: see each command."""
-
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
-class RollRule(StrEnum):
-    """Front-month rule (:mod:`alphafeat.instruments`)."""
-
-    VOLUME = "volume"
-    CALENDAR = "calendar"
+def _enum(name: str, doc: str, *values: str) -> type[StrEnum]:
+    """A StrEnum of ``values``; member names are the values upper-cased, ``-`` as ``_``."""
+    cls = StrEnum(name, [(v.upper().replace("-", "_"), v) for v in values], module=__name__)
+    cls.__doc__ = doc
+    return cls
 
 
-class OnError(StrEnum):
-    """What a bad input file does: stop the run, or be skipped with a warning."""
-
-    RAISE = "raise"
-    SKIP = "skip"
-
-
-class Compression(StrEnum):
-    """Arrow IPC buffer compression of the cache."""
-
-    NONE = "none"
-    LZ4 = "lz4"
-    ZSTD = "zstd"
-
-
-class Dtype(StrEnum):
-    """Storage of feature columns (computed in float64 either way)."""
-
-    FLOAT32 = "float32"
-    FLOAT64 = "float64"
-
-
-class Predecoded(StrEnum):
-    """Which segment books are kept for reruns (``--predecoded``, ``PrecomputeConfig.keep_books``)."""
-
-    AUTO = "auto"
-    KEEP = "keep"
-    NONE = "none"
-
-
-class Scale(StrEnum):
-    """Activity level of ``alphafeat synth``."""
-
-    QUIET = "quiet"
-    NORMAL = "normal"
-    BUSY = "busy"
-    FULL = "full"
-
-
-class SynthSchema(StrEnum):
-    """Schemas ``alphafeat synth`` writes."""
-
-    MBO = "mbo"
-    MBP_10 = "mbp-10"
-    TRADES = "trades"
-    DEFINITION = "definition"
-
-
-class HorizonWeighting(StrEnum):
-    """alphamodel's per-horizon loss weights: ``window`` (min(1, K/h)) or ``equal``."""
-
-    WINDOW = "window"
-    EQUAL = "equal"
-
-
-class ModeKind(StrEnum):
-    """``--instrument-mode``: every instrument, one id, or the front month of ``--root``."""
-
-    ALL = "all"
-    ID = "id"
-    FRONT_MONTH = "front-month"
-
-
-class SampleKind(StrEnum):
-    SNAPSHOT = "snapshot"
-    VOLUME = "volume"
-
-
-class BarrierKind(StrEnum):
-    TICKS = "ticks"
-    VOL = "vol"
+Device = _enum("Device", "Where features (alphafeat) or the model (alphamodel) run.", "auto", "cpu", "cuda")
+RollRule = _enum("RollRule", "Front-month rule (alphafeat.instruments).", "volume", "calendar")
+OnError = _enum("OnError", "A bad input file stops the run, or is skipped with a warning.", "raise", "skip")
+Compression = _enum("Compression", "Arrow IPC buffer compression of the cache.", "none", "lz4", "zstd")
+Dtype = _enum("Dtype", "Storage of feature columns (computed in float64 either way).", "float32", "float64")
+Predecoded = _enum("Predecoded", "Which segment books are kept for reruns (--predecoded).", "auto", "keep", "none")
+Scale = _enum("Scale", "Activity level of alphafeat synth.", "quiet", "normal", "busy", "full")
+SynthSchema = _enum("SynthSchema", "Schemas alphafeat synth writes.", "mbo", "mbp-10", "trades", "definition")
+HorizonWeighting = _enum("HorizonWeighting", "alphamodel's loss weight per horizon: min(1, K/h), or equal.",
+                         "window", "equal")  # fmt: skip
+ModeKind = _enum("ModeKind", "--instrument-mode: every instrument, one id, or the front month of --root.",
+                 "all", "id", "front-month")  # fmt: skip
+SampleKind = _enum("SampleKind", "A row per book snapshot, or per volume bar.", "snapshot", "volume")
+BarrierKind = _enum("BarrierKind", "Triple-barrier width: K ticks, or K realised volatilities.", "ticks", "vol")
 
 
 def _allowed(enum: type[StrEnum]) -> str:
