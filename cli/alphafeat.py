@@ -18,45 +18,26 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from alphafeat import validation as val
 from alphafeat.errors import InputError, UsageError
-from alphafeat.validation import (
-    Compression,
-    Device,
-    Dtype,
-    OnError,
-    Predecoded,
-    RollRule,
-    Scale,
-    validate_date,
-    validate_enum,
-    validate_horizons,
-    validate_instrument_mode,
-    validate_int,
-    validate_jobs,
-    validate_path,
-    validate_root,
-    validate_sample,
-    validate_scheduler,
-    validate_schemas,
-)
 from cli import Parser, console, option, run, verbose_parent
 
-_PATH = option(validate_path)
-_JOBS = option(validate_jobs)
+_PATH = option(val.validate_path)
+_JOBS = option(val.validate_jobs)
 
 
 def _enum(enum: type) -> dict:
-    """argparse keywords of an enum-valued option: checked by validate_enum, members in the help."""
-    return {"type": option(validate_enum, enum=enum), "metavar": "{" + ",".join(enum) + "}"}
+    """argparse keywords of an enum-valued option: checked by val.validate_enum, members in the help."""
+    return {"type": option(val.validate_enum, enum=enum), "metavar": "{" + ",".join(enum) + "}"}
 
 
 def _sample(text: str, option: str) -> str:
-    """``--sample`` checked by validate_sample, kept as its text (the manifest records it)."""
-    return str(validate_sample(text, option))
+    """``--sample`` checked by val.validate_sample, kept as its text (the manifest records it)."""
+    return str(val.validate_sample(text, option))
 
 
 def _count(lo: int, what: str = "a whole number", hi: int | None = None) -> object:
-    return option(validate_int, lo=lo, hi=hi, what=what)
+    return option(val.validate_int, lo=lo, hi=hi, what=what)
 
 
 def _precompute(args: argparse.Namespace) -> int:
@@ -195,11 +176,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _read_options(p: argparse.ArgumentParser) -> None:
     """Options of the DBN reading stage, shared by precompute and roll-schedule."""
-    p.add_argument("--roll-rule", default=RollRule.VOLUME, **_enum(RollRule),
+    p.add_argument("--roll-rule", default=val.RollRule.VOLUME, **_enum(val.RollRule),
                    help="front month: most volume in the previous session (default), or calendar")
     p.add_argument("--roll-days", type=_count(0, "a number of days"), default=8,
                    help="calendar rule: roll this many days before expiration (default: 8)")
-    p.add_argument("--on-error", default=OnError.RAISE, **_enum(OnError),
+    p.add_argument("--on-error", default=val.OnError.RAISE, **_enum(val.OnError),
                    help="a bad input file stops the run (raise, default) or is skipped with a warning")
     p.add_argument("--rebuild-predecoded", action="store_true",
                    help="clear the predecoded folder (<out parent>/.predecoded: kept books and plan scans) first")
@@ -259,17 +240,17 @@ def build_parser() -> argparse.ArgumentParser:
     common = [verbose_parent("debug logging; tracebacks of errors")]
 
     p = sub.add_parser("precompute", help="DBN -> features and labels -> Arrow cache", parents=common)
-    p.add_argument("--instrument-mode", default="front-month", type=option(validate_instrument_mode),
+    p.add_argument("--instrument-mode", default="front-month", type=option(val.validate_instrument_mode),
                    help="all | id=N | front-month (default: front-month)")
     p.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
                    help="DBN files or directories (default: the embedded sample in data/)")
     p.add_argument("--out", default="cache", type=_PATH, help="cache directory (default: ./cache)")
-    p.add_argument("--device", default=Device.AUTO, **_enum(Device),
+    p.add_argument("--device", default=val.Device.AUTO, **_enum(val.Device),
                    help="where features are computed; auto: the CPU, whose streamed path is the faster one "
                         "for this job even beside a GPU (README)")
-    p.add_argument("--root", default="ES", type=option(validate_root),
+    p.add_argument("--root", default="ES", type=option(val.validate_root),
                    help="product root for front-month (default: ES)")
-    p.add_argument("--horizons", default=None, type=option(validate_horizons),
+    p.add_argument("--horizons", default=None, type=option(val.validate_horizons),
                    help="label horizons in snapshots, comma-separated (default: 30,100,300,1000,6000)")
     p.add_argument("--sample", default="snapshot", type=option(_sample),
                    help="snapshot (a row per book snapshot, default) or volume:V (a row per V-contract volume bar)")
@@ -277,15 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="features stored: names and groups, comma-separated (default: a documented subset with "
                         "the top of book; 'all': every feature and book level; 'default,book': all book levels; "
                         "groups: ofi, depth, ema, flow, vol, price)")
-    p.add_argument("--dtype", default=Dtype.FLOAT32, **_enum(Dtype),
+    p.add_argument("--dtype", default=val.Dtype.FLOAT32, **_enum(val.Dtype),
                    help="storage of feature columns (computed in float64; prices stay float64; default float32)")
-    p.add_argument("--compression", default=Compression.NONE, **_enum(Compression),
+    p.add_argument("--compression", default=val.Compression.NONE, **_enum(val.Compression),
                    help="Arrow IPC buffer compression (default none: memory-mappable)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS", type=option(validate_scheduler),
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", type=option(val.validate_scheduler),
                    help="run segments on a Dask distributed cluster (inputs and --out on a shared filesystem)")
     p.add_argument("--dask-local", type=_count(0, "a number of Dask workers (0: no Dask)"), default=0, metavar="N",
                    help="run segments on a Dask LocalCluster of N worker processes")
-    p.add_argument("--predecoded", default=Predecoded.AUTO, **_enum(Predecoded),
+    p.add_argument("--predecoded", default=val.Predecoded.AUTO, **_enum(val.Predecoded),
                    help="keep each segment's book in <out parent>/.predecoded so a rerun with other features, "
                         "horizons or options skips decode and book (~360 bytes a row of disk): auto (default) "
                         "for books rebuilt from MBO, keep for all, none")
@@ -297,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=common)
     r.add_argument("--input", nargs="+", action="extend", metavar="PATH", required=True, type=_PATH,
                    help="DBN files or directories (book data; trades and definitions optional)")
-    r.add_argument("--root", default="ES", type=option(validate_root), help="product root (default: ES)")
+    r.add_argument("--root", default="ES", type=option(val.validate_root), help="product root (default: ES)")
     r.add_argument("--out", default=None, type=_PATH,
                    help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")
     _read_options(r)
@@ -306,14 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("synth", help="write synthetic ES DBN v3 files", parents=common)
     s.add_argument("--default", action="store_true",
                    help="write the embedded default sample (into data/ unless --out)")
-    s.add_argument("--start", type=option(validate_date), help="first trade date, YYYY-MM-DD")
+    s.add_argument("--start", type=option(val.validate_date), help="first trade date, YYYY-MM-DD")
     s.add_argument("--sessions", type=_count(1, "a number of sessions"), default=1,
                    help="number of trading sessions (default 1)")
     s.add_argument("--out", type=_PATH, help="output directory")
-    s.add_argument("--schemas", default="mbp-10,trades", type=option(validate_schemas),
+    s.add_argument("--schemas", default="mbp-10,trades", type=option(val.validate_schemas),
                    help="any of mbo,mbp-10,trades,definition")
     s.add_argument("--seed", type=_count(0), default=0, help="random seed (default 0; same seed, same bytes)")
-    s.add_argument("--scale", default=Scale.QUIET, **_enum(Scale),
+    s.add_argument("--scale", default=val.Scale.QUIET, **_enum(val.Scale),
                    help="activity level (default quiet: the embedded sample's)")
     s.add_argument("--jobs", type=_JOBS, default=1, help="worker processes, one session each (default 1)")
     s.add_argument("--zstd-level", type=_count(1, hi=22), default=None,
