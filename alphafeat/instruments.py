@@ -64,9 +64,6 @@ _NS = 1_000_000_000
 #: Databento continuous symbol ``ROOT.{c,n,v}.RANK`` (calendar, open interest, volume rank).
 CONTINUOUS_RE = re.compile(r"(?P<root>[A-Za-z0-9]+)\.(?P<rule>[cnv])\.(?P<rank>\d+)")
 
-#: ``--roll-rule`` values (:class:`alphafeat.validation.RollRule`).
-ROLL_RULES = tuple(RollRule)
-
 
 def is_candidate(symbol: str, root: str) -> bool:
     """Whether ``symbol`` can be the front month of ``root``: an outright of the root

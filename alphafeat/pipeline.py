@@ -75,12 +75,6 @@ __all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "check_conf
 log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-#: ``--compression`` values: Arrow IPC buffer compression (pyarrow; readers decompress transparently).
-COMPRESSIONS = tuple(Compression)
-#: ``--predecoded`` values: which segment books are kept for reruns (PrecomputeConfig.keep_books).
-KEEP_BOOKS = tuple(Predecoded)
-#: ``--dtype`` values: how feature columns are stored (computed in float64 either way).
-DTYPES = tuple(Dtype)
 
 
 def default_predecoded_dir(out: str | os.PathLike[str]) -> Path:
