@@ -293,7 +293,62 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
     )
 
 
-def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Trades, int]:
+def group_last_flags(records: np.ndarray) -> np.ndarray:
+    """Flags of MBO records with ``F_LAST`` set on the last record of every ``ts_recv`` group:
+    for a stream in which no record carries it (older files, other venues, tools that strip
+    flags), so that the book gets a row per group of records received together (one event
+    or a few), the finest time at which the book is known to be consistent.
+
+    Returns uint8 (m,): the records' flags, with F_LAST added at each group's last record.
+    """
+    flags = np.array(records["flags"], dtype=np.uint8)
+    ts = np.asarray(records["ts_recv"])
+    if len(ts):
+        end = np.ones(len(ts), dtype=bool)
+        end[:-1] = ts[1:] != ts[:-1]
+        flags[end] |= F_LAST
+    return flags
+
+
+def book_complete_from(records: np.ndarray) -> tuple[bool, int]:
+    """Whether an instrument's MBO stream starts with a snapshot, and the first record from
+    which its rebuilt book is trustworthy.
+
+    Rule: a stream whose first record is a clear (``R``) or carries ``F_SNAPSHOT`` is complete
+    from the start. Otherwise (a recording that starts mid-session) orders resting before it
+    are missing from the book; the book is trustworthy from the earlier of (a) the first clear
+    or snapshot record later in the stream (the book is rebuilt from it) and (b) the record
+    after the last one that references an order the stream never added before it (an order
+    whose first record is a cancel ``C`` or modify ``M``: evidence of a missing order). With
+    no such evidence the book counts as complete from the start, still flagged. The mark
+    uses later records, so it is a data-quality mask for choosing rows, never a feature.
+
+    Returns
+    -------
+    (snapshot, index) : (bool, int)
+        ``snapshot`` True when the stream starts with a snapshot or clear; ``index`` the first
+        trustworthy record (0 .. m).
+    """
+    n = len(records)
+    if n == 0:
+        return True, 0
+    action = _codes(records["action"])
+    flags = np.asarray(records["flags"])
+    fresh = (action == _R) | ((flags & F_SNAPSHOT) != 0)
+    if fresh[0]:
+        return True, 0
+    first_fresh = int(np.argmax(fresh)) if fresh.any() else n
+    idx = np.flatnonzero((action == _A) | (action == _C) | (action == _M))
+    _, first = np.unique(np.asarray(records["order_id"])[idx], return_index=True)
+    first = idx[first]
+    unknown = first[(action[first] == _C) | (action[first] == _M)]
+    last_unknown = int(unknown.max()) if unknown.size else -1
+    return False, min(first_fresh, last_unknown + 1)
+
+
+def rebuild_mbo(
+    records: np.ndarray, levels: int = LEVELS, flags: np.ndarray | None = None
+) -> tuple[RawBook, Trades, int]:
     """Rebuild a ``levels``-deep price book from one instrument's MBO records.
 
     Parameters
@@ -302,6 +357,8 @@ def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Tra
         All MBO records of a single instrument, in stream order.
     levels : int
         Depth of the snapshots (default 10).
+    flags : np.ndarray, uint8, shape (m,), optional
+        Flags to use instead of the records' own (e.g. :func:`group_last_flags`).
 
     Returns
     -------
@@ -317,7 +374,7 @@ def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Tra
         np.ascontiguousarray(records["price"]),
         np.ascontiguousarray(records["size"]),
         np.ascontiguousarray(records["order_id"]),
-        np.ascontiguousarray(records["flags"]),
+        np.ascontiguousarray(records["flags"] if flags is None else flags),
         levels,
         UNDEF_PRICE,
     )
