@@ -332,11 +332,11 @@ def book_complete_from(records: np.ndarray) -> tuple[bool, int]:
     n = len(records)
     if n == 0:
         return True, 0
+    if records["action"][0] == b"R" or records["flags"][0] & F_SNAPSHOT:  # the usual case: nothing else to read
+        return True, 0
     action = _codes(records["action"])
     flags = np.asarray(records["flags"])
     fresh = (action == _R) | ((flags & F_SNAPSHOT) != 0)
-    if fresh[0]:
-        return True, 0
     first_fresh = int(np.argmax(fresh)) if fresh.any() else n
     idx = np.flatnonzero((action == _A) | (action == _C) | (action == _M))
     _, first = np.unique(np.asarray(records["order_id"])[idx], return_index=True)

@@ -255,11 +255,15 @@ def _survey(path: str, trades_only: bool, store: str | None) -> dict:
                 pass
         res = _scan_file(p, trades_only)
         if kept is not None:
-            kept.parent.mkdir(parents=True, exist_ok=True)
             tmp = kept.with_name(f".{kept.name}.{uuid.uuid4().hex[:8]}")
-            with open(tmp, "wb") as fh:
-                pickle.dump(res, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, kept)
+            try:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "wb") as fh:
+                    pickle.dump(res, fh, protocol=pickle.HIGHEST_PROTOCOL)
+                os.replace(tmp, kept)
+            except OSError as e:  # a scan not kept (disk full, ...) only costs the next run a rescan
+                tmp.unlink(missing_ok=True)
+                log.warning("%s: scan of %s not kept (%s)", kept, p, e.strerror or e)
         return res
     except InputError as e:
         return {"error": (e.path, e.problem, e.offset, e.record)}
