@@ -54,6 +54,9 @@ class RawBook:
         Level sizes (contracts) and order counts; 0 where empty.
     depth : int
         Levels the source carries (10 for MBO and MBP-10, 1 for MBP-1).
+    last_unknown : int
+        MBO: the last record that cancels or modifies an order the stream never added, at a
+        price within the stored levels (-1: none); see :func:`book_complete_from`.
     """
 
     ts_event: np.ndarray
@@ -66,6 +69,7 @@ class RawBook:
     bid_ct: np.ndarray
     ask_ct: np.ndarray
     depth: int = LEVELS
+    last_unknown: int = -1
 
     def __len__(self) -> int:
         return int(self.ts_recv.shape[0])
@@ -75,7 +79,7 @@ class RawBook:
         return RawBook(
             self.ts_event[idx], self.ts_recv[idx], self.pos[idx],
             self.bid_px[idx], self.ask_px[idx], self.bid_sz[idx], self.ask_sz[idx],
-            self.bid_ct[idx], self.ask_ct[idx], self.depth,
+            self.bid_ct[idx], self.ask_ct[idx], self.depth, self.last_unknown,
         )
 
 
@@ -190,9 +194,11 @@ def _grow(a):
 def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
     """Replay one instrument's MBO records; see the module docstring for the rules.
 
-    Returns (rows, bid_px, bid_sz, bid_ct, ask_px, ask_sz, ask_ct, n_unknown) where ``rows``
-    holds the record index of each emitted snapshot and ``n_unknown`` counts cancels of
-    order ids never seen (expected before the first snapshot of a partial file).
+    Returns (rows, bid_px, bid_sz, bid_ct, ask_px, ask_sz, ask_ct, n_unknown, last_unknown) where
+    ``rows`` holds the record index of each emitted snapshot, ``n_unknown`` counts cancels of
+    order ids never seen (expected before the first snapshot of a partial file) and
+    ``last_unknown`` is the last record (-1: none) that cancels or modifies an order never seen
+    at a price within the ``levels`` best levels of its side.
     """
     n_rec = action.shape[0]
     n_last = 0
@@ -223,6 +229,7 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
 
     n_out = 0
     n_unknown = 0
+    last_unknown = -1
     dirty = False
     for k in range(n_rec):
         a = action[k]
@@ -245,6 +252,8 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
                     dirty = True
                 else:
                     n_unknown += 1
+                    if _near(side[k], price[k], bpx, nb, apx, na, levels):
+                        last_unknown = k
             else:  # add or modify: remove the old version (if any), insert the new one
                 if oid in orders:
                     opx, osz, osd = orders[oid]
@@ -253,6 +262,8 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
                     else:
                         na = _level_change(apx, asz, act, na, opx, -osz, -1, False)
                     del orders[oid]
+                elif a == 77 and _near(side[k], price[k], bpx, nb, apx, na, levels):
+                    last_unknown = k  # a modify of an order never added
                 sd = side[k]
                 sz = np.int64(size[k])
                 if (sd == 66 or sd == 65) and sz > 0 and price[k] != undef:
@@ -289,8 +300,19 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
             dirty = False
     return (
         rows[:n_out], out_bpx[:n_out], out_bsz[:n_out], out_bct[:n_out],
-        out_apx[:n_out], out_asz[:n_out], out_act[:n_out], n_unknown,
+        out_apx[:n_out], out_asz[:n_out], out_act[:n_out], n_unknown, last_unknown,
     )
+
+
+@numba.njit(cache=True)
+def _near(sd, px, bpx, nb, apx, na, levels):
+    """Whether price ``px`` on side ``sd`` lies within the ``levels`` best levels of the book
+    (a side with fewer levels takes any price)."""
+    if sd == 66:
+        return nb < levels or px >= bpx[levels - 1]
+    if sd == 65:
+        return na < levels or px <= apx[levels - 1]
+    return True
 
 
 def group_last_flags(records: np.ndarray) -> np.ndarray:
@@ -310,7 +332,7 @@ def group_last_flags(records: np.ndarray) -> np.ndarray:
     return flags
 
 
-def book_complete_from(records: np.ndarray) -> tuple[bool, int]:
+def book_complete_from(records: np.ndarray, last_unknown: int) -> tuple[bool, int]:
     """Whether an instrument's MBO stream starts with a snapshot, and the first record from
     which its rebuilt book is trustworthy.
 
@@ -318,9 +340,10 @@ def book_complete_from(records: np.ndarray) -> tuple[bool, int]:
     from the start. Otherwise (a recording that starts mid-session) orders resting before it
     are missing from the book; the book is trustworthy from the earlier of (a) the first clear
     or snapshot record later in the stream (the book is rebuilt from it) and (b) the record
-    after the last one that references an order the stream never added before it (an order
-    whose first record is a cancel ``C`` or modify ``M``: evidence of a missing order). With
-    no such evidence the book counts as complete from the start, still flagged. The mark
+    after ``last_unknown`` (:attr:`RawBook.last_unknown` of :func:`rebuild_mbo`): the last
+    cancel or modify of an order the stream never added, at a price within the stored levels
+    of its side, i.e. the last evidence that a missing order made the stored book wrong. With
+    no such evidence the book counts as complete from the start (still flagged). The mark
     uses later records, so it is a data-quality mask for choosing rows, never a feature.
 
     Returns
@@ -330,19 +353,10 @@ def book_complete_from(records: np.ndarray) -> tuple[bool, int]:
         trustworthy record (0 .. m).
     """
     n = len(records)
-    if n == 0:
+    if n == 0 or records["action"][0] == b"R" or records["flags"][0] & F_SNAPSHOT:
         return True, 0
-    if records["action"][0] == b"R" or records["flags"][0] & F_SNAPSHOT:  # the usual case: nothing else to read
-        return True, 0
-    action = _codes(records["action"])
-    flags = np.asarray(records["flags"])
-    fresh = (action == _R) | ((flags & F_SNAPSHOT) != 0)
+    fresh = (_codes(records["action"]) == _R) | ((np.asarray(records["flags"]) & F_SNAPSHOT) != 0)
     first_fresh = int(np.argmax(fresh)) if fresh.any() else n
-    idx = np.flatnonzero((action == _A) | (action == _C) | (action == _M))
-    _, first = np.unique(np.asarray(records["order_id"])[idx], return_index=True)
-    first = idx[first]
-    unknown = first[(action[first] == _C) | (action[first] == _M)]
-    last_unknown = int(unknown.max()) if unknown.size else -1
     return False, min(first_fresh, last_unknown + 1)
 
 
@@ -368,7 +382,7 @@ def rebuild_mbo(
         without a snapshot).
     """
     action = _codes(records["action"])
-    rows, bpx, bsz, bct, apx, asz, act, n_unknown = _rebuild_mbo(
+    rows, bpx, bsz, bct, apx, asz, act, n_unknown, last_unknown = _rebuild_mbo(
         action,
         _codes(records["side"]),
         np.ascontiguousarray(records["price"]),
@@ -382,7 +396,7 @@ def rebuild_mbo(
         records["ts_event"][rows].astype(np.int64),
         records["ts_recv"][rows].astype(np.int64),
         rows.astype(np.int64),
-        bpx, apx, bsz, asz, bct, act, levels,
+        bpx, apx, bsz, asz, bct, act, levels, int(last_unknown),
     )
     return book, _stream_trades(records, action), int(n_unknown)
 

@@ -539,7 +539,8 @@ def make_plan(
                     volume[key] = volume.get(key, 0.0) + v
             schedule = front_month_schedule(cand, volume, symbology, root, roll_days, rule=roll_rule)
     else:
-        schedule = [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items())]
+        order = (lambda x: (x[0][0], _first_seen(book, groups, *x[0]), x[0][1])) if continuous else None  # noqa: E731
+        schedule = [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items(), key=order)]
     cont_root = CONTINUOUS_RE.fullmatch(continuous).group("root") if continuous and continuous != "continuous" else root
     segments = _segments(schedule, mode, cont_root if continuous else None, root, schema, book, trades, groups)
     notes = []
@@ -589,8 +590,8 @@ def _no_match(mode: InstrumentMode, schema: str, book: list[DBNFile], groups: di
     names = ", ".join(str(f.path) for f in book)
     ids = sorted({int(k[1]) for g in groups.values() for k in g})
     have = ", ".join(map(str, ids[:30])) + (f" and {len(ids) - 30} more" if len(ids) > 30 else "") if ids else "none"
-    what = f"instrument_id {mode.instrument_id} has" if mode.kind == "id" else "no instrument has"
-    return f"--instrument-mode {mode}: {what} no {schema} records in {names}; instrument ids present: {have}"
+    what = f"instrument_id {mode.instrument_id} has no" if mode.kind == "id" else "no instrument has"
+    return f"--instrument-mode {mode}: {what} {schema} records in {names}; instrument ids present: {have}"
 
 
 def _segments(schedule: list[Choice], mode: InstrumentMode, cont_root: str | None, root: str, schema: str,

@@ -211,8 +211,8 @@ def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
         flags = bk.group_last_flags(recs)
         notes.append(f"{seg.raw_symbol} {seg.session}: no MBO record of {', '.join(seg.book_files)} carries F_LAST "
                      "(flags stripped?): a book row per group of records with one ts_recv")  # fmt: skip
-    snapshot, complete = bk.book_complete_from(recs)
     raw, stream_trades, n_unknown = bk.rebuild_mbo(recs, flags=flags)
+    snapshot, complete = bk.book_complete_from(recs, raw.last_unknown)
     n = len(recs)
     del recs
     if n_unknown:
