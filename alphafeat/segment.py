@@ -235,7 +235,9 @@ def _record_bound(paths: Iterable[str], itemsize: int) -> int:
     total = 0
     for p in paths:
         size = os.path.getsize(p)
-        total += size * (40 if str(p).endswith((".zst", ".zstd")) else 1) // itemsize
+        with open(p, "rb") as fh:  # compressed or not by its magic, as the reader decides (not by its name)
+            zst = fh.read(4) == b"\x28\xb5\x2f\xfd"
+        total += size * (40 if zst else 1) // itemsize
     return total + 1
 
 
