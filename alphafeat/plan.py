@@ -557,17 +557,23 @@ def make_plan(
                          f"{next(h.schema for h in headers if h.path == f.path)} inferred from its records, "
                          "in-band symbol mappings used")  # fmt: skip
     if continuous:
-        held = {}
-        for c in schedule:
-            held.setdefault(c.session, []).append(c.raw_symbol if c.raw_symbol == f"id{c.instrument_id}"
-                                                  else f"{c.raw_symbol} (id {c.instrument_id})")
-        rolls = [f"{d}: {' then '.join(v)}" for d, v in sorted(held.items()) if len(v) > 1]
-        notes.append(f"continuous symbology {continuous}: every session keeps the contract(s) the mapping gives it "
-                     f"(schedule above), no record dropped" + (f"; sessions holding a roll: {'; '.join(rolls)}"
-                                                                if rolls else ""))  # fmt: skip
-        if any(c.raw_symbol.startswith("id") for c in schedule):
-            notes.append(f"{continuous}: contracts named by instrument id; give the definition file to name them")
+        notes += _continuous_notes(continuous, schedule)
     return Plan(schema, book + trades + defs, schedule, segments, skipped, notes, len(scan_book), continuous)
+
+
+def _continuous_notes(continuous: str, schedule: list[Choice]) -> list[str]:
+    """What the summary says of a continuous run: which contracts the roll sessions hold."""
+    held: dict[dt.date, list[str]] = {}
+    for c in schedule:
+        held.setdefault(c.session, []).append(c.raw_symbol if c.raw_symbol == f"id{c.instrument_id}"
+                                              else f"{c.raw_symbol} (id {c.instrument_id})")  # fmt: skip
+    rolls = [f"{d}: {' then '.join(v)}" for d, v in sorted(held.items()) if len(v) > 1]
+    roll = f"; sessions holding a roll: {'; '.join(rolls)}" if rolls else ""
+    notes = [f"continuous symbology {continuous}: every session keeps the contract(s) the mapping gives it "
+             f"(schedule above), no record dropped{roll}"]
+    if any(c.raw_symbol == f"id{c.instrument_id}" for c in schedule):
+        notes.append(f"{continuous}: contracts named by instrument id; give the definition file to name them")
+    return notes
 
 
 def _first_seen(book: list[DBNFile], groups: dict[Path, dict], day: dt.date, iid: int) -> int:
