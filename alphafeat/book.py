@@ -54,6 +54,9 @@ class RawBook:
         Level sizes (contracts) and order counts; 0 where empty.
     depth : int
         Levels the source carries (10 for MBO and MBP-10, 1 for MBP-1).
+    last_unknown : int
+        MBO: the last record that cancels or modifies an order the stream never added, at a
+        price within the stored levels (-1: none); see :func:`book_complete_from`.
     """
 
     ts_event: np.ndarray
@@ -66,6 +69,7 @@ class RawBook:
     bid_ct: np.ndarray
     ask_ct: np.ndarray
     depth: int = LEVELS
+    last_unknown: int = -1
 
     def __len__(self) -> int:
         return int(self.ts_recv.shape[0])
@@ -75,7 +79,7 @@ class RawBook:
         return RawBook(
             self.ts_event[idx], self.ts_recv[idx], self.pos[idx],
             self.bid_px[idx], self.ask_px[idx], self.bid_sz[idx], self.ask_sz[idx],
-            self.bid_ct[idx], self.ask_ct[idx], self.depth,
+            self.bid_ct[idx], self.ask_ct[idx], self.depth, self.last_unknown,
         )
 
 
@@ -190,9 +194,11 @@ def _grow(a):
 def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
     """Replay one instrument's MBO records; see the module docstring for the rules.
 
-    Returns (rows, bid_px, bid_sz, bid_ct, ask_px, ask_sz, ask_ct, n_unknown) where ``rows``
-    holds the record index of each emitted snapshot and ``n_unknown`` counts cancels of
-    order ids never seen (expected before the first snapshot of a partial file).
+    Returns (rows, bid_px, bid_sz, bid_ct, ask_px, ask_sz, ask_ct, n_unknown, last_unknown) where
+    ``rows`` holds the record index of each emitted snapshot, ``n_unknown`` counts cancels of
+    order ids never seen (expected before the first snapshot of a partial file) and
+    ``last_unknown`` is the last record (-1: none) that cancels or modifies an order never seen
+    at a price within the ``levels`` best levels of its side.
     """
     n_rec = action.shape[0]
     n_last = 0
@@ -223,6 +229,7 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
 
     n_out = 0
     n_unknown = 0
+    last_unknown = -1
     dirty = False
     for k in range(n_rec):
         a = action[k]
@@ -245,6 +252,8 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
                     dirty = True
                 else:
                     n_unknown += 1
+                    if _near(side[k], price[k], bpx, nb, apx, na, levels):
+                        last_unknown = k
             else:  # add or modify: remove the old version (if any), insert the new one
                 if oid in orders:
                     opx, osz, osd = orders[oid]
@@ -253,6 +262,8 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
                     else:
                         na = _level_change(apx, asz, act, na, opx, -osz, -1, False)
                     del orders[oid]
+                elif a == 77 and _near(side[k], price[k], bpx, nb, apx, na, levels):
+                    last_unknown = k  # a modify of an order never added
                 sd = side[k]
                 sz = np.int64(size[k])
                 if (sd == 66 or sd == 65) and sz > 0 and price[k] != undef:
@@ -289,11 +300,69 @@ def _rebuild_mbo(action, side, price, size, order_id, flags, levels, undef):
             dirty = False
     return (
         rows[:n_out], out_bpx[:n_out], out_bsz[:n_out], out_bct[:n_out],
-        out_apx[:n_out], out_asz[:n_out], out_act[:n_out], n_unknown,
+        out_apx[:n_out], out_asz[:n_out], out_act[:n_out], n_unknown, last_unknown,
     )
 
 
-def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Trades, int]:
+@numba.njit(cache=True)
+def _near(sd, px, bpx, nb, apx, na, levels):
+    """Whether price ``px`` on side ``sd`` lies within the ``levels`` best levels of the book
+    (a side with fewer levels takes any price)."""
+    if sd == 66:
+        return nb < levels or px >= bpx[levels - 1]
+    if sd == 65:
+        return na < levels or px <= apx[levels - 1]
+    return True
+
+
+def group_last_flags(records: np.ndarray) -> np.ndarray:
+    """Flags of MBO records with ``F_LAST`` set on the last record of every ``ts_recv`` group:
+    for a stream in which no record carries it (older files, other venues, tools that strip
+    flags), so that the book gets a row per group of records received together (one event
+    or a few), the finest time at which the book is known to be consistent.
+
+    Returns uint8 (m,): the records' flags, with F_LAST added at each group's last record.
+    """
+    flags = np.array(records["flags"], dtype=np.uint8)
+    ts = np.asarray(records["ts_recv"])
+    if len(ts):
+        end = np.ones(len(ts), dtype=bool)
+        end[:-1] = ts[1:] != ts[:-1]
+        flags[end] |= F_LAST
+    return flags
+
+
+def book_complete_from(records: np.ndarray, last_unknown: int) -> tuple[bool, int]:
+    """Whether an instrument's MBO stream starts with a snapshot, and the first record from
+    which its rebuilt book is trustworthy.
+
+    Rule: a stream whose first record is a clear (``R``) or carries ``F_SNAPSHOT`` is complete
+    from the start. Otherwise (a recording that starts mid-session) orders resting before it
+    are missing from the book; the book is trustworthy from the earlier of (a) the first clear
+    or snapshot record later in the stream (the book is rebuilt from it) and (b) the record
+    after ``last_unknown`` (:attr:`RawBook.last_unknown` of :func:`rebuild_mbo`): the last
+    cancel or modify of an order the stream never added, at a price within the stored levels
+    of its side, i.e. the last evidence that a missing order made the stored book wrong. With
+    no such evidence the book counts as complete from the start (still flagged). The mark
+    uses later records, so it is a data-quality mask for choosing rows, never a feature.
+
+    Returns
+    -------
+    (snapshot, index) : (bool, int)
+        ``snapshot`` True when the stream starts with a snapshot or clear; ``index`` the first
+        trustworthy record (0 .. m).
+    """
+    n = len(records)
+    if n == 0 or records["action"][0] == b"R" or records["flags"][0] & F_SNAPSHOT:
+        return True, 0
+    fresh = (_codes(records["action"]) == _R) | ((np.asarray(records["flags"]) & F_SNAPSHOT) != 0)
+    first_fresh = int(np.argmax(fresh)) if fresh.any() else n
+    return False, min(first_fresh, last_unknown + 1)
+
+
+def rebuild_mbo(
+    records: np.ndarray, levels: int = LEVELS, flags: np.ndarray | None = None
+) -> tuple[RawBook, Trades, int]:
     """Rebuild a ``levels``-deep price book from one instrument's MBO records.
 
     Parameters
@@ -302,6 +371,8 @@ def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Tra
         All MBO records of a single instrument, in stream order.
     levels : int
         Depth of the snapshots (default 10).
+    flags : np.ndarray, uint8, shape (m,), optional
+        Flags to use instead of the records' own (e.g. :func:`group_last_flags`).
 
     Returns
     -------
@@ -311,13 +382,13 @@ def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Tra
         without a snapshot).
     """
     action = _codes(records["action"])
-    rows, bpx, bsz, bct, apx, asz, act, n_unknown = _rebuild_mbo(
+    rows, bpx, bsz, bct, apx, asz, act, n_unknown, last_unknown = _rebuild_mbo(
         action,
         _codes(records["side"]),
         np.ascontiguousarray(records["price"]),
         np.ascontiguousarray(records["size"]),
         np.ascontiguousarray(records["order_id"]),
-        np.ascontiguousarray(records["flags"]),
+        np.ascontiguousarray(records["flags"] if flags is None else flags),
         levels,
         UNDEF_PRICE,
     )
@@ -325,7 +396,7 @@ def rebuild_mbo(records: np.ndarray, levels: int = LEVELS) -> tuple[RawBook, Tra
         records["ts_event"][rows].astype(np.int64),
         records["ts_recv"][rows].astype(np.int64),
         rows.astype(np.int64),
-        bpx, apx, bsz, asz, bct, act, levels,
+        bpx, apx, bsz, asz, bct, act, levels, int(last_unknown),
     )
     return book, _stream_trades(records, action), int(n_unknown)
 

@@ -18,19 +18,27 @@ Writing (:class:`CacheWriter`)
       cache waits for the first, then finds its partitions current and skips them.
     * A partition whose file already carries the same fingerprint is skipped (rerun of an
       unchanged input). New partitions are written to ``OUT/.staging-*`` and moved into place
-      (``os.replace``) at commit, after which partitions no longer produced are removed and
-      the manifest is replaced atomically. An interrupted run (error, Ctrl-C, kill) leaves the
-      previous cache as it was; its staging directory is removed by the next run.
+      (``os.replace``) at commit and the manifest is replaced atomically. An interrupted run
+      (error, Ctrl-C, kill) leaves the previous cache as it was; its staging directory is
+      removed by the next run.
+    * Nothing is deleted quietly (:meth:`CacheWriter.others`): partitions of sessions this run
+      does not compute (a rerun with fewer inputs) are kept when computed with the same
+      options, and the manifest lists them under ``earlier_partitions``; a partition of a
+      session this run recomputes for another instrument is replaced (listed under
+      ``replaced``); partitions computed with other options are refused with one line unless
+      ``prune`` (``--prune``) deletes them (listed under ``pruned``).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -60,16 +68,32 @@ def partition_metadata(path: str | os.PathLike[str]) -> dict | None:
         return None
 
 
-def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dict) -> None:
+def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dict, compression: str = "none") -> None:
     """Write ``table`` as an Arrow IPC file at ``path`` (parents created) with ``metadata``
-    (JSON-able) under the schema key ``alphafeat``. Used for staged files only: the rename
-    into the cache is :meth:`CacheWriter.commit`'s."""
+    (JSON-able) under the schema key ``alphafeat``; ``compression`` none, lz4 or zstd. Used for
+    staged files only: the rename into the cache is :meth:`CacheWriter.commit`'s.
+
+    Raises
+    ------
+    AlphafeatError
+        The file system refused the write (disk full: the bytes needed); the partial file is
+        removed.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(table.schema.metadata or {})
     meta[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
     table = table.replace_schema_metadata(meta)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+    opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_ipc(path, table, opts)
+    except OSError as e:  # pyarrow's write errors are OSErrors too
+        path.unlink(missing_ok=True)
+        raise disk_error(path, e, table.nbytes) from None
+
+
+def _write_ipc(path: Path, table: pa.Table, options: pa.ipc.IpcWriteOptions) -> None:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as w:
         w.write_table(table)
 
 
@@ -124,8 +148,11 @@ class CacheWriter:
         directory we did not write).
     """
 
-    def __init__(self, out: str | os.PathLike[str]) -> None:
+    def __init__(self, out: str | os.PathLike[str], prune: bool = False) -> None:
         self.out = check_out(out)
+        self.prune = prune
+        self.drop: list[str] = []
+        self.earlier: list[str] = []
         self._created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.out / LOCK, "a+")  # noqa: SIM115 (held until commit/abort)
@@ -150,6 +177,46 @@ class CacheWriter:
             return True
         return False
 
+    def others(self, relpaths: Sequence[str], sessions: set[str], common: dict) -> dict[str, list[str]]:
+        """Decide what becomes of the partitions already in the cache that this run does not
+        produce (``relpaths``: this run's; ``sessions``: its ISO session dates; ``common``: the
+        options every partition's metadata carries). Returns ``{"earlier": kept from an earlier
+        run, "replaced": sessions recomputed for another instrument, "pruned": deleted by
+        prune}``; the deletions happen at :meth:`commit`.
+
+        Raises
+        ------
+        AlphafeatError
+            Without ``prune``, when partitions of other sessions were computed with other
+            options (they would be mixed in): one line naming how many and the first.
+        """
+        ours = set(relpaths)
+        want = json.loads(json.dumps({k: common.get(k) for k in _SAME_OPTIONS}))  # as the files hold it
+        out: dict[str, list[str]] = {"earlier": [], "replaced": [], "pruned": []}
+        other_opts = []
+        for f in sorted(self.out.rglob("*.arrow")):
+            rel = str(f.relative_to(self.out))
+            if rel in ours or any(p.name.startswith(".") for p in f.relative_to(self.out).parents):
+                continue
+            meta = partition_metadata(f) or {}
+            if self.prune:
+                out["pruned"].append(rel)
+            elif meta.get("session") in sessions:
+                out["replaced"].append(rel)
+            elif any(meta.get(k) != want[k] for k in _SAME_OPTIONS):
+                other_opts.append(rel)
+            else:
+                out["earlier"].append(rel)
+        if other_opts:
+            raise CacheError(
+                self.out, f"holds {len(other_opts)} partition(s) of sessions not in this run computed with other "
+                f"options (first: {other_opts[0]}); keeping them would mix two kinds of rows and nothing is deleted "
+                "quietly: pass --prune to delete them, or write to another --out"
+            )
+        self.drop = out["replaced"] + out["pruned"]
+        self.earlier = out["earlier"]
+        return out
+
     def write(self, relpath: str, table: pa.Table, metadata: dict) -> Path:
         """Stage ``table`` for ``relpath`` with ``metadata`` (JSON-able) in its schema."""
         write_partition(self.staging / relpath, table, metadata)
@@ -164,20 +231,25 @@ class CacheWriter:
         return self.out / relpath
 
     def commit(self, manifest: dict) -> None:
-        """Move staged partitions into place, drop partitions not produced, write the manifest."""
+        """Move staged partitions into place, delete those :meth:`others` decided to drop,
+        write the manifest."""
+        missing = [r for r in self.written if not (self.staging / r).is_file()]
+        if missing:  # checked before anything moves: a failed commit leaves the cache as it was
+            raise CacheError(self.staging / missing[0], "staged partition is missing; the cache is unchanged")
+        tmp = self.out / f".{MANIFEST}.tmp"
+        write_text(tmp, json.dumps(manifest, indent=1, sort_keys=True))  # disk full fails here, before any move
         for rel in self.written:
             dst = self.out / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.staging / rel, dst)
-        live = {self.out / r for r in self.written + self.kept}
-        for f in self.out.rglob("*.arrow"):
-            if f not in live and not any(p.name.startswith(".") for p in f.relative_to(self.out).parents):
+        live = {self.out / r for r in self.written + self.kept + self.earlier}
+        for rel in self.drop:
+            f = self.out / rel
+            if f not in live and f.is_file():
                 f.unlink()
         for d in sorted((p for p in self.out.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             if not d.name.startswith(".") and not any(d.iterdir()):
                 d.rmdir()
-        tmp = self.out / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
         os.replace(tmp, self.out / MANIFEST)
         self._finish()
 
@@ -205,6 +277,38 @@ class CacheWriter:
     ) -> None:
         if not self._done:
             self.abort()
+
+
+#: Partition metadata that must agree for partitions of two runs to share a cache.
+_SAME_OPTIONS = ("format_version", "instrument_mode", "root", "params", "columns")
+
+
+def disk_error(path: str | os.PathLike[str], e: OSError, need: int | None = None) -> CacheError:
+    """One line for a write that the file system refused: the path, the reason, and for a full
+    disk (ENOSPC) the bytes needed when known and the bytes free there."""
+    why = e.strerror or str(e)
+    if e.errno == errno.ENOSPC or "No space left" in str(e):
+        why = "disk full (ENOSPC)"
+        if need is not None:
+            why += f": about {need:,} bytes needed"
+        try:
+            base = Path(path)
+            while not base.exists():
+                base = base.parent
+            why += f", {shutil.disk_usage(base).free:,} free there"
+        except OSError:
+            pass
+    return CacheError(path, f"cannot write: {why}; nothing of it was kept")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``; a refused write (disk full, ...) removes what was written and
+    raises :func:`disk_error`'s AlphafeatError."""
+    try:
+        path.write_text(text)
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise disk_error(path, e, len(text.encode())) from None
 
 
 def is_cache(path: str | os.PathLike[str]) -> bool:

@@ -59,6 +59,7 @@ MONTH_CODES = "FGHJKMNQUVXZ"
 SESSION_END_HOUR_CT = 16
 
 _NS = 1_000_000_000
+_UNDEF_TS = 2**64 - 1
 
 
 #: Databento continuous symbol ``ROOT.{c,n,v}.RANK`` (calendar, open interest, volume rank).
@@ -84,8 +85,9 @@ class _MappingMsg:
         self.end_ts = int(rec["end_ts"])
         self.stype_in_symbol = bytes(rec["stype_in_symbol"]).rstrip(b"\x00").decode()
         self.stype_out_symbol = bytes(rec["stype_out_symbol"]).rstrip(b"\x00").decode()
-        self.pretty_start_ts = pd.Timestamp(self.start_ts, tz="UTC")
-        self.pretty_end_ts = pd.Timestamp(self.end_ts, tz="UTC")
+        # live data leaves start_ts / end_ts undefined (2**64 - 1): open-ended, never a Timestamp
+        self.pretty_start_ts = pd.Timestamp.min if self.start_ts == _UNDEF_TS else pd.Timestamp(self.start_ts, tz="UTC")
+        self.pretty_end_ts = pd.Timestamp.max if self.end_ts == _UNDEF_TS else pd.Timestamp(self.end_ts, tz="UTC")
 
 
 def insert_symbol_mappings(imap: InstrumentMap, records: np.ndarray) -> None:
@@ -223,6 +225,14 @@ class Symbology:
         if sym is not None and CONTINUOUS_RE.fullmatch(sym) and fb is not None:
             return fb
         return sym if sym is not None else fb
+
+    def mapped(self, instrument_id: int, date: dt.date) -> str | None:
+        """The symbol the mappings give ``instrument_id`` on ``date`` (``ES.v.0`` for a
+        continuous file), without the definitions' raw symbol; None when unmapped."""
+        try:
+            return self.imap.resolve(int(instrument_id), date)
+        except ValueError:
+            return None
 
     def expiration(self, symbol: str, root: str, on: dt.date) -> dt.date | None:
         """Expiration of ``symbol``: from definitions when known, else from the month code."""

@@ -37,7 +37,7 @@ import pyarrow.compute  # noqa: F401 (pa.compute)
 import alphafeat
 from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
-from alphafeat.cache import FORMAT_VERSION, META_KEY, CacheWriter, check_folder, check_out
+from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, write_partition
 from alphafeat.errors import AlphafeatError, DataError, InputError, UsageError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
 from alphafeat.features.registry import select_features
@@ -149,6 +149,11 @@ class PrecomputeConfig:
         row on disk); ``auto`` and ``keep`` use the books kept by earlier runs.
     rebuild_predecoded : bool
         Clear the predecoded folder first.
+    prune : bool
+        Delete the cache's partitions of sessions this run does not compute (``--prune``);
+        without it they are kept (listed in the manifest as ``earlier_partitions``), or the
+        run is refused when they were computed with other options
+        (:meth:`alphafeat.cache.CacheWriter.others`).
     sample : str
         ``"snapshot"`` (a row per book snapshot) or ``"volume:V"``: a row per volume bar of V
         contracts (AFML ch. 2; :func:`alphafeat.bars.volume_bars`).
@@ -177,6 +182,7 @@ class PrecomputeConfig:
     predecoded_dir: Path | None = None
     keep_books: str = "auto"
     rebuild_predecoded: bool = False
+    prune: bool = False
 
 
 @dataclass(frozen=True)
@@ -284,6 +290,7 @@ def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
         predecoded_dir=None if cfg.predecoded_dir is None else validate_path(cfg.predecoded_dir, "predecoded_dir"),
         keep_books=validate_enum(cfg.keep_books, Predecoded, "--predecoded").value,
         rebuild_predecoded=validate_bool(cfg.rebuild_predecoded, "--rebuild-predecoded"),
+        prune=validate_bool(cfg.prune, "--prune"),
     )
     if c.scheduler is not None and c.dask_local:
         raise UsageError("--scheduler and --dask-local", "expected one of them (a cluster's address, or a local one)",
@@ -333,6 +340,9 @@ def column_specs(job: Job) -> list[dict]:
         _col("trade_count", "trades", f"trades {since}", "trades"),
         _col("book_crossed", "bool", "best bid above best ask (crossed, e.g. pre-open); labels are NaN there",
              "book"),
+        _col("book_complete", "bool", "False before the book is trustworthy: an MBO stream that starts without a "
+             "snapshot misses the orders resting before it (rule: alphafeat.book.book_complete_from; the mark uses "
+             "later records: a row filter, never an input)", "book"),
     ]
     specs = {s.name: s for s in feature_specs(job.features)}
     cols += [dataclasses.asdict(specs[n]) for n in job.names]
@@ -416,7 +426,8 @@ class SegmentColumns:
             for side in ("bid", "ask"):
                 self.dtypes.update({f"{side}_px_{lvl:02d}": np.float64, f"{side}_sz_{lvl:02d}": np.uint32,
                                     f"{side}_ct_{lvl:02d}": np.uint32})  # fmt: skip
-        self.dtypes.update({"buy_volume": fdt, "sell_volume": fdt, "trade_count": fdt, "book_crossed": np.bool_})
+        self.dtypes.update({"buy_volume": fdt, "sell_volume": fdt, "trade_count": fdt, "book_crossed": np.bool_,
+                            "book_complete": np.bool_})  # fmt: skip
         self.dtypes.update({k: np.float64 if units[k] == "index points" else fdt for k in job.names})
         label_inputs = {"_mid": np.float64, **({"_w": np.float64} if job.barrier else {})}
         self.cols = {k: reserve(f"col:{k}", (cap,), dt) for k, dt in {**self.dtypes, **label_inputs}.items()}
@@ -464,6 +475,7 @@ class SegmentColumns:
             c[k][k0:k1] = getattr(b, k)[lo:]
         x = crossed(b)[lo:]
         c["book_crossed"][k0:k1] = x
+        c["book_complete"][k0:k1] = True  # until mark_complete says otherwise
         self.crossed += int(x.sum())
         mid = c["_mid"][k0:k1]
         mid[:] = np.where(x, np.nan, book_mid(b)[lo:])
@@ -479,6 +491,12 @@ class SegmentColumns:
                 f.result()  # raises what an update raised
         self._pending = [f for f in self._pending if not f.done()]
         self._pending.append(self._labeller.submit(self._label, c["_mid"][:k1], c["ts_recv"][:k1], w))
+
+    def mark_complete(self, first: int) -> None:
+        """Rows before ``first`` (the book's first trustworthy row; <= 0: every row) get
+        ``book_complete`` False."""
+        if first > 0:
+            self.cols["book_complete"][: min(first, self.rows)] = False
 
     def _label(self, mid: np.ndarray, ts: np.ndarray, w: np.ndarray | None) -> None:
         t = time.perf_counter()
@@ -528,26 +546,23 @@ def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, floa
     volume-bar path) as an Arrow table; returns ``(table, crossed rows)`` and adds
     ``features`` and ``labels`` to ``seconds``. Columns and types: :func:`column_specs`."""
     t0 = time.perf_counter()
+    k = b.complete_from
     if job.bar_volume:
+        t = b.ts_recv[k] if 0 < k < len(b) else None
         b = volume_bars(b, job.bar_volume)
+        k = k if k <= 0 else (len(b) if t is None else int(np.searchsorted(b.ts_recv, t)))  # first bar after it
     cols = SegmentColumns(seg, job, len(b))
     feats = compute_features(b, job.features, device=job.device)
     seconds["features"] = time.perf_counter() - t0
     cols.add(b, False, feats)
+    cols.mark_complete(k)
     del feats
     return cols.table(seconds)
 
 
 def write_table(path: Path, table: pa.Table, metadata: dict, compression: str = "none") -> None:
-    """Write ``table`` as an Arrow IPC file at ``path`` (parents created) with ``metadata``
-    (JSON-able) under the schema key ``alphafeat``; ``compression`` none, lz4 or zstd."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(table.schema.metadata or {})
-    meta[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
-    table = table.replace_schema_metadata(meta)
-    opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=opts) as w:
-        w.write_table(table)
+    """:func:`alphafeat.cache.write_partition` (a refused write: one line, no partial file)."""
+    write_partition(path, table, metadata, compression)
 
 
 def _partition_metadata(common: dict, seg: Segment, schedule: list[dict], sources: list[tuple[int, dict]]) -> dict:
@@ -745,7 +760,11 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     n_crossed, min_rows = 0, 1 << 62
     first = " - first use: compiling kernels, ~30 s" if _first_use() else ""
     t_map = task(f"segments: decode, book, features, labels, write ({device}){first}", len(plan.segments))
-    with CacheWriter(cfg.out) as writer:
+    with CacheWriter(cfg.out, prune=cfg.prune) as writer:
+        others = writer.others([seg.relpath for seg in plan.segments],
+                               {seg.session.isoformat() for seg in plan.segments}, common)  # fmt: skip
+        earlier = _earlier_manifest(writer.out)
+        complete: dict[str, int | None] = {}
         calls = []
         for seg in plan.segments:
             meta = _partition_metadata(common, seg, schedule, sources)
@@ -753,6 +772,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 summary.partitions_skipped += 1
                 summary.partitions.append(writer.out / seg.relpath)
                 rows, n_x = _partition_stats(writer.out / seg.relpath)
+                if seg.relpath in earlier.get("book_complete_from", {}):
+                    complete[seg.relpath] = earlier["book_complete_from"][seg.relpath]
                 summary.cache_bytes += (writer.out / seg.relpath).stat().st_size
                 summary.rows += rows
                 n_crossed += n_x
@@ -778,6 +799,14 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             for k, v in res.seconds.items():
                 summary.stage_seconds[k] = summary.stage_seconds.get(k, 0.0) + v
             summary.peak_rss = max(summary.peak_rss, res.peak_rss)
+            if res.rows and res.complete_from >= 0:  # the stream started without a snapshot
+                complete[res.relpath] = res.complete_ts
+                when = "never within the session" if res.complete_ts is None else \
+                    f"from {np.datetime64(res.complete_ts, 'ns')}Z"  # fmt: skip
+                summary.notes.append(
+                    f"{seg.raw_symbol} {seg.session}: the MBO stream starts without a snapshot (mid-session start); "
+                    f"book trustworthy {when} ({min(res.complete_from, res.rows):,} of {res.rows:,} rows before: "
+                    "book_complete False; manifest book_complete_from)")  # fmt: skip
             if res.rows:
                 writer.staged(res.relpath)
                 summary.partitions.append(writer.out / res.relpath)
@@ -790,6 +819,15 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             advance(t_map)
         if not summary.partitions:
             raise DataError("no book rows for the chosen instruments in the inputs; nothing to write", cfg.out)
+        for key, what in (("earlier", "kept {n} partition(s) of sessions not in this run, from an earlier run with "
+                                      "the same options (manifest: earlier_partitions; --prune deletes them)"),
+                          ("replaced", "replaced {n} partition(s) of sessions this run recomputed for another "
+                                       "instrument (manifest: replaced)"),
+                          ("pruned", "--prune: deleted {n} partition(s) of sessions not in this run (manifest: "
+                                     "pruned)")):  # fmt: skip
+            if others[key]:
+                summary.notes.append(what.format(n=len(others[key])) + f": {', '.join(others[key][:5])}"
+                                     + (" ..." if len(others[key]) > 5 else ""))  # fmt: skip
         if n_crossed:
             summary.notes.append(f"{n_crossed:,} snapshot{'s have' if n_crossed > 1 else ' has'} a crossed book "
                                  "(bid above ask, e.g. pre-open): flagged in book_crossed, with NaN labels")
@@ -813,8 +851,13 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             "books_predecoded": summary.books_predecoded,
             "rows_per_second": round(summary.rows_per_second),
         }
+        ours = sorted(str(p.relative_to(writer.out)) for p in summary.partitions)
+        for rel in others["earlier"]:
+            if rel in earlier.get("book_complete_from", {}):
+                complete[rel] = earlier["book_complete_from"][rel]
         manifest = dict(common, schedule=schedule, sources=[e for _, e in sources], notes=summary.notes,
-                        partitions=sorted(str(p.relative_to(writer.out)) for p in summary.partitions),
+                        partitions=sorted(ours + others["earlier"]), earlier_partitions=others["earlier"],
+                        replaced=others["replaced"], pruned=others["pruned"], book_complete_from=complete,
                         run=stats)  # fmt: skip
         writer.commit(manifest)
     summary.peak_rss = max(summary.peak_rss, peak_rss())
@@ -822,6 +865,16 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     release_buffers()  # the buffers this process kept for its segments (arena) go back
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary
+
+
+def _earlier_manifest(out: Path) -> dict:
+    """The cache's manifest before this run ({} when none or unreadable)."""
+    from alphafeat.cache import MANIFEST
+
+    try:
+        return json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _depth_of(f: object) -> int:

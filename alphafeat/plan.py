@@ -20,6 +20,7 @@ previous session's volume); this module is its only caller (``precompute``,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -38,6 +39,7 @@ import numpy as np
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
 from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
+    CONTINUOUS_RE,
     Choice,
     InstrumentMode,
     Symbology,
@@ -67,7 +69,7 @@ _BOOK_RTYPES = {SCHEMA_RTYPES[s] for s in BOOK_SCHEMAS}
 _UNDEF_TS = 2**64 - 1
 _ROOT_RE = re.compile(r"^(.+?)[FGHJKMNQUVXZ]\d{1,2}(?:-.*)?$")
 #: Version of the survey records kept on disk; bump to invalidate them.
-SURVEY_VERSION = 1
+SURVEY_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,9 @@ class Plan:
         Things the summary should say (e.g. which files had to be scanned to plan).
     scanned : int
         Book files whose records were read to plan (0 when the metadata sufficed).
+    continuous : str or None
+        The continuous symbol (``ES.v.0``) of a run over continuous-symbology files: its
+        schedule holds every contract the mapping gives a session (two in a roll session).
     """
 
     schema: str
@@ -136,6 +141,7 @@ class Plan:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     scanned: int = 0
+    continuous: str | None = None
 
 
 def discover(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -186,9 +192,10 @@ def _survey_key(path: Path) -> str:
 
 
 def _scan_file(path: Path, trades_only: bool) -> dict:
-    """Per (session, instrument): [records, traded contracts, first ts_recv]; in-band symbol
-    mappings and definitions. Book files count the size of ``T`` records as volume."""
-    groups: dict[tuple[int, int], list] = {}
+    """Per rtype of market data, per (session, instrument): [records, traded contracts, first
+    ts_recv]; in-band symbol mappings and definitions. Book records count the size of their
+    ``T`` records as volume. A live recording holds several rtypes: they are kept apart."""
+    groups: dict[int, dict[tuple[int, int], list]] = {}
     maps: list[np.ndarray] = []
     defs: list[np.ndarray] = []
     epoch = dt.date(1970, 1, 1)
@@ -214,12 +221,26 @@ def _scan_file(path: Path, trades_only: bool) -> dict:
             uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
             cnt = np.bincount(inv, minlength=len(uniq))
             vol = np.bincount(inv, weights=w, minlength=len(uniq))
+            g_rt = groups.setdefault(int(rt), {})
             for k, f0, c, v in zip(uniq.tolist(), first.tolist(), cnt.tolist(), vol.tolist()):
-                g = groups.setdefault((k >> 32, k & 0xFFFFFFFF), [0, 0.0, int(ts[f0])])
+                g = g_rt.setdefault((k >> 32, k & 0xFFFFFFFF), [0, 0.0, int(ts[f0])])
                 g[0] += c
                 g[1] += v
     cat = lambda xs: np.concatenate(xs) if xs else None  # noqa: E731
-    return {"groups": groups, "maps": cat(maps), "defs": cat(defs)}
+    rtypes = sorted(groups) + ([_DEFINITION] if defs else []) + ([_SYMBOL_MAPPING] if maps else [])
+    return {"by_rtype": groups, "rtypes": rtypes, "maps": cat(maps), "defs": cat(defs)}
+
+
+def _groups_of(survey: dict, schema: str) -> dict[tuple[int, int], list]:
+    """The scan's (session, instrument) groups of the file's schema; a book file that also
+    holds trade records (a live recording) takes its volume from those."""
+    by_rt = survey["by_rtype"]
+    groups = {k: list(v) for k, v in by_rt.get(SCHEMA_RTYPES[schema], {}).items()}
+    if schema in BOOK_SCHEMAS and _TRADES in by_rt:
+        for k, g in groups.items():
+            t = by_rt[_TRADES].get(k)
+            g[1] = t[1] if t else 0.0
+    return groups
 
 
 def _survey(path: str, trades_only: bool, store: str | None) -> dict:
@@ -237,27 +258,56 @@ def _survey(path: str, trades_only: bool, store: str | None) -> dict:
                 pass
         res = _scan_file(p, trades_only)
         if kept is not None:
-            kept.parent.mkdir(parents=True, exist_ok=True)
             tmp = kept.with_name(f".{kept.name}.{uuid.uuid4().hex[:8]}")
-            with open(tmp, "wb") as fh:
-                pickle.dump(res, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, kept)
+            try:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "wb") as fh:
+                    pickle.dump(res, fh, protocol=pickle.HIGHEST_PROTOCOL)
+                os.replace(tmp, kept)
+            except OSError as e:  # a scan not kept (disk full, ...) only costs the next run a rescan
+                tmp.unlink(missing_ok=True)
+                log.warning("%s: scan of %s not kept (%s)", kept, p, e.strerror or e)
         return res
     except InputError as e:
         return {"error": (e.path, e.problem, e.offset, e.record)}
 
 
-def _classify(files: list[Path], on_error: str, skipped: list) -> tuple[list[DBNFile], list[DBNFile], list[DBNFile]]:
-    book, trades, defs = [], [], []
+def _headers(files: list[Path], on_error: str, skipped: list) -> list[DBNFile]:
+    """The header of each file; a bad one raises, or is skipped with ``on_error="skip"``."""
+    out = []
     for p in files:
         try:
-            f = open_dbn(p)
+            out.append(open_dbn(p))
         except InputError as e:
             if on_error != "skip":
                 raise
             log.warning("skipping %s", e)
             skipped.append((p, str(e)))
-            continue
+    if not out:
+        raise InputError(files[0], "every input file was skipped (--on-error skip)")
+    return out
+
+
+def infer_schema(f: DBNFile, rtypes: Sequence[int]) -> str:
+    """The schema of a live recording (no schema in its metadata) from the rtypes it holds: its
+    deepest book data (mbo, mbp-10, mbp-1), else trades, else definitions.
+
+    Raises
+    ------
+    InputError
+        Naming the file and the rtypes found when it holds none of these.
+    """
+    for schema in (*BOOK_SCHEMAS, "trades", "definition"):
+        if SCHEMA_RTYPES[schema] in rtypes:
+            return schema
+    found = ", ".join(f"0x{rt:02X}" for rt in rtypes) or "none"
+    raise InputError(f.path, f"a live recording (no schema in its metadata) with no mbo, mbp-10, mbp-1, trades or "
+                             f"definition records (rtypes found: {found})")  # fmt: skip
+
+
+def _classify(headers: list[DBNFile]) -> tuple[list[DBNFile], list[DBNFile], list[DBNFile]]:
+    book, trades, defs = [], [], []
+    for f in headers:
         if f.schema in BOOK_SCHEMAS:
             book.append(f)
         elif f.schema == "trades":
@@ -266,10 +316,8 @@ def _classify(files: list[Path], on_error: str, skipped: list) -> tuple[list[DBN
             defs.append(f)
         else:
             raise InputError(
-                p, f"schema {f.schema!r} is not supported (need mbo, mbp-10, mbp-1, trades or definition)"
+                f.path, f"schema {f.schema!r} is not supported (need mbo, mbp-10, mbp-1, trades or definition)"
             )
-    if not book and not trades and not defs:
-        raise InputError(files[0], "every input file was skipped (--on-error skip)")
     if not book:
         first = (trades + defs)[0]
         raise InputError(
@@ -280,6 +328,55 @@ def _classify(files: list[Path], on_error: str, skipped: list) -> tuple[list[DBN
         raise InputError(book[0].path, f"mixed book schemas {schemas}; give one kind of book data per run")
     key = lambda f: (int(f.metadata.start), str(f.path))  # noqa: E731
     return sorted(book, key=key), sorted(trades, key=key), defs
+
+
+def _continuous(f: DBNFile, survey: dict | None) -> str | None:
+    """The continuous symbol (``ES.v.0``) a file was requested with, or None: from the
+    metadata's stype_in and symbols, or the in-band mappings' input symbols (live)."""
+    syms = [str(x) for x in (f.metadata.symbols or [])] + list((f.metadata.mappings or {}).keys())
+    if survey is not None and survey.get("maps") is not None:
+        syms += [bytes(x).rstrip(b"\x00").decode() for x in np.unique(survey["maps"]["stype_in_symbol"])]
+    cont = [x for x in syms if CONTINUOUS_RE.fullmatch(x)]
+    if cont:
+        return cont[0]
+    stype = getattr(f.metadata, "stype_in", None)
+    return "continuous" if stype is not None and str(stype) == "continuous" else None
+
+
+def _check_symbology(book: list[DBNFile], surveys: dict[Path, dict]) -> str | None:
+    """The continuous symbol of a run of continuous-symbology book files, None for raw /
+    parent symbology; a mix of the two is refused (one line naming a file of each)."""
+    kinds = {f.path: _continuous(f, surveys.get(f.path)) for f in book}
+    cont = [f for f in book if kinds[f.path]]
+    if cont and len(cont) < len(book):
+        other = next(f for f in book if not kinds[f.path])
+        raise InputError(other.path, f"raw or parent symbology mixed with the continuous-symbology file {cont[0].path} "
+                                     f"({kinds[cont[0].path]}): the continuous file already chose the contract of "
+                                     "each date; give one kind of file per run")  # fmt: skip
+    return kinds[cont[0].path] if cont else None
+
+
+def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None, on_error: str,
+                 skipped: list) -> dict[Path, dict]:  # fmt: skip
+    """The scans of ``tasks`` (file, trades only), in parallel with ``jobs`` processes; a bad
+    file raises, or is skipped with ``on_error="skip"``."""
+    calls = [joblib.delayed(_survey)(str(f.path), only, store) for f, only in tasks]
+    if jobs == 1 or len(calls) <= 1:
+        results = [c[0](*c[1], **c[2]) for c in calls]
+    else:
+        results = joblib.Parallel(n_jobs=jobs)(calls)
+    surveys: dict[Path, dict] = {}
+    for (f, _), res in zip(tasks, results, strict=True):
+        if "error" in res:
+            path, problem, offset, record = res["error"]
+            err = InputError(path, problem, offset=offset, record=record)
+            if on_error != "skip":
+                raise err
+            log.warning("skipping %s", err)
+            skipped.append((f.path, str(err)))
+            continue
+        surveys[f.path] = res
+    return surveys
 
 
 def _mapped_ids(f: DBNFile) -> set[int] | None:
@@ -388,31 +485,22 @@ def make_plan(
     jobs = validate_jobs(jobs)
     skipped: list[tuple[Path, str]] = []
     files = list(dict.fromkeys(p.resolve() for p in discover(inputs)))  # a path given twice is read once
-    book, trades, defs = _classify(files, on_error, skipped)
+    headers = _headers(files, on_error, skipped)
+    store = None if survey_dir is None else str(Path(survey_dir) / "survey")
+    live = [f for f in headers if f.schema is None]  # live recordings: the schema comes from the records
+    surveys = _run_surveys([(f, False) for f in live], jobs, store, on_error, skipped)
+    headers = [f if f.schema else dataclasses.replace(f, schema=infer_schema(f, surveys[f.path]["rtypes"]))
+               for f in headers if f.schema or f.path in surveys]  # fmt: skip
+    book, trades, defs = _classify(headers)
+    continuous = _check_symbology(book, surveys)
     _check_overlaps(book)
     _check_overlaps(trades)
     schema = book[0].schema
     no_maps = [f for f in book if not f.metadata.mappings or _file_range(f)[1] is None]
-    need_volume = mode.kind == "front-month" and roll_rule == "volume" and not trades
+    need_volume = mode.kind == "front-month" and roll_rule == "volume" and not trades and not continuous
     scan_book = book if (need_volume or mode.kind != "front-month") else no_maps
     tasks = [(f, True) for f in trades + defs] + [(f, False) for f in scan_book]
-    store = None if survey_dir is None else str(Path(survey_dir) / "survey")
-    calls = [joblib.delayed(_survey)(str(f.path), only, store) for f, only in tasks]
-    if jobs == 1 or len(calls) <= 1:
-        results = [c[0](*c[1], **c[2]) for c in calls]
-    else:
-        results = joblib.Parallel(n_jobs=jobs)(calls)
-    surveys: dict[Path, dict] = {}
-    for (f, _), res in zip(tasks, results, strict=True):
-        if "error" in res:
-            path, problem, offset, record = res["error"]
-            err = InputError(path, problem, offset=offset, record=record)
-            if on_error != "skip":
-                raise err
-            log.warning("skipping %s", err)
-            skipped.append((f.path, str(err)))
-            continue
-        surveys[f.path] = res
+    surveys.update(_run_surveys([t for t in tasks if t[0].path not in surveys], jobs, store, on_error, skipped))
     dropped = {p for p, _ in skipped}
     book = [f for f in book if f.path not in dropped]
     trades = [f for f in trades if f.path not in dropped]
@@ -424,19 +512,19 @@ def make_plan(
         [s["defs"] for s in surveys.values() if s["defs"] is not None],
         [s["maps"] for s in surveys.values() if s["maps"] is not None],
     )
-    groups = {f.path: surveys[f.path]["groups"] for f in book if f.path in surveys}
+    groups = {f.path: _groups_of(surveys[f.path], f.schema) for f in book if f.path in surveys}
     present = _present(book, groups, symbology)
+    if continuous:  # name each instrument by its contract (definitions, in-band mappings), else by its id
+        present = {k: (v if not CONTINUOUS_RE.fullmatch(v) else f"id{k[1]}") for k, v in present.items()}
     if mode.kind == "id":
         present = {k: v for k, v in present.items() if k[1] == mode.instrument_id}
-        if not present:
-            raise SelectionError(
-                f"instrument_id {mode.instrument_id} has no {schema} records in the inputs "
-                f"({', '.join(str(f.path) for f in book)})"
-            )
+    if not present:
+        raise SelectionError(_no_match(mode, schema, book, groups))
     if mode.kind == "front-month":
         cand: dict[dt.date, dict[int, str]] = {}
         for (day, iid), sym in present.items():
-            if is_candidate(sym, root):
+            mapped = symbology.mapped(iid, day - dt.timedelta(days=1)) or symbology.mapped(iid, day) or sym
+            if is_candidate(sym, root) or (continuous and is_candidate(mapped, root)):
                 cand.setdefault(day, {})[iid] = sym
         if not cand:
             found = sorted(set(present.values()))
@@ -444,26 +532,25 @@ def make_plan(
                 f"no outright contract of root {root!r} (a whole symbol matching "
                 f"{outright_pattern(root).pattern}) in the inputs; symbols found: {', '.join(found[:20]) or 'none'}"
             )
-        volume: dict[tuple[dt.date, int], float] = {}
-        vol_files = trades if trades else book
-        epoch = dt.date(1970, 1, 1)
-        for f in vol_files:
-            for (d, iid), (_, v, _) in surveys.get(f.path, {}).get("groups", {}).items():
-                key = (epoch + dt.timedelta(days=int(d)), int(iid))
-                volume[key] = volume.get(key, 0.0) + v
-        schedule = front_month_schedule(cand, volume, symbology, root, roll_days, rule=roll_rule)
+        if continuous:  # the file's mapping chose the contract of each date: keep every one, drop no record
+            schedule = [Choice(d, i, s, symbology.expiration(s, root, d), f"{continuous}: the mapped contract")
+                        for d in sorted(cand)
+                        for i, s in sorted(cand[d].items(), key=lambda x: (_first_seen(book, groups, d, x[0]), x[0]))]
+        else:
+            volume: dict[tuple[dt.date, int], float] = {}
+            vol_files = trades if trades else book
+            epoch = dt.date(1970, 1, 1)
+            for f in vol_files:
+                vol_groups = _groups_of(surveys[f.path], f.schema) if f.path in surveys else {}
+                for (d, iid), (_, v, _) in vol_groups.items():
+                    key = (epoch + dt.timedelta(days=int(d)), int(iid))
+                    volume[key] = volume.get(key, 0.0) + v
+            schedule = front_month_schedule(cand, volume, symbology, root, roll_days, rule=roll_rule)
     else:
-        schedule = [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items())]
-    segments = []
-    for c in schedule:
-        sroot = root if mode.kind == "front-month" else root_of(c.raw_symbol)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", c.raw_symbol)
-        segments.append(Segment(
-            c.session, c.instrument_id, c.raw_symbol, sroot, schema,
-            tuple(str(f.path) for f in book if _overlaps(f, groups.get(f.path), c.session, c.instrument_id)),
-            tuple(str(f.path) for f in trades if _overlaps(f, None, c.session)),
-            f"root={sroot}/session={c.session.isoformat()}/{safe}.arrow",
-        ))  # fmt: skip
+        order = (lambda x: (x[0][0], _first_seen(book, groups, *x[0]), x[0][1])) if continuous else None  # noqa: E731
+        schedule = [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items(), key=order)]
+    cont_root = CONTINUOUS_RE.fullmatch(continuous).group("root") if continuous and continuous != "continuous" else root
+    segments = _segments(schedule, mode, cont_root if continuous else None, root, schema, book, trades, groups)
     notes = []
     if scan_book:
         why = "no symbol mappings or end time in the metadata"
@@ -472,7 +559,82 @@ def make_plan(
         elif mode.kind != "front-month":
             why = f"instrument mode {mode}"
         notes.append(f"planning read the records of {len(scan_book)} book file(s): {why}")
-    return Plan(schema, book + trades + defs, schedule, segments, skipped, notes, len(scan_book))
+    for f in live:
+        if f.path not in dropped:
+            notes.append(f"{f.path}: a live recording (no schema in its metadata): read by rtype, schema "
+                         f"{next(h.schema for h in headers if h.path == f.path)} inferred from its records, "
+                         "in-band symbol mappings used")  # fmt: skip
+    if continuous:
+        notes += _continuous_notes(continuous, schedule)
+    return Plan(schema, book + trades + defs, schedule, segments, skipped, notes, len(scan_book), continuous)
+
+
+def _continuous_notes(continuous: str, schedule: list[Choice]) -> list[str]:
+    """What the summary says of a continuous run: which contracts the roll sessions hold."""
+    held: dict[dt.date, list[str]] = {}
+    for c in schedule:
+        held.setdefault(c.session, []).append(c.raw_symbol if c.raw_symbol == f"id{c.instrument_id}"
+                                              else f"{c.raw_symbol} (id {c.instrument_id})")  # fmt: skip
+    rolls = [f"{d}: {' then '.join(v)}" for d, v in sorted(held.items()) if len(v) > 1]
+    roll = f"; sessions holding a roll: {'; '.join(rolls)}" if rolls else ""
+    notes = [f"continuous symbology {continuous}: every session keeps the contract(s) the mapping gives it "
+             f"(schedule above), no record dropped{roll}"]
+    if any(c.raw_symbol == f"id{c.instrument_id}" for c in schedule):
+        notes.append(f"{continuous}: contracts named by instrument id; give the definition file to name them")
+    return notes
+
+
+def _first_seen(book: list[DBNFile], groups: dict[Path, dict], day: dt.date, iid: int) -> int:
+    """When the instrument's records start in the session (ns): the first ``ts_recv`` of a
+    scan, else the start of its mapping interval (a continuous file's roll at UTC midnight)."""
+    d = (day - dt.date(1970, 1, 1)).days
+    first = [g[(d, iid)][2] for g in groups.values() if (d, iid) in g]
+    s0 = session_bounds(day)[0]
+    for f in book:
+        for ivs in (f.metadata.mappings or {}).values():
+            for iv in ivs:
+                if iv["symbol"] == str(iid) and iv["start_date"] <= day and iv["end_date"] >= day:
+                    start = dt.datetime.combine(iv["start_date"], dt.time(), dt.timezone.utc)
+                    first.append(max(s0, int(start.timestamp()) * 10**9))
+    return min(first, default=s0)
+
+
+def _no_match(mode: InstrumentMode, schema: str, book: list[DBNFile], groups: dict[Path, dict]) -> str:
+    """One line for a selection that matches nothing: the files and the instrument ids present."""
+    names = ", ".join(str(f.path) for f in book)
+    ids = sorted({int(k[1]) for g in groups.values() for k in g})
+    have = ", ".join(map(str, ids[:30])) + (f" and {len(ids) - 30} more" if len(ids) > 30 else "") if ids else "none"
+    what = f"instrument_id {mode.instrument_id} has no" if mode.kind == "id" else "no instrument has"
+    return f"--instrument-mode {mode}: {what} {schema} records in {names}; instrument ids present: {have}"
+
+
+def _segments(schedule: list[Choice], mode: InstrumentMode, cont_root: str | None, root: str, schema: str,
+              book: list[DBNFile],
+              trades: list[DBNFile], groups: dict[Path, dict]) -> list[Segment]:  # fmt: skip
+    """One segment per schedule entry; two entries whose symbols would share a partition path
+    (e.g. ids without a known contract) get the instrument id in its name."""
+    rel = {}
+    for c in schedule:
+        sroot = root if mode.kind == "front-month" else root_of(c.raw_symbol)
+        if cont_root and re.fullmatch(r"id\d+", c.raw_symbol):  # a contract of a continuous file not named
+            sroot = cont_root
+        rel[c] = (sroot, re.sub(r"[^A-Za-z0-9_.-]", "_", c.raw_symbol))
+    seen: dict[tuple, int] = {}
+    for c in schedule:
+        key = (c.session, *rel[c])
+        seen[key] = seen.get(key, 0) + 1
+    segments = []
+    for c in schedule:
+        sroot, safe = rel[c]
+        if seen[(c.session, sroot, safe)] > 1:
+            safe = f"{safe}-id{c.instrument_id}"
+        segments.append(Segment(
+            c.session, c.instrument_id, c.raw_symbol, sroot, schema,
+            tuple(str(f.path) for f in book if _overlaps(f, groups.get(f.path), c.session, c.instrument_id)),
+            tuple(str(f.path) for f in trades if _overlaps(f, None, c.session)),
+            f"root={sroot}/session={c.session.isoformat()}/{safe}.arrow",
+        ))  # fmt: skip
+    return segments
 
 
 def _present(book: list[DBNFile], groups: dict[Path, dict], symbology: Symbology) -> dict[tuple[dt.date, int], str]:

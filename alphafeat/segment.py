@@ -54,7 +54,7 @@ __all__ = ["SegmentResult", "build_book", "load_book", "run_segment", "save_book
 log = logging.getLogger(__name__)
 
 #: Version of the predecoded book layout; bump to invalidate kept books.
-BOOK_FORMAT = 2
+BOOK_FORMAT = 3
 #: Decompressed bytes per decode step of the segment reader.
 READ_CHUNK = 8 << 20
 _BOOK_COLS = ("ts_event", "ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct",
@@ -85,6 +85,12 @@ class SegmentResult:
         Whether the book came from the predecoded folder.
     notes : list of str
         Things to say in the summary.
+    complete_from : int
+        -1 when the book stream started with a snapshot; else the first row whose book is
+        trustworthy (:func:`alphafeat.book.book_complete_from`; rows before it are stored
+        with ``book_complete`` False).
+    complete_ts : int or None
+        ``ts_recv`` of that row (None: no row of the session is trustworthy, or a snapshot).
     """
 
     relpath: str
@@ -95,6 +101,8 @@ class SegmentResult:
     crossed: int = 0
     predecoded: bool = False
     notes: list[str] = field(default_factory=list)
+    complete_from: int = -1
+    complete_ts: int | None = None
 
 
 def _prefetch(it: Iterable, depth: int = 2) -> Iterator:
@@ -198,7 +206,13 @@ def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
         return _empty_book(), 0, notes
     recs = np.concatenate(parts)
     del parts
-    raw, stream_trades, n_unknown = bk.rebuild_mbo(recs)
+    flags = None
+    if not (recs["flags"] & bk.F_LAST).any():  # flags stripped: a row per ts_recv group
+        flags = bk.group_last_flags(recs)
+        notes.append(f"{seg.raw_symbol} {seg.session}: no MBO record of {', '.join(seg.book_files)} carries F_LAST "
+                     "(flags stripped?): a book row per group of records with one ts_recv")  # fmt: skip
+    raw, stream_trades, n_unknown = bk.rebuild_mbo(recs, flags=flags)
+    snapshot, complete = bk.book_complete_from(recs, raw.last_unknown)
     n = len(recs)
     del recs
     if n_unknown:
@@ -210,6 +224,7 @@ def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
     t = t.take((t.ts_recv >= s0) & (t.ts_recv < s1))
     b = bk.to_book_arrays(raw, t)
     b.bid_ct, b.ask_ct = raw.bid_ct.astype(np.uint32), raw.ask_ct.astype(np.uint32)
+    b.complete_from = -1 if snapshot else int(np.searchsorted(raw.pos, complete))  # -1: from a snapshot
     return b, n, notes
 
 
@@ -220,7 +235,9 @@ def _record_bound(paths: Iterable[str], itemsize: int) -> int:
     total = 0
     for p in paths:
         size = os.path.getsize(p)
-        total += size * (40 if str(p).endswith((".zst", ".zstd")) else 1) // itemsize
+        with open(p, "rb") as fh:  # compressed or not by its magic, as the reader decides (not by its name)
+            zst = fh.read(4) == b"\x28\xb5\x2f\xfd"
+        total += size * (40 if zst else 1) // itemsize
     return total + 1
 
 
@@ -254,17 +271,23 @@ class _BookWriter:
         self.shapes: dict[str, list] = {}
 
     def add(self, b: BookArrays, lo: int = 0) -> None:
+        from alphafeat.cache import disk_error
+
         for k, fh in self.files.items():
             a = getattr(b, k)[lo:]
             a = np.ascontiguousarray(a, dtype=_STORED.get(k, a.dtype))
             self.shapes[k] = [str(a.dtype), list(a.shape[1:])]
-            fh.write(memoryview(a).cast("B"))
+            try:
+                fh.write(memoryview(a).cast("B"))
+            except OSError as e:  # disk full: one line naming the kept book's folder
+                raise disk_error(self.tmp / f"{k}.bin", e, a.nbytes) from None
         self.rows += len(b) - lo
 
-    def close(self, depth: int) -> None:
+    def close(self, depth: int, complete_from: int = -1) -> None:
         for fh in self.files.values():
             fh.close()
         (self.tmp / "book.json").write_text(json.dumps({"rows": self.rows, "depth": int(depth),
+                                                        "complete_from": int(complete_from),
                                                         "columns": self.shapes}))  # fmt: skip
         try:
             os.replace(self.tmp, self.d)
@@ -288,7 +311,7 @@ def save_book(b: BookArrays, d: Path) -> None:
     except BaseException:
         w.abort()
         raise
-    w.close(b.depth)
+    w.close(b.depth, b.complete_from)
 
 
 def load_book(d: Path, widen: bool = True) -> BookArrays:
@@ -299,6 +322,7 @@ def load_book(d: Path, widen: bool = True) -> BookArrays:
     if not n:
         b = _empty_book()
         b.depth = int(meta["depth"])
+        b.complete_from = int(meta.get("complete_from", -1))
         return b
     c = {}
     for k in _BOOK_COLS:
@@ -307,7 +331,7 @@ def load_book(d: Path, widen: bool = True) -> BookArrays:
     if widen:
         for k in ("bid_sz", "ask_sz"):
             c[k] = np.asarray(c[k], dtype=np.float64)
-    return BookArrays(**c, depth=int(meta["depth"]))
+    return BookArrays(**c, depth=int(meta["depth"]), complete_from=int(meta.get("complete_from", -1)))
 
 
 def peak_rss() -> int:
@@ -327,10 +351,13 @@ def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[tup
     ``res.records``, ``res.notes``, ``res.predecoded``."""
     if kept is not None and (kept / "book.json").is_file():
         res.predecoded = True
-        yield from _slices(load_book(kept, widen=False))
+        b = load_book(kept, widen=False)
+        res.complete_from = b.complete_from
+        yield from _slices(b)
         return
     if seg.schema not in ("mbp-10", "mbp-1"):
         b, res.records, res.notes = build_book(seg)
+        res.complete_from = b.complete_from
         yield from _slices(b)
         return
     yield from _mbp_blocks(seg, res)
@@ -463,6 +490,9 @@ def _map_segment(
         res.seconds["book"] = time.perf_counter() - t0
         if not len(b):
             return
+        res.complete_from = k = b.complete_from
+        if k >= 0:  # the stream started without a snapshot: when the book became trustworthy
+            res.complete_ts = int(b.ts_recv[k]) if k < len(b) else None
         table, res.crossed = segment_table(b, seg, job, res.seconds)
         del b
     else:
@@ -485,14 +515,18 @@ def _map_segment(
             raise
         if writer is not None:
             if cols.rows:
-                writer.close(depth)
+                writer.close(depth, res.complete_from)
             else:
                 writer.abort()
         res.seconds["book"] = time.perf_counter() - t0 - t_map  # decode and book rows (what the blocks waited for)
         if not cols.rows:
             return
+        cols.mark_complete(res.complete_from)
         table, res.crossed = cols.table(res.seconds)
         del cols
+        if res.complete_from >= 0:  # the stream started without a snapshot: when the book became trustworthy
+            k = res.complete_from
+            res.complete_ts = int(table.column("ts_recv")[k].value) if k < table.num_rows else None
     t1 = time.perf_counter()
     write_table(Path(staging) / seg.relpath, table, meta, job.compression)
     res.rows = table.num_rows

@@ -44,6 +44,10 @@ class BookArrays:
     depth : int
         Levels the source really carries (10 for MBO and MBP-10, 1 for MBP-1); deeper
         columns are NaN (prices) and 0 (sizes).
+    complete_from : int
+        First row from which the book is trustworthy (0: every row; MBO only, see
+        :func:`alphafeat.book.book_complete_from`); rows before it are stored with
+        ``book_complete`` False.
     """
 
     ts_event: np.ndarray
@@ -58,6 +62,7 @@ class BookArrays:
     sell_volume: np.ndarray
     trade_count: np.ndarray
     depth: int = LEVELS
+    complete_from: int = 0
 
     def __len__(self) -> int:
         return int(self.ts_recv.shape[0])

@@ -40,21 +40,27 @@ def _count(lo: int, what: str = "a whole number", hi: int | None = None) -> obje
     return option(val.validate_int, lo=lo, hi=hi, what=what)
 
 
-def _precompute(args: argparse.Namespace) -> int:
-    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, make_job, precompute
+def _inputs(args: argparse.Namespace) -> list[Path]:
+    """``--input`` paths, or the embedded default sample (precompute and roll-schedule alike)."""
+    from alphafeat.pipeline import DEFAULT_DATA_DIR
 
     if args.input:
-        inputs = list(args.input)
-    else:
-        if not DEFAULT_DATA_DIR.is_dir():
-            raise InputError(DEFAULT_DATA_DIR, "the embedded default sample is missing; pass --input PATH "
-                             "(or run `alphafeat synth --default` in a source checkout)")  # fmt: skip
-        inputs = [DEFAULT_DATA_DIR]
+        return list(args.input)
+    if not DEFAULT_DATA_DIR.is_dir():
+        raise InputError(DEFAULT_DATA_DIR, "the embedded default sample is missing; pass --input PATH "
+                         "(or run `alphafeat synth --default` in a source checkout)")  # fmt: skip
+    return [DEFAULT_DATA_DIR]
+
+
+def _precompute(args: argparse.Namespace) -> int:
+    from alphafeat.pipeline import PrecomputeConfig, make_job, precompute
+
     cfg = PrecomputeConfig(
-        inputs=inputs, out=args.out, instrument_mode=args.instrument_mode, root=args.root, device=args.device,
+        inputs=_inputs(args), out=args.out, instrument_mode=args.instrument_mode, root=args.root, device=args.device,
         sample=args.sample, feature_set=args.features, dtype=args.dtype, compression=args.compression,
         scheduler=args.scheduler, dask_local=args.dask_local, keep_books=args.predecoded, roll_rule=args.roll_rule,
         roll_days=args.roll_days, on_error=args.on_error, rebuild_predecoded=args.rebuild_predecoded, jobs=args.jobs,
+        prune=args.prune,
     )  # fmt: skip
     if args.horizons is not None:
         cfg.horizons = args.horizons
@@ -197,7 +203,7 @@ def _roll_schedule(args: argparse.Namespace) -> int:
     pre = default_predecoded_dir(args.out) if args.out else None
     if pre is not None and args.rebuild_predecoded and pre.is_dir():
         shutil.rmtree(pre)
-    plan = make_plan(args.input, root=args.root, roll_rule=args.roll_rule, roll_days=args.roll_days,
+    plan = make_plan(_inputs(args), root=args.root, roll_rule=args.roll_rule, roll_days=args.roll_days,
                      on_error=args.on_error, jobs=args.jobs, survey_dir=pre)
     sched = plan.schedule
     out = Console()
@@ -208,6 +214,8 @@ def _roll_schedule(args: argparse.Namespace) -> int:
         t.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
                   c.expiration.isoformat() if c.expiration else "", c.reason)
     out.print(t)
+    for note in plan.notes:
+        out.print(f"note: {note}", soft_wrap=True)
     for path, reason in plan.skipped:
         out.print(f"skipped: {path}: {reason}")
     return 0
@@ -270,14 +278,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep each segment's book in <out parent>/.predecoded so a rerun with other features, "
                         "horizons or options skips decode and book (~360 bytes a row of disk): auto (default) "
                         "for books rebuilt from MBO, keep for all, none")
+    p.add_argument("--prune", action="store_true",
+                   help="delete the cache's partitions of sessions not in this run (default: keep them, listed in "
+                        "the manifest as earlier_partitions)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _read_options(p)  # --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
     p.set_defaults(func=_precompute)
 
     r = sub.add_parser("roll-schedule", help="print the front-month contract chosen per CME Globex session",
                        parents=common)
-    r.add_argument("--input", nargs="+", action="extend", metavar="PATH", required=True, type=_PATH,
-                   help="DBN files or directories (book data; trades and definitions optional)")
+    r.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
+                   help="DBN files or directories (book data; trades and definitions optional; default: the "
+                        "embedded sample in data/, as precompute)")
     r.add_argument("--root", default="ES", type=option(val.validate_root), help="product root (default: ES)")
     r.add_argument("--out", default=None, type=_PATH,
                    help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")

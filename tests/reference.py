@@ -9,14 +9,24 @@ import numpy as np
 from alphafeat.types import UNDEF_PRICE
 
 
-def slow_rebuild(records: np.ndarray, levels: int = 10):
+def slow_rebuild(records: np.ndarray, levels: int = 10, unknown: list | None = None):
     """Plain-Python MBO replay (dicts of orders and levels), written independently.
 
     Rules (Databento MBO): A adds; C removes ``size`` from the order (all of it ends the
     order); M replaces price/size (unknown id = add); R clears; T/F/N leave the book. A row
     at every F_LAST record that follows a book change.
-    Returns a list of (record index, bids[(px, sz, ct)], asks[(px, sz, ct)]).
+    Returns a list of (record index, bids[(px, sz, ct)], asks[(px, sz, ct)]). ``unknown``, when
+    given, receives the index of every cancel or modify of an order id not resting in the book
+    at a price within the ``levels`` best levels of its side (or any price when the side has
+    fewer levels).
     """
+
+    def near(side, px):
+        if side not in lv:
+            return True
+        best = heapq.nlargest(levels, lv[side]) if side == b"B" else heapq.nsmallest(levels, lv[side])
+        return len(best) < levels or (px >= best[-1] if side == b"B" else px <= best[-1])
+
     orders: dict[int, tuple[int, int, bytes]] = {}
     lv = {b"B": {}, b"A": {}}
 
@@ -33,6 +43,8 @@ def slow_rebuild(records: np.ndarray, levels: int = 10):
     for k, r in enumerate(records.tolist()):
         rec = dict(zip(records.dtype.names, r))
         act, oid = rec["action"], rec["order_id"]
+        if unknown is not None and act in (b"C", b"M") and oid not in orders and near(rec["side"], rec["price"]):
+            unknown.append(k)
         if act == b"C":
             if oid in orders:
                 px, sz, side = orders.pop(oid)

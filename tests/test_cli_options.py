@@ -75,6 +75,7 @@ CASES = [
     (PRECOMPUTE, "--roll-days", ["--roll-days", "-1"], USAGE, ["'-1'"]),
     (PRECOMPUTE, "--on-error", ["--on-error", "ignore"], USAGE, ["ignore"]),
     (PRECOMPUTE, "--rebuild-predecoded", ["--rebuild-predecoded=1"], USAGE, ["'1'"]),
+    (PRECOMPUTE, "--prune", ["--prune=yes"], USAGE, ["'yes'"]),
     (PRECOMPUTE, "--jobs", ["--jobs", "0"], USAGE, ["'0'"]),
     (PRECOMPUTE, "--jobs", ["--jobs", "-2"], USAGE, ["'-2'"]),
     (PRECOMPUTE, "--jobs", ["--jobs", "many"], USAGE, ["many"]),
