@@ -437,6 +437,7 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
         notes["model"] = (f"{model_dir}: one encoder for every fold; the walk-forward is out of sample only if it "
                           "was trained on sessions before the first test session")
     out = Path(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".partial-{os.getpid()}"
     if tmp.exists():
@@ -454,6 +455,8 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
             os.replace(p, dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
     return json.loads((out / "summary.json").read_text())
 
 

@@ -159,7 +159,7 @@ def _backtest(args: argparse.Namespace) -> int:
     for r in s["aggregate"]:
         t.add_row(r["strategy"], f"{r['cost_ticks']:g}", f(r, "sharpe"), f(r, "deflated_sharpe"), f(r, "win_rate"),
                   f(r, "trades_per_session", 1), f(r, "turnover", 1), f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1))
-    Console().print(t)
+    Console(width=max(Console().width, 150)).print(t)
     for a in s["aux_head"]:
         if a.get("available"):
             Console().print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f} vs majority "

@@ -272,6 +272,14 @@ def test_bad_inputs_one_line_exit_1_nothing_written(tmp_path, capsys):
     mdir = tmp_path / "m"
     train(good, mdir, ModelConfig(d_model=16, n_layers=1, d_state=8, headdim=8, chunk_size=16, cfc_hidden=8),
           TrainConfig(window=16, burn_in=4, epochs=1, steps_per_epoch=2, device="cpu"), progress=False)
+    # alphamodel embed: per-row embeddings beside the cache; a second run refuses to replace them
+    assert cli_main(["embed", str(good), "--model", str(mdir)]) == 0
+    emb = tmp_path / "good-embeddings"
+    tab = pa.ipc.open_file(str(emb / "root=ES/session=2024-03-04/ESH4.arrow")).read_all()
+    assert tab.num_rows == 400 and "emb_023" in tab.column_names and "p_h5" in tab.column_names
+    assert np.isfinite(tab.column("emb_000").to_numpy()).all()
+    assert "exists" in _one_error(capsys, ["embed", str(good), "--model", str(mdir)])
+    capsys.readouterr()
     noimb = _hand_cache(tmp_path / "noimb", drop=("imbalance_l1",))
     assert "lacks: imbalance_l1" in _one_error(capsys, ["backtest", "--cache", str(noimb), "--model", str(mdir),
                                                         "--out", str(out), "-q"])
@@ -279,7 +287,7 @@ def test_bad_inputs_one_line_exit_1_nothing_written(tmp_path, capsys):
     cfg["model"]["d_model"] = 24
     (mdir / "config.json").write_text(json.dumps(cfg))
     assert "do not match" in _one_error(capsys, base + ["--model", str(mdir)])
-    assert not out.exists() or not any(out.iterdir())  # nothing half-written
+    assert not out.exists()  # nothing written, not even the directory
 
 
 # ---- the CLI end to end on the embedded default sample ----------------------------------------------
