@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Market", "VecEnv", "market_from_arrays", "ffill_quotes"]
+__all__ = ["Market", "VecEnv", "env_step", "market_from_arrays", "ffill_quotes"]
 
 
 @dataclass
@@ -107,12 +107,15 @@ class VecEnv:
     State tensors (N,): ``t`` int64 row, ``pos`` float32 contracts, ``fee`` float32 ticks per
     contract per side, ``acc`` float32 PnL of the open trade so far; counters ``pnl``,
     ``turnover``, ``entries``, ``closed``, ``wins`` (float32, since the last :meth:`clear`).
+    ``compile=True`` runs the step through ``torch.compile`` (fused kernels on a GPU).
     """
 
-    def __init__(self, market: Market, n: int, stride: int) -> None:
+    def __init__(self, market: Market, n: int, stride: int, compile: bool = False) -> None:
         if stride < 1:
             raise ValueError(f"stride must be >= 1, got {stride}")
         self.m, self.n, self.stride = market, int(n), int(stride)
+        # the step is a pure function of tensors; torch.compile fuses its ~40 elementwise ops
+        self.step_fn = torch.compile(env_step, dynamic=False) if compile else env_step
         dev = market.device
         self.t = market.seg_start[torch.zeros(n, dtype=torch.long, device=dev)].clone()
         z = torch.zeros(n, dtype=torch.float32, device=dev)
@@ -138,29 +141,40 @@ class VecEnv:
         Returns ``(reward (N,) float32 ticks, done (N,) bool)``; ``done`` environments are flat
         at their segment's last row (call :meth:`reset` to move them).
         """
-        m, p, q = self.m, self.pos, target.to(self.pos.dtype)
-        t = self.t
-        end = m.end[t]
-        t2 = torch.minimum(t + self.stride, end)
-        cost0 = m.half_spread[t] + self.fee
-        change = q != p
-        c_exit = torch.where(change, p.abs() * cost0, 0.0)
-        c_entry = torch.where(change, q.abs() * cost0, 0.0)
-        closed = change & (p != 0)
-        self.wins += (closed & (self.acc - c_exit > 0)).float()
-        self.closed += closed.float()
-        self.entries += (change & (q != 0)).float()
-        move = q * (m.mid[t2] - m.mid[t])
-        acc = torch.where(change, -c_entry, self.acc) + move
-        done = t2 == end
-        c_close = torch.where(done, q.abs() * (m.half_spread[t2] + self.fee), 0.0)
-        shut = done & (q != 0)
-        self.wins += (shut & (acc - c_close > 0)).float()
-        self.closed += shut.float()
-        reward = move - c_exit - c_entry - c_close
-        self.turnover += (q - p).abs() + torch.where(done, q.abs(), 0.0)
-        self.pnl += reward
-        self.pos = torch.where(done, torch.zeros_like(q), q)
-        self.acc = torch.where(done, torch.zeros_like(acc), acc)
-        self.t = t2
+        m = self.m
+        state = (self.t, self.pos, self.fee, self.acc, self.pnl, self.turnover, self.entries, self.closed, self.wins)
+        reward, done, state = self.step_fn(m.mid, m.half_spread, m.end, state, target.to(self.pos.dtype),
+                                           self.stride)
+        (self.t, self.pos, self.fee, self.acc, self.pnl, self.turnover, self.entries, self.closed,
+         self.wins) = state
         return reward, done
+
+
+def env_step(mid: torch.Tensor, half_spread: torch.Tensor, end_of: torch.Tensor, state: tuple, q: torch.Tensor,
+             stride: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """One decision of N environments (see the module docstring); pure, no Python per env.
+
+    ``state = (t, pos, fee, acc, pnl, turnover, entries, closed, wins)``, each (N,); returns
+    ``(reward, done, new state)``.
+    """
+    t, p, fee, acc0, pnl, turnover, entries, closed_n, wins = state
+    end = end_of[t]
+    t2 = torch.minimum(t + stride, end)
+    cost0 = half_spread[t] + fee
+    change = q != p
+    c_exit = torch.where(change, p.abs() * cost0, 0.0)
+    c_entry = torch.where(change, q.abs() * cost0, 0.0)
+    closed = change & (p != 0)
+    move = q * (mid[t2] - mid[t])
+    acc = torch.where(change, -c_entry, acc0) + move
+    done = t2 == end
+    c_close = torch.where(done, q.abs() * (half_spread[t2] + fee), 0.0)
+    shut = done & (q != 0)
+    wins = wins + (closed & (acc0 - c_exit > 0)).float() + (shut & (acc - c_close > 0)).float()
+    closed_n = closed_n + closed.float() + shut.float()
+    entries = entries + (change & (q != 0)).float()
+    reward = move - c_exit - c_entry - c_close
+    turnover = turnover + (q - p).abs() + torch.where(done, q.abs(), 0.0)
+    zero = torch.zeros_like(q)
+    return reward, done, (t2, torch.where(done, zero, q), fee, torch.where(done, zero, acc), pnl + reward, turnover,
+                          entries, closed_n, wins)

@@ -14,7 +14,11 @@ spread) already on the device, so the figure is the step itself, not I/O. Timed 
 ``--warmup`` steps, with ``torch.cuda.synchronize`` around the timed loop on CUDA. Prints a
 table and one JSON line.
 
-    python bench/env.py [--device cpu|cuda] [--n 1,64,1024,8192] [--steps 200] [--threads 1]
+``--compile`` adds the same two paths with the environment step (and the policy's forward)
+through ``torch.compile``
+(``env-c``, ``frozen-c``; compile time excluded by the warm-up).
+
+    python bench/env.py [--device cpu|cuda] [--n 1,64,1024,8192] [--steps 200] [--threads 1] [--compile]
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ def _market(sessions: int, rows: int, device: str, seed: int = 0):
     return market_from_arrays(bids, [b + 0.25 for b in bids], 0.25, 12.5, device)
 
 
-def _run(path: str, n: int, market, stride: int, steps: int, warmup: int, dim: int, device: str) -> float:
+def _run(path: str, n: int, market, stride: int, steps: int, warmup: int, dim: int, device: str,
+         compile: bool = False) -> float:
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(0)
-    env = VecEnv(market, n, stride)
+    env = VecEnv(market, n, stride, compile=compile)
     T = market.mid.numel()
     all_ = torch.ones(n, dtype=torch.bool, device=dev)
     env.reset(all_, torch.randint(0, T - 1, (n,), device=dev, generator=g), torch.rand(n, device=dev, generator=g))
@@ -50,12 +55,18 @@ def _run(path: str, n: int, market, stride: int, steps: int, warmup: int, dim: i
     z = support(51, -20, 20, dev)
     targets = torch.randint(-1, 2, (16, n), device=dev, generator=g).float()
 
+    def policy(rows: torch.Tensor, pos: torch.Tensor, fee: torch.Tensor) -> torch.Tensor:
+        obs = torch.cat([emb[rows], torch.sign(pos)[:, None], fee[:, None]], 1)
+        return (greedy(torch.softmax(net(obs)[0], -1), z) - 1).float()
+
+    if compile:
+        policy = torch.compile(policy, dynamic=False)
+
     def one(k: int) -> None:
         if path == "env":
             target = targets[k % 16]
         else:
-            obs = torch.cat([emb[env.t], torch.sign(env.pos)[:, None], env.fee[:, None]], 1)
-            target = (greedy(torch.softmax(net(obs)[0], -1), z) - 1).float()
+            target = policy(env.t, env.pos, env.fee)
         _, done = env.step(target)
         env.reset(done, torch.randint(0, T - 1, (n,), device=dev, generator=g))
 
@@ -83,6 +94,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000, help="rows per session")
     ap.add_argument("--dim", type=int, default=64, help="embedding width of the frozen path")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (paths env-c, frozen-c)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -90,8 +102,9 @@ def main() -> None:
     res = []
     for n in (int(x) for x in a.n.split(",")):
         for path in ("env", "frozen"):
-            res.append({"path": path, "n": n, "env_steps_per_s": _run(path, n, market, a.stride, a.steps, a.warmup,
-                                                                       a.dim, a.device)})
+            for comp in ((False, True) if a.compile else (False,)):
+                res.append({"path": path + ("-c" if comp else ""), "n": n, "env_steps_per_s": _run(
+                    path, n, market, a.stride, a.steps, a.warmup, a.dim, a.device, comp)})
     t = Table(title=f"env-steps/s on {a.device} (stride {a.stride}, {torch.get_num_threads()} threads)")
     for c in ("path", "N", "env-steps/s", "rows/s (x stride)"):
         t.add_column(c, justify="right")
