@@ -511,6 +511,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
     h_pick = int(np.argmin([abs(h - cfg.stride) for h in data.horizons]))
     results, fold_info, aux_info = [], [], []
     curves: dict = {}
+    given_emb: dict = {}
     n_steps = cfg.policy_steps + (cfg.finetune_steps if cfg.fine_tune else 0)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress, transient=False) as bar:
@@ -520,7 +521,13 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             tcm = meta.get("train", {})
             window, burn = int(tcm.get("window", 64)), int(tcm.get("burn_in", 16))
             segs = sorted(set(tr_s.tolist()) | set(te_s.tolist()))
-            emb_np = embed_segments(model, norm, data, segs, window, burn, device)
+            if given is None:
+                emb_np = embed_segments(model, norm, data, segs, window, burn, device)
+            else:  # one model for every fold: its embeddings are computed once
+                if not given_emb:
+                    given_emb.update(embed_segments(model, norm, data, list(range(len(data.segments))), window, burn,
+                                                    device))
+                emb_np = {s: given_emb[s] for s in segs}
             D = next(iter(emb_np.values()))[0].shape[1]
             emb = torch.zeros(T, D, device=device)
             phead = np.full(T, 0.5)

@@ -280,6 +280,14 @@ def test_bad_inputs_one_line_exit_1_nothing_written(tmp_path, capsys):
     assert np.isfinite(tab.column("emb_000").to_numpy()).all()
     assert "exists" in _one_error(capsys, ["embed", str(good), "--model", str(mdir)])
     capsys.readouterr()
+    # a given model serves every fold (its embeddings computed once); the summary says it must predate the tests
+    ok = tmp_path / "ok"
+    assert cli_main(["backtest", "--cache", str(good), "--model", str(mdir), "--out", str(ok), "-q", "--stride", "50",
+                     "--policy-steps", "6", "--envs", "8", "--costs", "0,0.5", "--device", "cpu"]) == 0
+    s = json.loads((ok / "summary.json").read_text())
+    assert "trained on sessions before the first test session" in s["notes"]["model"]
+    assert {(r["fold"], r["cost_ticks"]) for r in s["results"]} == {(0, 0.0), (0, 0.5), (1, 0.0), (1, 0.5)}
+    capsys.readouterr()
     noimb = _hand_cache(tmp_path / "noimb", drop=("imbalance_l1",))
     assert "lacks: imbalance_l1" in _one_error(capsys, ["backtest", "--cache", str(noimb), "--model", str(mdir),
                                                         "--out", str(out), "-q"])
