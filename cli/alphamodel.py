@@ -1,7 +1,10 @@
 """``alphamodel``: train Mamba2 -> CfC -> multi-horizon heads on an alphafeat cache.
 
 Subcommands
-    train   purged walk-forward training with per-horizon AUCs against baselines
+    train     purged walk-forward training with per-horizon AUCs against baselines
+    backtest  a C51 trading policy on the encoder, walk-forward over sessions, per cost level,
+              beside baselines (flat, long, OFI sign, logistic, direction heads)
+    embed     per-row embeddings of a trained model, written beside the cache
 
 ``alphamodel train`` with no ``--cache`` builds the cache of the embedded default sample under
 ``OUT/cache`` (if absent) and trains a tiny model on it (a few minutes on 2 CPU cores).
@@ -83,6 +86,82 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise AlphafeatError(f"{option}: expected comma-separated numbers, got {text!r}") from e
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    from alphamodel.backtest import BacktestConfig, backtest
+    from alphamodel.c51 import C51Config
+
+    extra: dict = {}
+    if args.config:
+        p = Path(args.config)
+        try:
+            extra = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise AlphafeatError(f"{p}: cannot read the config ({e})") from e
+        if not isinstance(extra, dict):
+            raise AlphafeatError(f"{p}: the config must be a JSON object of BacktestConfig fields")
+    try:
+        c51 = C51Config.from_dict(extra.pop("c51", {}))
+        cfg = BacktestConfig(c51=c51, **extra)
+    except (TypeError, ValueError) as e:
+        raise AlphafeatError(f"{args.config}: {e}") from e
+    cfg.costs = _floats(args.costs, "--costs") if args.costs is not None else cfg.costs
+    for key in ("folds", "stride", "envs", "device", "seed", "embargo", "policy_steps"):
+        v = getattr(args, key)
+        if v is not None:
+            setattr(cfg, key, v)
+    cfg.fine_tune = cfg.fine_tune or args.fine_tune
+    cfg.kelly = cfg.kelly and not args.no_kelly
+    cfg.validate()
+    out = Path(args.out)
+    cache = Path(args.cache) if args.cache else _default_cache(out, args.quiet)
+    if not args.quiet and not args.cache:
+        from alphamodel.data import CacheData
+
+        n = len(CacheData.open(cache).segments)
+        k = cfg.folds or max(2, min(5, n - 1 - cfg.embargo))
+        console.print(f"embedded default sample: {n} sessions -> {k} walk-forward folds "
+                      f"(expanding window, at least 2; the first session only trains)")
+    s = backtest(cache, out, args.model, cfg, progress=not args.quiet)
+    t = Table(title=f"alphamodel backtest -> {s['out']}  ({len(s['folds'])} folds, mean +- SD across folds)")
+    for col in ("strategy", "cost", "Sharpe (ann.)", "DSR", "win rate", "trades/sess", "turnover/sess", "max DD",
+                "PnL ticks"):
+        t.add_column(col, justify="right")
+
+    def f(row: dict, m: str, d: int = 2) -> str:
+        a, b = row[m + "_mean"], row[m + "_sd"]
+        if a is None:
+            return "n/a"
+        return f"{a:.{d}f}" + (f" +- {b:.{d}f}" if b is not None else "")
+
+    for r in s["aggregate"]:
+        t.add_row(r["strategy"], f"{r['cost_ticks']:g}", f(r, "sharpe"), f(r, "deflated_sharpe"), f(r, "win_rate"),
+                  f(r, "trades_per_session", 1), f(r, "turnover", 1), f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1))
+    Console(width=max(Console().width, 150)).print(t)
+    for a in s["aux_head"]:
+        if a.get("available"):
+            Console().print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f} vs majority "
+                            f"rate {a['test_majority_rate']:.3f} ({a['test_decisions']} test decisions; train "
+                            f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
+    Console().print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
+                    "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
+    return 0
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from alphamodel.embed import write_embeddings
+
+    path = write_embeddings(args.cache, args.model, args.out, args.device)
+    Console().print(f"embeddings written to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``alphamodel`` argument parser; option values are checked by :mod:`alphafeat.validation`."""
     ap = Parser(prog="alphamodel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,6 +185,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="torch.compile the Mamba2 blocks and the CfC cell")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
+
+    b = sub.add_parser("backtest", help="walk-forward backtest of a C51 trading policy beside baselines")
+    b.add_argument("--cache", help="cache directory (default: build one from the embedded sample under OUT/cache)")
+    b.add_argument("--model", help="an `alphamodel train` output directory (default: train a small encoder per "
+                                   "fold on its training sessions)")
+    b.add_argument("--out", default="out-backtest", help="output directory (default: ./out-backtest)")
+    b.add_argument("--folds", type=int, help="walk-forward folds (default: as many as the sessions allow, 2 to 5)")
+    b.add_argument("--embargo", type=int, help="sessions dropped from training before each test block (default 0)")
+    b.add_argument("--costs", help="fee levels, ticks per contract per side (default 0,0.0625,0.125,0.25,0.5)")
+    b.add_argument("--stride", type=int, help="rows between decisions (default 200)")
+    b.add_argument("--envs", type=int, help="parallel training environments (default 64)")
+    b.add_argument("--policy-steps", dest="policy_steps", type=int, help="C51 training steps per fold (default 400)")
+    b.add_argument("--fine-tune", dest="fine_tune", action="store_true",
+                   help="also fine-tune the encoder with the C51 loss (strategy c51-finetune)")
+    b.add_argument("--no-kelly", dest="no_kelly", action="store_true", help="unit position size")
+    b.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    b.add_argument("--seed", type=int)
+    b.add_argument("--config", help="JSON file of BacktestConfig fields (with 'c51': {...C51Config})")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=_backtest)
+
+    e = sub.add_parser("embed", help="write per-row embeddings of a trained model beside the cache")
+    e.add_argument("cache", help="cache directory")
+    e.add_argument("--model", required=True, help="an `alphamodel train` output directory")
+    e.add_argument("--out", help="output directory (default: CACHE-embeddings beside the cache)")
+    e.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    e.set_defaults(func=_embed)
     return ap
 
 

@@ -1,0 +1,111 @@
+"""Per-row embeddings of a trained ``alphamodel train`` model (the frozen-encoder path).
+
+The embedding of row t is what the model's heads read, without the row's own inputs: the CfC
+state and the Mamba2 stack's output at t, ``concat(cfc, encoder)`` — shape
+``(cfc_hidden + d_model,)`` float32 — computed over windows of the model's training length
+``K`` with its burn-in (every row scored once, as :meth:`CacheData.eval_windows` tiles a
+segment: each row sees at least ``burn_in`` rows of context after a segment's first window).
+Beside it the direction probabilities of the heads, one per horizon.
+
+:func:`write_embeddings` (``alphamodel embed CACHE --model DIR``) writes them as an Arrow
+dataset beside the cache: ``CACHE-embeddings/root=../session=../NAME.arrow`` with columns
+``ts_recv``, ``emb_000 ...`` and ``p_h{h}``, and ``_embeddings.json`` naming the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from alphafeat.errors import AlphafeatError
+from alphamodel.data import CacheData, Normaliser
+from alphamodel.model import AlphaModel
+
+__all__ = ["embed_segments", "check_model_inputs", "write_embeddings"]
+
+
+def check_model_inputs(data: CacheData, norm: Normaliser, where: str) -> None:
+    """Raise AlphafeatError when the model reads features the cache does not have."""
+    missing = [n for n in norm.names if n not in data.feature_names]
+    if missing:
+        raise AlphafeatError(f"{where}: the model reads feature(s) the cache {data.root} lacks: "
+                             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+
+
+@torch.no_grad()
+def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: list[int], window: int,
+                   burn_in: int, device: torch.device, batch_size: int = 128
+                   ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Embeddings and direction probabilities of every row of the segments ``segs``.
+
+    Returns ``{seg: (emb (n, D) float32, probs (n, H) float32)}``.
+    """
+    model.eval()
+    rows = np.concatenate([np.arange(data.offsets[k], data.offsets[k + 1]) for k in segs])
+    wins = data.eval_windows(rows, window, burn_in)
+    out = {k: (np.zeros((data.segments[k].n, model.cfg.cfc_hidden + model.cfg.d_model), np.float32),
+               np.zeros((data.segments[k].n, model.cfg.n_horizons), np.float32)) for k in segs}
+    for i in range(0, len(wins), batch_size):
+        b = data.batch(wins[i : i + batch_size], window, norm)
+        x = torch.from_numpy(b.x).to(device)
+        dt = torch.from_numpy(b.dt).to(device)
+        h = model.encode(x)
+        s = model.cfc(h, dt)
+        seq = torch.cat([s.to(h.dtype), h], dim=-1)
+        p = torch.sigmoid(model.heads(torch.cat([seq, x.to(h.dtype)], dim=-1)).float())
+        seq, p = seq.float().cpu().numpy(), p.cpu().numpy()
+        for w, m, r, e, q in zip(wins[i : i + batch_size], b.mask, b.rows, seq, p):
+            local = r[m] - data.offsets[w.seg]
+            out[w.seg][0][local] = e[m]
+            out[w.seg][1][local] = q[m]
+    return out
+
+
+def write_embeddings(cache: str | os.PathLike[str], model_dir: str | os.PathLike[str],
+                     out: str | os.PathLike[str] | None = None, device: str = "cpu") -> Path:
+    """``alphamodel embed``: write the embeddings of every row of ``cache`` (see module docstring).
+
+    The dataset is written under a temporary name and renamed when complete; an existing
+    ``out`` is refused (never replaced quietly). Returns the dataset's path.
+
+    Raises AlphafeatError: bad cache or model, features missing, ``out`` exists.
+    """
+    import pyarrow as pa
+
+    from alphamodel.train import load_model, resolve_device
+
+    cache = Path(cache)
+    out = Path(out) if out else cache.parent / (cache.name + "-embeddings")
+    if out.exists():
+        raise AlphafeatError(f"{out}: exists; remove it or pass another --out")
+    dev = resolve_device(device)
+    data = CacheData.open(cache)
+    model, norm, meta = load_model(model_dir, str(dev))
+    check_model_inputs(data, norm, str(model_dir))
+    tc = meta.get("train", {})
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        for k, seg in enumerate(data.segments):
+            emb, probs = embed_segments(model, norm, data, [k], int(tc.get("window", 64)),
+                                        int(tc.get("burn_in", 16)), dev)[k]
+            cols = {"ts_recv": pa.array(seg.ts, pa.timestamp("ns", tz="UTC"))}
+            cols.update({f"emb_{j:03d}": pa.array(emb[:, j]) for j in range(emb.shape[1])})
+            cols.update({f"p_h{h}": pa.array(probs[:, j]) for j, h in enumerate(data.horizons)})
+            rel = seg.path.relative_to(cache) if seg.path.is_relative_to(cache) else Path(seg.path.name)
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            table = pa.table(cols)
+            with pa.OSFile(str(tmp / rel), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+                w.write_table(table)
+        (tmp / "_embeddings.json").write_text(json.dumps({
+            "cache": str(cache.resolve()), "model": str(Path(model_dir).resolve()), "dim": int(emb.shape[1]),
+            "horizons": data.horizons, "layout": "emb = concat(CfC state, Mamba2 output) at the row"}, indent=1))
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,334 @@
+"""alphamodel backtest: C51 projection, environment by hand, Thompson, Sharpe statistics, folds,
+fine-tuning, the CLI end to end on the embedded sample and its bad inputs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from alphafeat.cache import FORMAT_VERSION, MANIFEST
+from alphamodel.c51 import C51Net, NStep, project, project_slow, support, thompson
+from alphamodel.env import VecEnv, market_from_arrays
+from alphamodel.kelly import kelly_size
+from alphamodel.sharpe import expected_max_sharpe, max_drawdown, psr, sharpe, sharpe_stats
+from cli.alphamodel import main as cli_main
+
+
+# ---- C51 projection (reference-values.md: Bellemare et al. 2017, worked by hand) -------------
+def test_projection_hand_values_and_terminal():
+    z = support(5, -2.0, 2.0)
+    p = torch.tensor([[0.1, 0.2, 0.4, 0.2, 0.1]] * 2)
+    m = project(p, torch.tensor([0.5, 0.5]), torch.tensor([0.9, 0.0]), z)
+    assert m[0].tolist() == pytest.approx([0.03, 0.15, 0.32, 0.32, 0.18], abs=1e-6)
+    assert float((m[0] * z).sum()) == pytest.approx(0.47, abs=1e-6)
+    assert m[1].tolist() == pytest.approx([0, 0, 0.5, 0.5, 0], abs=1e-6)  # terminal: T z = 0.5
+
+
+def test_projection_l_equals_u_keeps_mass():
+    z = support(5, -2.0, 2.0)
+    p = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
+    m = project(p, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0]), z)  # atoms land on atoms
+    assert m[0].tolist() == pytest.approx([0, 0, 0, 0, 1.0])
+    assert m[1].tolist() == pytest.approx([0, 0.2, 0.2, 0.2, 0.4])  # shifted by one atom, the top clipped
+
+
+def test_projection_random_mass_mean_and_slow_reference():
+    g = torch.Generator().manual_seed(1)
+    z = support(51, -10.0, 10.0)
+    p = torch.softmax(torch.randn(64, 51, generator=g) * 2, -1)
+    r = torch.randn(64, generator=g) * 6
+    disc = torch.where(torch.rand(64, generator=g) < 0.2, 0.0, 0.97 ** 3)
+    r[:4] = torch.tensor([0.0, 0.4, -10.0, 25.0])  # exact atoms and clipped ends
+    m = project(p, r, disc, z)
+    assert torch.allclose(m.sum(-1), torch.ones(64), atol=1e-5)
+    clipped_mean = (p * (r[:, None] + disc[:, None] * z).clamp(-10, 10)).sum(-1)
+    assert torch.allclose((m * z).sum(-1), clipped_mean, atol=1e-4)
+    ref = torch.tensor(project_slow(p.tolist(), r.tolist(), disc.tolist(), z.tolist()))
+    assert torch.allclose(m, ref, atol=1e-5)
+
+
+def test_nstep_returns_stop_at_done():
+    ns = NStep(3, 0.5)
+    s = {"row": torch.tensor([0, 10])}
+    outs = [ns.push(s, torch.tensor([1, 2]), torch.tensor([1.0, 1.0]), torch.tensor(d), s)
+            for d in ([0.0, 0.0], [0.0, 1.0], [0.0, 0.0])]
+    assert outs[0] is None and outs[1] is None
+    o = outs[2]
+    assert o["reward"].tolist() == pytest.approx([1 + 0.5 + 0.25, 1 + 0.5])  # env 1 ended at step 2
+    assert o["disc"].tolist() == pytest.approx([0.125, 0.0])
+
+
+# ---- Thompson sampling --------------------------------------------------------------------
+def test_thompson_picks_in_proportion_to_probability_of_being_best():
+    z = support(5, -2.0, 2.0)
+    probs = torch.tensor([[0.1, 0.2, 0.4, 0.2, 0.1], [0.3, 0.0, 0.0, 0.3, 0.4], [0.0, 0.0, 0.0, 1.0, 0.0]])
+    exact = np.zeros(3)  # enumerate the joint draws; argmax takes the first action on a tie
+    for idx in itertools.product(range(5), repeat=3):
+        w = float(np.prod([probs[a, i] for a, i in enumerate(idx)]))
+        exact[int(np.argmax([z[i] for i in idx]))] += w
+    n = 200_000
+    pick = thompson(probs.expand(n, 3, 5), z, torch.Generator().manual_seed(0))
+    freq = torch.bincount(pick, minlength=3).numpy() / n
+    se = np.sqrt(exact * (1 - exact) / n)
+    assert np.all(np.abs(freq - exact) < 5 * se + 1e-9), (freq, exact)
+    assert exact.sum() == pytest.approx(1.0)
+    # non-trivial: the greedy mean picks action 2 (mean 1.0 vs 0.5 for action 1) only, while
+    # Thompson takes action 1 most often (it beats a sure 1 whenever it draws a 2)
+    assert exact[1] == pytest.approx(0.57, abs=1e-6) and exact[2] == pytest.approx(0.21, abs=1e-6)
+
+
+# ---- environment by hand ---------------------------------------------------------------------
+BID = np.array([100.00, 100.25, 100.50, 100.25, 100.75])
+ASK = BID + 0.25
+
+
+def _env(targets_per_step, fee=0.1, stride=2):
+    m = market_from_arrays([BID], [ASK], tick=0.25, tick_value=12.5)
+    n = len(targets_per_step[0])
+    env = VecEnv(m, n, stride)
+    env.reset(torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long), torch.full((n,), fee))
+    rewards, dones = [], []
+    for tg in targets_per_step:
+        r, d = env.step(torch.tensor(tg, dtype=torch.float32))
+        rewards.append(r.tolist())
+        dones.append(d.tolist())
+    return env, np.array(rewards), dones
+
+
+def test_env_pnl_costs_and_fills_by_hand():
+    # env 0: long at row 0 (ask 100.25), flat at row 2 (bid 100.50); env 1: long held to the end
+    # (closed at row 4's bid 100.75); env 2: short held to the end (sold 100.00, bought 101.00)
+    env, r, dones = _env([[1, 1, -1], [0, 1, -1]])
+    # step 1: half spread 0.5 + fee 0.1 to enter; mid 100.125 -> 100.625 = 2 ticks
+    assert r[0].tolist() == pytest.approx([2 - 0.6, 2 - 0.6, -2 - 0.6])
+    # step 2: env 0 exits (0.6); env 1 gains 1 tick and is closed at the end (0.6); env 2 -1 - 0.6
+    assert r[1].tolist() == pytest.approx([-0.6, 1 - 0.6, -1 - 0.6])
+    assert dones == [[False] * 3, [True] * 3]
+    # totals equal the cash accounting: fills at bid/ask, fee per side
+    cash = [(100.50 - 100.25) / 0.25 - 0.2, (100.75 - 100.25) / 0.25 - 0.2, (100.00 - 101.00) / 0.25 - 0.2]
+    assert env.pnl.tolist() == pytest.approx(cash)
+    assert (env.pnl * env.m.tick_value).tolist() == pytest.approx([c * 12.5 for c in cash])  # 0.8 tick = 10 USD
+    assert env.pos.tolist() == [0, 0, 0]  # flat at the session end
+    assert env.entries.tolist() == [1, 1, 1] and env.turnover.tolist() == [2, 2, 2]
+    assert env.wins.tolist() == [1, 1, 0] and env.closed.tolist() == [1, 1, 1]
+
+
+def test_no_position_across_a_session_end():
+    # two sessions; the second opens 40 points higher: a position must never earn that gap
+    bids = [np.full(6, 100.0) + 0.25 * np.arange(6), np.full(6, 140.0)]
+    m = market_from_arrays(bids, [b + 0.25 for b in bids], tick=0.25)
+    env = VecEnv(m, 1, stride=4)
+    env.reset(torch.tensor([True]), torch.tensor([0]), torch.tensor([0.0]))
+    total = 0.0
+    for _ in range(4):
+        r, d = env.step(torch.tensor([1.0]))
+        total += float(r)
+        assert int(env.t) <= 5  # never steps into the next session
+        if bool(d):
+            assert float(env.pos) == 0.0
+    # long from row 0 to the end of session 1: 5 ticks of mid, 0.5 tick half spread each way, then
+    # repeated entries at the last row are closed at once (cost 1 tick each, no gain)
+    assert total == pytest.approx(5 - 1.0 - 2 * 1.0)
+
+
+def test_kelly_size_formula():
+    s = kelly_size(torch.tensor([1.0, 1.0, -1.0, 1.0]), torch.tensor([0.1, float("nan"), 0.1, 0.01]), 100.0,
+                   k=2.0, max_size=2.0, var_floor=0.25)
+    # var = 0.01 * 100 = 1 -> 2 * 1 / 1 = 2; NaN vol -> floor 0.25 -> 8 clipped to 2; negative edge -> 0
+    assert s.tolist() == pytest.approx([2.0, 2.0, 0.0, 2.0])
+    assert float(kelly_size(torch.tensor([0.25]), torch.tensor([0.1]), 100.0)) == pytest.approx(0.5)
+
+
+# ---- Sharpe statistics (reference-values.md: Bailey & López de Prado 2012, 2014) -------------
+def test_psr_and_deflated_sharpe_worked_example():
+    assert psr(0.1, 252, -0.5, 4.0) == pytest.approx(0.9383, abs=1e-4)
+    sr_star = expected_max_sharpe(0.002, 20)
+    assert sr_star == pytest.approx(0.0850, abs=1e-4)
+    assert psr(0.1, 252, -0.5, 4.0, sr_star) == pytest.approx(0.5914, abs=1e-4)
+
+
+def test_annualised_sharpe_and_drawdown():
+    d = np.array([1.0, -0.5, 2.0, 0.5])
+    assert sharpe(d) == pytest.approx(d.mean() / d.std(ddof=1))
+    st = sharpe_stats(d, np.array([0.1, 0.2, sharpe(d)]))
+    assert st["sharpe"] == pytest.approx(sharpe(d) * math.sqrt(252))
+    assert 0 < st["deflated_sharpe"] < st["psr"] < 1  # deflating by trials lowers it
+    assert math.isnan(sharpe(np.array([3.0])))
+    assert max_drawdown(np.array([1.0, 3.0, 0.5, 2.0, -1.0])) == pytest.approx(4.0)
+
+
+# ---- folds ------------------------------------------------------------------------------------
+def test_folds_never_train_at_or_after_test_and_purge_overlaps():
+    from alphamodel.backtest import fold_sessions
+
+    starts = np.arange(8) * 100
+    ends = starts + 90
+    ends[3] = 420  # session 3 runs into session 4
+    folds = fold_sessions(starts, ends, 3)
+    assert [te.tolist() for _, te in folds] == [[2, 3], [4, 5], [6, 7]]
+    assert [tr.tolist() for tr, _ in folds] == [[0, 1], [0, 1, 2], [0, 1, 2, 3, 4, 5]]  # 3 purged for [4, 5]
+    folds = fold_sessions(starts, ends, 3, embargo=1)
+    assert [tr.tolist() for tr, _ in folds] == [[0], [0, 1, 2], [0, 1, 2, 3, 4]]
+    for tr, te in folds:
+        assert tr.max() < te.min() - 1  # never at or after the test block, one session between
+        assert np.all(ends[tr] <= starts[te.min()])  # no training span reaches the test block
+
+
+# ---- fine-tune path: encoder weights change, gradients finite ----------------------------------
+def test_fine_tune_changes_the_encoder_with_finite_grads(tmp_path):
+    from alphamodel import backtest as bt
+    from alphamodel.data import CacheData
+    from alphamodel.model import AlphaModel, ModelConfig
+
+    root = _hand_cache(tmp_path / "c", sessions=1, n=200)
+    data = CacheData.open(root)
+    norm = data.fit_normaliser(np.arange(data.n_rows))
+    torch.manual_seed(0)
+    model = AlphaModel(ModelConfig(n_features=len(norm.names), n_horizons=2, d_model=16, n_layers=1, d_state=8,
+                                   headdim=8, chunk_size=16, cfc_hidden=8, dropout=0.0))
+    D = 8 + 16
+    obs = bt._EncoderObs(model, norm, data, 16, torch.zeros(D), torch.ones(D), 0.5)
+    net = C51Net(D + 2)
+    opt = torch.optim.Adam([*net.parameters(), *model.parameters()], lr=1e-2)
+    cfg = bt.BacktestConfig()
+    z = support(51, -20, 20)
+    tb = torch.zeros(data.n_rows, dtype=torch.long)
+    learner = bt._Learner(net, C51Net(D + 2), obs, z, opt, tb, cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    k = 8
+    batch = {"s_row": torch.arange(20, 20 + k), "s_pos": torch.zeros(k), "s_fee": torch.zeros(k),
+             "n_row": torch.arange(40, 40 + k), "n_pos": torch.zeros(k), "n_fee": torch.zeros(k),
+             "action": torch.randint(0, 3, (k,)), "reward": torch.randn(k), "disc": torch.full((k,), 0.9)}
+    learner.learn(batch, torch.Generator().manual_seed(0))
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert "embed.weight" in changed and any(n.startswith("cfc") for n in changed)
+
+
+# ---- a hand-made cache for the bad inputs ----------------------------------------------------------
+def _hand_cache(root, sessions=3, n=400, seed=0, drop=()):
+    rng = np.random.default_rng(seed)
+    parts = []
+    for s in range(sessions):
+        mid = 5000 + 0.25 * np.concatenate([[0.0], np.cumsum(rng.choice([-1.0, 1.0], n - 1))])
+        ts = (np.datetime64(f"2024-03-0{s + 4}T14:00:00", "ns").astype(np.int64)
+              + np.cumsum(rng.integers(1_000_000, 50_000_000, n)))
+        cols = {"ts_recv": pa.array(ts, pa.timestamp("ns", tz="UTC")), "mid": pa.array(mid),
+                "bid_px_00": pa.array(mid - 0.125), "ask_px_00": pa.array(mid + 0.125),
+                "imbalance_l1": pa.array(rng.uniform(-1, 1, n)), "ofi_l01": pa.array(rng.normal(size=n)),
+                "realized_vol_60s": pa.array(np.full(n, 0.2)),
+                "tb_label": pa.array(rng.choice([-1.0, 0.0, 1.0], n).astype(np.float32))}
+        for h in (2, 5):
+            cols[f"label_h{h}"] = pa.array(rng.choice([0.0, 1.0], n).astype(np.float32))
+        for c in drop:
+            cols.pop(c)
+        rel = f"root=ES/session=2024-03-0{s + 4}/ESH4.arrow"
+        (root / rel).parent.mkdir(parents=True)
+        with pa.OSFile(str(root / rel), "wb") as f, pa.ipc.new_file(f, pa.table(cols).schema) as w:
+            w.write_table(pa.table(cols))
+        parts.append(rel)
+    columns = [{"name": "mid", "unit": "index points", "source": "standard"},
+               {"name": "bid_px_00", "unit": "index points", "source": "book"},
+               {"name": "ask_px_00", "unit": "index points", "source": "book"}]
+    manifest = {"format_version": FORMAT_VERSION, "params": {"horizons": [2, 5], "features": {"tick_size": 0.25}},
+                "columns": columns, "partitions": parts}
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def _one_error(capsys, argv):
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_bad_inputs_one_line_exit_1_nothing_written(tmp_path, capsys):
+    good = _hand_cache(tmp_path / "good")
+    out = tmp_path / "o"
+    base = ["backtest", "--cache", str(good), "--out", str(out), "-q"]
+    assert "out of range" in _one_error(capsys, base + ["--costs", "0,-0.5"])
+    assert "out of range" in _one_error(capsys, base + ["--costs", "0,50"])
+    assert "comma-separated" in _one_error(capsys, base + ["--costs", "0,x"])
+    assert "--stride" in _one_error(capsys, base + ["--stride", "0"])
+    assert "--stride 400: out of range" in _one_error(capsys, base + ["--stride", "400"])
+    assert "too few" in _one_error(capsys, base + ["--folds", "3"])
+    nobook = _hand_cache(tmp_path / "nobook", drop=("bid_px_00",))
+    assert "missing column(s) bid_px_00" in _one_error(capsys, ["backtest", "--cache", str(nobook), "--out",
+                                                                str(out), "-q"])
+    novol = _hand_cache(tmp_path / "novol", drop=("realized_vol_60s",))
+    assert "--no-kelly" in _one_error(capsys, ["backtest", "--cache", str(novol), "--out", str(out), "-q"])
+    # a checkpoint whose weights do not fit its config, and one that reads features the cache lacks
+    from alphamodel.model import ModelConfig
+    from alphamodel.train import TrainConfig, train
+
+    mdir = tmp_path / "m"
+    train(good, mdir, ModelConfig(d_model=16, n_layers=1, d_state=8, headdim=8, chunk_size=16, cfc_hidden=8),
+          TrainConfig(window=16, burn_in=4, epochs=1, steps_per_epoch=2, device="cpu"), progress=False)
+    # alphamodel embed: per-row embeddings beside the cache; a second run refuses to replace them
+    assert cli_main(["embed", str(good), "--model", str(mdir)]) == 0
+    emb = tmp_path / "good-embeddings"
+    tab = pa.ipc.open_file(str(emb / "root=ES/session=2024-03-04/ESH4.arrow")).read_all()
+    assert tab.num_rows == 400 and "emb_023" in tab.column_names and "p_h5" in tab.column_names
+    assert np.isfinite(tab.column("emb_000").to_numpy()).all()
+    assert "exists" in _one_error(capsys, ["embed", str(good), "--model", str(mdir)])
+    capsys.readouterr()
+    # a given model serves every fold (its embeddings computed once); the summary says it must predate the tests
+    ok = tmp_path / "ok"
+    assert cli_main(["backtest", "--cache", str(good), "--model", str(mdir), "--out", str(ok), "-q", "--stride", "50",
+                     "--policy-steps", "6", "--envs", "8", "--costs", "0,0.5", "--device", "cpu"]) == 0
+    s = json.loads((ok / "summary.json").read_text())
+    assert "trained on sessions before the first test session" in s["notes"]["model"]
+    assert {(r["fold"], r["cost_ticks"]) for r in s["results"]} == {(0, 0.0), (0, 0.5), (1, 0.0), (1, 0.5)}
+    capsys.readouterr()
+    noimb = _hand_cache(tmp_path / "noimb", drop=("imbalance_l1",))
+    assert "lacks: imbalance_l1" in _one_error(capsys, ["backtest", "--cache", str(noimb), "--model", str(mdir),
+                                                        "--out", str(out), "-q"])
+    cfg = json.loads((mdir / "config.json").read_text())
+    cfg["model"]["d_model"] = 24
+    (mdir / "config.json").write_text(json.dumps(cfg))
+    assert "do not match" in _one_error(capsys, base + ["--model", str(mdir)])
+    assert not out.exists()  # nothing written, not even the directory
+
+
+# ---- the CLI end to end on the embedded default sample ----------------------------------------------
+def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
+    from alphafeat.pipeline import DEFAULT_DATA_DIR
+
+    if not any(DEFAULT_DATA_DIR.glob("*.dbn.zst")):
+        pytest.skip("the embedded default sample (data/) is absent")
+    out = tmp_path / "bt"
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"encoder_epochs": 1, "encoder_steps": 4, "finetune_steps": 6,
+                               "c51": {"batch_size": 64, "hidden": 32}}))
+    rc = cli_main(["backtest", "--out", str(out), "--policy-steps", "12", "--envs", "16", "--costs", "0,0.25",
+                   "--fine-tune", "--config", str(cfg), "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "3 sessions -> 2 walk-forward folds" in captured.err
+    s = json.loads((out / "summary.json").read_text())
+    strategies = {r["strategy"] for r in s["results"]}
+    assert {"c51", "c51-unit", "c51-finetune", "flat", "long", "ofi-sign", "logistic", "direction-head",
+            "hindsight"} <= strategies
+    assert len(s["results"]) == len(strategies) * 2 * 2  # strategy x fold x cost
+    for r in s["results"]:
+        assert set(s["columns"]) <= set(r)
+        if r["strategy"] == "flat":
+            assert r["pnl_ticks"] == 0 and r["turnover"] == 0
+    for f in s["folds"]:  # trained on rows strictly before the test rows
+        assert f["train_rows"][1] < f["test_rows"][0]
+        assert max(f["train_sessions"]) < min(f["test_sessions"])
+        assert f["fine_tune"]["grads_finite"] and f["fine_tune"]["encoder_abs_change"] > 0
+    assert all(a["available"] for a in s["aux_head"])
+    assert len(s["plots"]) == 4 and all((out / p).is_file() for p in s["plots"])
+    for k in range(2):
+        assert (out / f"policy_fold{k}.safetensors").is_file()
+    assert (out / "policy_config.json").is_file()
+    assert not list(out.glob(".partial-*"))
