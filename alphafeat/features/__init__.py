@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from alphafeat.features.inputs import prepare as _prepare
 from alphafeat.features.registry import (
     INTERPOLATIONS,
     FeatureParams,
@@ -85,7 +86,7 @@ from alphafeat.features.scalar import (
     trade_rate_coefficients,
     trade_rate_ema,
 )
-from alphafeat.types import LEVELS, BookArrays
+from alphafeat.types import BookArrays
 
 __all__ = [
     "INTERPOLATIONS",
@@ -110,26 +111,6 @@ __all__ = [
     "trade_rate_coefficients",
     "trade_rate_ema",
 ]
-
-
-def _prepare(book: BookArrays, params: FeatureParams) -> dict[str, np.ndarray]:
-    """Validate and coerce the input columns the features read (contiguous, fixed dtypes)."""
-    make_plan(params)  # validates
-    need = max(int(params.ofi_levels), int(params.depth_levels))
-    n = len(book)
-    cols: dict[str, np.ndarray] = {"ts_recv": np.ascontiguousarray(book.ts_recv, dtype=np.int64)}
-    for k in ("bid_px", "ask_px", "bid_sz", "ask_sz"):
-        v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
-        if v.ndim != 2 or v.shape[0] != n or not (need <= v.shape[1] <= LEVELS):
-            levels = f"L = {LEVELS}" if need == LEVELS else f"{need} <= L <= {LEVELS}"
-            raise ValueError(f"BookArrays.{k} must have shape (n, L) with n = {n} and {levels}, got {v.shape}")
-        cols[k] = v
-    for k in ("buy_volume", "sell_volume", "trade_count"):
-        v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
-        if v.shape != (n,):
-            raise ValueError(f"BookArrays.{k} must have shape ({n},), got {v.shape}")
-        cols[k] = v
-    return cols
 
 
 def compute_features(
