@@ -4,7 +4,7 @@ The toy features below are declared here, in this file only (:class:`registry.Fe
 registered for the duration of each test): nothing else in the project names them. They must
 come out of the CPU kernels (sequential, in exact chunks, streamed block by block), the CUDA
 kernels (``test_inprocess_*``: a GPU, or numba's simulator, run in a subprocess by
-``test_declared_features_under_simulator`` when there is no GPU), the cache's columns (a small
+``test_declared_features_cuda_simulator`` when there is no GPU), the cache's columns (a small
 ``alphafeat precompute`` of the embedded sample, data/) and ``alphafeat features --json``.
 The reference is a plain-Python evaluation of the declaration itself (its ``row`` function and
 its :class:`registry.Decay` state) over the built-in columns.
@@ -116,8 +116,8 @@ def test_declared_features_on_the_cpu() -> None:
     assert len(feature_specs(FeatureParams())) == len(plain)  # unregistered again
 
 
-@pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (covered by test_declared_features_under_simulator)")
-def test_inprocess_declared_features_gpu_equal_cpu() -> None:
+@pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (covered by test_declared_features_cuda_simulator)")
+def test_inprocess_declared_features_cuda_equal_cpu() -> None:
     book = random_book(80 if IN_SIM else 20_000, 11)
     with registered(*TOYS):
         cpu = compute_features(book)
@@ -127,7 +127,7 @@ def test_inprocess_declared_features_gpu_equal_cpu() -> None:
         np.testing.assert_allclose(gpu[name], cpu[name], rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=name)
 
 
-def test_declared_features_under_simulator() -> None:
+def test_declared_features_cuda_simulator() -> None:
     """Run the in-process GPU test above in a subprocess with NUMBA_ENABLE_CUDASIM=1."""
     if IN_SIM:
         pytest.skip("already running under the simulator")
@@ -173,3 +173,46 @@ def test_declared_features_in_cache_and_cli(tmp_path: Path, capsys: pytest.Captu
         got = c[name]
         ok = np.isfinite(c["bid_px_00"]) & np.isfinite(c["ask_px_00"]) if name == DEPTH.name else slice(None)
         np.testing.assert_allclose(got[ok], want[ok], rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+def _resolvable(name: str, names: set[str]) -> bool:
+    """An input of a spec: a feature, a book or trade column (``ROW_INPUTS`` or ``ts_recv``), or
+    a range ``first..last`` of them."""
+    from alphafeat.features.registry import ROW_INPUTS
+
+    first = name.split("..")[0]
+    return first in names or first in ROW_INPUTS or first == "ts_recv"
+
+
+@pytest.mark.parametrize("declared", [(), TOYS], ids=["built-in", "with-toys"])
+def test_every_spec_declares_inputs_and_state(declared: tuple[Feature, ...]) -> None:
+    """The registry's table: every column names its unit, formula, source and inputs (each one
+    a feature or a book column), and says what state it carries exactly when a recurrence or a
+    window (not the row-wise stage) computes it."""
+    with registered(*declared):
+        specs = feature_specs(FeatureParams())
+        plan = make_plan(FeatureParams())
+    names = {s.name for s in specs}
+    from_states = {int(c) for c in plan.p_int[:, 1] if c < plan.n_out} | {plan.fd_col}
+    for k, s in enumerate(specs):
+        assert s.unit and s.formula and s.source and s.inputs, s.name
+        assert all(_resolvable(x, names) for x in s.inputs), (s.name, s.inputs)
+        assert bool(s.state) == (k in from_states), s.name
+    assert [s.name for s in specs[len(specs) - len(declared) :]] == [f.name for f in declared]
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (Feature("mid", "x", "f", "s", _top_depth, ("bid_sz_00", "ask_sz_00", "dt_s")), "name is taken"),
+        (Feature("toy_bad_input", "x", "f", "s", _top_depth, ("bid_sz_00", "no_such", "dt_s")), "unknown input"),
+        (Feature("toy_bad_state", "x", "f", "s", _top_depth, ("bid_sz_00", "ask_sz_00", "dt_s"), Decay(0.0)),
+         "tau_s > 0"),
+        (Feature("toy_reads_state", "x", "f", "s", _top_depth, ("bid_sz_00", "ema_mid_1s", "dt_s")), "unknown input"),
+    ],
+)  # fmt: skip
+def test_bad_declarations(bad: Feature, match: str) -> None:
+    with registered(bad), pytest.raises(ValueError, match=match):
+        feature_specs(FeatureParams())
+    with registered(DEPTH), pytest.raises(ValueError, match="already registered"), registered(DEPTH):
+        pass

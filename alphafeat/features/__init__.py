@@ -12,6 +12,18 @@ in exact chunks on joblib threads), :mod:`~alphafeat.features.scalar` (scalar he
 functions). The CUDA drivers live in :mod:`alphafeat.cuda`; tests hold all paths equal.
 ``alphafeat features`` prints the table.
 
+Adding a feature
+----------------
+Declare it once, as a :class:`~alphafeat.features.registry.Feature` (name, unit, formula,
+source, parameters, the inputs it reads, a scalar ``row`` function of them, and the state it
+carries: none or a :class:`~alphafeat.features.registry.Decay`), and
+:func:`~alphafeat.features.registry.register` it. From that declaration come its column (after
+the built-in ones) in every back end -- a row kernel generated from the declarations
+(:mod:`alphafeat.features._declared`, ``numba.njit`` and ``numba.cuda.jit``), its state run by
+the same exact linear scans as the built-in recurrences (chunked, streamed and on the GPU) --
+and its entries in ``alphafeat features``, in ``--features`` and in the cache's columns
+(``tests/test_declared_feature.py`` adds toy features that way, from the test alone).
+
 Conventions (shared by the CPU and CUDA paths)
 ----------------------------------------------
 Empty levels
@@ -180,7 +192,7 @@ def compute_features_chunked(
 
 def feature_table(params: FeatureParams = FeatureParams()) -> list[dict]:  # noqa: B008
     """The registry as a list of dicts (one per column): name, unit, formula, source,
-    parameters, min_depth, description, cpu, cuda."""
+    parameters, min_depth, description, cpu, cuda, inputs, state (declared features included)."""
     import dataclasses
 
     return [dataclasses.asdict(s) for s in feature_specs(params)]

@@ -230,12 +230,13 @@ def unregister(name: str) -> None:
 @contextmanager
 def registered(*features: Feature) -> Iterator[tuple[Feature, ...]]:
     """Register ``features`` for the duration of a ``with`` block."""
-    for f in features:
-        register(f)
+    done: list[Feature] = []
     try:
+        for f in features:
+            done.append(register(f))
         yield features
     finally:
-        for f in features:
+        for f in done:
             unregister(f.name)
 
 
