@@ -14,6 +14,7 @@ import numba
 import numpy as np
 
 from alphafeat.types import BookArrays
+from alphafeat.validation import validate_float
 
 __all__ = ["volume_bar_ends", "volume_bars"]
 
@@ -37,8 +38,7 @@ def _ends(vol: np.ndarray, threshold: float) -> np.ndarray:
 def volume_bar_ends(book: BookArrays, volume: float) -> np.ndarray:
     """Row indices (int64, increasing) of the snapshots that close a volume bar of ``volume``
     contracts (buy + sell volume summed from the previous close, NaN counted as 0)."""
-    if not (np.isfinite(volume) and volume > 0):
-        raise ValueError(f"bar volume must be a positive number of contracts, got {volume!r}")
+    volume = validate_float(volume, "volume", lo=0.0, lo_open=True)
     vol = np.asarray(book.buy_volume, dtype=np.float64) + np.asarray(book.sell_volume, dtype=np.float64)
     return _ends(np.ascontiguousarray(vol), float(volume))
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from alphafeat.errors import AlphafeatError
+from alphafeat.errors import CacheError
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads
@@ -79,20 +79,20 @@ def check_folder(path: str | os.PathLike[str]) -> Path:
 
     Raises
     ------
-    AlphafeatError
+    CacheError
         ``path`` is a regular file; or lies below one; or it (or its nearest existing folder)
         is not writable.
     """
     path = Path(path).resolve()
     if path.exists() and not path.is_dir():
-        raise AlphafeatError(f"{path}: is a file, not a folder")
+        raise CacheError(path, "is a file, not a folder")
     base = path
     while not base.exists():
         base = base.parent
     if not base.is_dir():
-        raise AlphafeatError(f"{path}: cannot be made: {base} is a file, not a folder")
+        raise CacheError(path, f"cannot be made: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
-        raise AlphafeatError(f"{path}: cannot be written: no write permission on {base}")
+        raise CacheError(path, f"cannot be written: no write permission on {base}")
     return path
 
 
@@ -101,13 +101,13 @@ def check_out(out: str | os.PathLike[str]) -> Path:
 
     Raises
     ------
-    AlphafeatError
+    CacheError
         ``out`` is a folder that is neither empty nor an alphafeat cache (we never delete a
         folder we did not write); or as :func:`check_folder`.
     """
     path = check_folder(out)
     if path.exists() and not is_cache(path) and any(path.iterdir()):
-        raise AlphafeatError(f"{path}: a folder that is not empty and not an alphafeat cache; refusing to overwrite it")
+        raise CacheError(path, "a folder that is not empty and not an alphafeat cache; refusing to overwrite it")
     return path
 
 
@@ -119,7 +119,7 @@ class CacheWriter:
 
     Raises
     ------
-    AlphafeatError
+    CacheError
         When ``out`` exists and is neither empty nor an alphafeat cache (we never delete a
         directory we did not write).
     """
@@ -159,7 +159,7 @@ class CacheWriter:
         """Record ``relpath`` as staged: another process wrote ``staging / relpath`` with
         :func:`write_partition`. Returns its final path (valid after :meth:`commit`)."""
         if not (self.staging / relpath).is_file():
-            raise AlphafeatError(f"{self.staging / relpath}: partition was not staged")
+            raise CacheError(self.staging / relpath, "partition was not staged")
         self.written.append(relpath)
         return self.out / relpath
 
@@ -217,16 +217,21 @@ def read_manifest(path: str | os.PathLike[str]) -> dict:
 
     Raises
     ------
-    AlphafeatError
+    CacheError
         If ``path`` is not an alphafeat cache or its format version is not this one.
     """
     p = Path(path) / MANIFEST
     if not p.is_file():
-        raise AlphafeatError(f"{path}: not an alphafeat cache (no {MANIFEST})")
-    manifest = json.loads(p.read_text())
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise AlphafeatError(
-            f"{path}: cache format version {manifest.get('format_version')} was written by an older "
+        raise CacheError(path, f"not an alphafeat cache (no {MANIFEST})")
+    try:
+        manifest = json.loads(p.read_text())
+    except ValueError as e:
+        raise CacheError(p, f"not a readable manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        manifest = manifest if isinstance(manifest, dict) else {}
+        raise CacheError(
+            path,
+            f"cache format version {manifest.get('format_version')} was written by an older "
             f"alphafeat ({manifest.get('package_version', '?')}); this one reads version {FORMAT_VERSION}: "
             "rerun alphafeat precompute with the same --out to rebuild it"
         )

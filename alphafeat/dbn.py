@@ -39,7 +39,8 @@ import zstandard
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from alphafeat.errors import InputError
+from alphafeat.errors import InputError, UsageError
+from alphafeat.validation import validate_int
 
 __all__ = [
     "BOOK_SCHEMAS",
@@ -175,14 +176,14 @@ def record_dtype(rtype: int, version: int, ts_out: bool = False) -> np.dtype:
 
     Raises
     ------
-    ValueError
-        Unknown rtype or unsupported version.
+    UsageError
+        Unknown rtype or unsupported version (a ValueError too).
     """
     if version not in _VERSION_MODULES:
-        raise ValueError(f"unsupported DBN version {version}")
+        raise UsageError("version", f"expected a DBN version among {sorted(_VERSION_MODULES)}", version)
     name = _RTYPE_CLASS.get(int(rtype))
     if name is None:
-        raise ValueError(f"unknown DBN rtype 0x{int(rtype):02X}")
+        raise UsageError("rtype", "expected a DBN rtype of a known record", f"0x{int(rtype):02X}")
     cls = getattr(_VERSION_MODULES[version], name)
     fields = list(cls._dtypes)
     if ts_out:
@@ -615,8 +616,7 @@ class RecordScanner:
         instrument_ids: Iterable[int] | None = None,
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
-        if chunk_bytes <= 0:
-            raise ValueError("chunk_bytes must be positive")
+        chunk_bytes = validate_int(chunk_bytes, "chunk_bytes", lo=1)
         self.path, self._f = _open(path)
         try:
             self._src = _Stream(self.path, self._f)

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 from databento.common.symbology import InstrumentMap
 
-from alphafeat.errors import AlphafeatError
+from alphafeat.validation import InstrumentMode, RollRule, validate_enum  # noqa: F401 (InstrumentMode: re-exported)
 
 CHICAGO = ZoneInfo("America/Chicago")
 MONTH_CODES = "FGHJKMNQUVXZ"
@@ -63,8 +63,6 @@ _NS = 1_000_000_000
 
 #: Databento continuous symbol ``ROOT.{c,n,v}.RANK`` (calendar, open interest, volume rank).
 CONTINUOUS_RE = re.compile(r"(?P<root>[A-Za-z0-9]+)\.(?P<rule>[cnv])\.(?P<rank>\d+)")
-
-ROLL_RULES = ("volume", "calendar")
 
 
 def is_candidate(symbol: str, root: str) -> bool:
@@ -242,30 +240,6 @@ class Choice:
     reason: str
 
 
-@dataclass(frozen=True)
-class InstrumentMode:
-    """``all`` | ``id=N`` | ``front-month``."""
-
-    kind: str
-    instrument_id: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> InstrumentMode:
-        """Parse the CLI form; raises AlphafeatError on anything else."""
-        t = text.strip()
-        if t in ("all", "front-month"):
-            return cls(t)
-        if t.startswith("id="):
-            try:
-                return cls("id", int(t[3:]))
-            except ValueError:
-                pass
-        raise AlphafeatError(f"--instrument-mode: expected all, id=N or front-month, got {text!r}")
-
-    def __str__(self) -> str:
-        return f"id={self.instrument_id}" if self.kind == "id" else self.kind
-
-
 def front_month_schedule(
     candidates: dict[dt.date, dict[int, str]],
     volume: dict[tuple[dt.date, int], float],
@@ -299,11 +273,10 @@ def front_month_schedule(
 
     Raises
     ------
-    AlphafeatError
+    UsageError
         Unknown ``rule``.
     """
-    if rule not in ROLL_RULES:
-        raise AlphafeatError(f"--roll-rule: expected volume or calendar, got {rule!r}")
+    rule = validate_enum(rule, RollRule, "--roll-rule").value
     sessions = sorted(candidates)
     out: list[Choice] = []
     for k, day in enumerate(sessions):

@@ -40,7 +40,9 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from alphafeat.errors import UsageError
 from alphafeat.features import _twin
+from alphafeat.validation import Device, validate_enum, validate_horizon
 
 _R = _twin.load("cpu")  # the row code, shared with the CUDA kernel (alphafeat.cuda.kernels)
 
@@ -48,11 +50,6 @@ DEFAULT_HORIZONS: tuple[int, ...] = (30, 100, 300, 1000, 6000)
 
 #: Value of an end time (ns) that is unknown (label past the end of its segment).
 NO_TIME = np.int64(-1)
-
-
-def _check_horizon(h: float, integer: bool) -> None:
-    if (integer and int(h) != h) or not h > 0:
-        raise ValueError(f"label horizon must be a positive {'integer' if integer else 'number'}, got {h!r}")
 
 
 def _direction(mid: np.ndarray, nxt: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -88,7 +85,7 @@ def direction_labels(
 
     Raises
     ------
-    ValueError
+    UsageError
         If a horizon is not a positive integer.
     """
     mid = np.ascontiguousarray(mid, dtype=np.float64)
@@ -96,8 +93,7 @@ def direction_labels(
     tt = np.zeros(n, dtype=np.int64) if ts is None else np.ascontiguousarray(ts, dtype=np.int64)
     out: dict[str, np.ndarray] = {}
     for h in horizons:
-        _check_horizon(h, integer=True)
-        h = int(h)
+        h = validate_horizon(h, "horizons")
         y = np.empty(n, dtype=np.float32)
         t1 = np.empty(n, dtype=np.int64)
         _direction_h(mid, tt, h, y, t1)
@@ -147,7 +143,7 @@ def direction_labels_seconds(
 
     Raises
     ------
-    ValueError
+    UsageError
         If a horizon is not positive.
     """
     mid = np.asarray(mid, dtype=np.float64)
@@ -155,7 +151,7 @@ def direction_labels_seconds(
     n = mid.shape[0]
     out: dict[str, np.ndarray] = {}
     for s in horizons_s:
-        _check_horizon(s, integer=False)
+        s = validate_horizon(s, "horizons_s", integer=False)
         target = ts + np.int64(round(s * 1e9))
         ok = target <= (ts[-1] if n else 0)
         j = np.searchsorted(ts, target, side="right") - 1  # last row at or before the target
@@ -299,12 +295,12 @@ def triple_barrier(
 
     Raises
     ------
-    ValueError
+    UsageError
         If the horizon is not a positive integer, or the device is unknown.
     """
-    _check_horizon(horizon, integer=True)
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    validate_horizon(horizon, "horizon")
+    if validate_enum(device, Device, "device") == Device.AUTO:
+        raise UsageError("device", "expected cpu or cuda", device)
     price = np.ascontiguousarray(price, dtype=np.float64)
     n = price.shape[0]
     up = np.broadcast_to(np.asarray(upper, dtype=np.float64), (n,)).copy()
@@ -345,9 +341,9 @@ class LabelStream:
         from alphafeat.arena import reserve
 
         for h in horizons:
-            _check_horizon(h, integer=True)
+            validate_horizon(h, "horizons")
         if barrier_horizon is not None:
-            _check_horizon(barrier_horizon, integer=True)
+            validate_horizon(barrier_horizon, "barrier_horizon")
         self.horizons = [int(h) for h in horizons]
         self.bh = None if barrier_horizon is None else int(barrier_horizon)
         cap = max(int(capacity), 1)

@@ -38,26 +38,43 @@ import alphafeat
 from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
 from alphafeat.cache import FORMAT_VERSION, META_KEY, CacheWriter, check_folder, check_out
-from alphafeat.errors import AlphafeatError, InputError
+from alphafeat.errors import AlphafeatError, DataError, InputError, UsageError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
 from alphafeat.features.registry import select_features
-from alphafeat.instruments import Choice, InstrumentMode, session_end_ns
+from alphafeat.instruments import Choice, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
-from alphafeat.plan import Plan, Segment, discover, make_plan, validate_jobs
+from alphafeat.plan import Plan, Segment, discover, make_plan
 from alphafeat.segment import BLOCK_ROWS, READ_CHUNK, SegmentResult, peak_rss, run_segment
 from alphafeat.types import LEVELS, BookArrays
+from alphafeat.validation import (
+    Compression,
+    Device,
+    Dtype,
+    InstrumentMode,
+    ModeKind,
+    OnError,
+    Predecoded,
+    RollRule,
+    validate_barrier,
+    validate_bool,
+    validate_enum,
+    validate_horizons,
+    validate_horizons_s,
+    validate_instrument_mode,
+    validate_int,
+    validate_jobs,
+    validate_path,
+    validate_root,
+    validate_sample,
+    validate_scheduler,
+)
 
-__all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "discover", "precompute", "resolve_device"]
+__all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "check_config", "discover", "precompute",
+           "resolve_device"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-#: ``--compression`` values: Arrow IPC buffer compression (pyarrow; readers decompress transparently).
-COMPRESSIONS = ("none", "lz4", "zstd")
-#: ``--predecoded`` values: which segment books are kept for reruns (PrecomputeConfig.keep_books).
-KEEP_BOOKS = ("auto", "keep", "none")
-#: ``--dtype`` values: how feature columns are stored (computed in float64 either way).
-DTYPES = ("float32", "float64")
 
 
 def default_predecoded_dir(out: str | os.PathLike[str]) -> Path:
@@ -139,7 +156,7 @@ class PrecomputeConfig:
 
     inputs: list[Path]
     out: Path
-    instrument_mode: InstrumentMode = field(default_factory=lambda: InstrumentMode("front-month"))
+    instrument_mode: InstrumentMode = field(default_factory=lambda: InstrumentMode(ModeKind.FRONT_MONTH))
     root: str = "ES"
     device: str = "auto"
     horizons: tuple[int, ...] = DEFAULT_HORIZONS
@@ -219,59 +236,75 @@ def resolve_device(device: str) -> str:
 
     Raises
     ------
+    UsageError
+        An unknown name.
     AlphafeatError
-        For ``cuda`` without a usable GPU, or an unknown name.
+        ``cuda`` without a usable GPU.
     """
-    if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    if device == "cuda" and not cuda_available():
+    device = validate_enum(device, Device, "--device").value
+    if device == Device.AUTO:
+        return Device.CUDA.value if cuda_available() else Device.CPU.value
+    if device == Device.CUDA and not cuda_available():
         raise AlphafeatError("--device cuda: no usable CUDA GPU (numba.cuda.is_available() is False)")
-    if device not in ("cpu", "cuda"):
-        raise AlphafeatError(f"--device: expected auto, cpu or cuda, got {device!r}")
     return device
 
 
-def _bar_volume(sample: str) -> float:
-    """0 for ``snapshot`` sampling, V for ``volume:V``; AlphafeatError otherwise."""
-    if sample == "snapshot":
-        return 0.0
-    kind, _, v = sample.partition(":")
-    try:
-        vol = float(v)
-    except ValueError:
-        vol = -1.0
-    if kind != "volume" or not vol > 0:
-        raise AlphafeatError(f"--sample: expected snapshot or volume:V with V > 0 contracts, got {sample!r}")
-    return vol
+def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
+    """``cfg`` with every option checked by its ``validate_*`` (:mod:`alphafeat.validation`)
+    and normalised (enum options as their plain strings, int tuples, paths); ``cfg`` itself
+    is left as it was.
+
+    Raises
+    ------
+    UsageError
+        The first bad option, named as the CLI spells it, with the value and what is allowed.
+    AlphafeatError
+        ``scheduler`` / ``dask_local`` without Dask distributed installed.
+    """
+    validate_sample(cfg.sample)
+    validate_barrier(cfg.barrier)
+    c = dataclasses.replace(
+        cfg,
+        inputs=[validate_path(p, "--input") for p in cfg.inputs],
+        out=validate_path(cfg.out, "--out"),
+        instrument_mode=validate_instrument_mode(cfg.instrument_mode),
+        root=validate_root(cfg.root),
+        device=validate_enum(cfg.device, Device, "--device").value,
+        horizons=validate_horizons(cfg.horizons),
+        dtype=validate_enum(cfg.dtype, Dtype, "--dtype").value,
+        compression=validate_enum(cfg.compression, Compression, "--compression").value,
+        roll_days=validate_int(cfg.roll_days, "--roll-days", lo=0, what="a number of days"),
+        horizons_s=validate_horizons_s(cfg.horizons_s),
+        barrier_horizon=validate_int(cfg.barrier_horizon, "barrier_horizon", lo=1, what="a number of snapshots"),
+        roll_rule=validate_enum(cfg.roll_rule, RollRule, "--roll-rule").value,
+        on_error=validate_enum(cfg.on_error, OnError, "--on-error").value,
+        jobs=validate_jobs(cfg.jobs),
+        scheduler=validate_scheduler(cfg.scheduler),
+        dask_local=validate_int(cfg.dask_local, "--dask-local", lo=0, what="a number of Dask workers (0: no Dask)"),
+        predecoded_dir=None if cfg.predecoded_dir is None else validate_path(cfg.predecoded_dir, "predecoded_dir"),
+        keep_books=validate_enum(cfg.keep_books, Predecoded, "--predecoded").value,
+        rebuild_predecoded=validate_bool(cfg.rebuild_predecoded, "--rebuild-predecoded"),
+    )
+    if c.scheduler is not None and c.dask_local:
+        raise UsageError("--scheduler and --dask-local", "expected one of them (a cluster's address, or a local one)",
+                         f"--scheduler {c.scheduler} --dask-local {c.dask_local}")  # fmt: skip
+    if (c.scheduler or c.dask_local) and importlib.util.find_spec("distributed") is None:
+        raise AlphafeatError("--scheduler / --dask-local need Dask distributed: pip install 'dask[distributed]' "
+                             "(or pip install -e '.[dask]')")  # fmt: skip
+    return c
 
 
 def make_job(cfg: PrecomputeConfig, device: str) -> Job:
-    """The worker options of ``cfg``; AlphafeatError naming the option for a bad value."""
-    validate_jobs(cfg.jobs)
-    if cfg.dask_local < 0:
-        raise AlphafeatError(f"--dask-local: expected a number of Dask workers >= 1 (0: no Dask), got {cfg.dask_local}")
-    if cfg.scheduler is not None and cfg.dask_local:
-        raise AlphafeatError("--scheduler and --dask-local: give one of them (a cluster's address, or a local one)")
-    if (cfg.scheduler or cfg.dask_local) and importlib.util.find_spec("distributed") is None:
-        raise AlphafeatError("--scheduler / --dask-local need Dask distributed: pip install 'dask[distributed]' "
-                             "(or pip install -e '.[dask]')")  # fmt: skip
-    bad = [h for h in cfg.horizons if not (isinstance(h, int | np.integer) and h >= 1)]
-    if bad or not cfg.horizons or len(set(cfg.horizons)) != len(cfg.horizons):
-        raise AlphafeatError(f"--horizons: expected distinct whole numbers of snapshots >= 1, got "
-                             f"{','.join(map(str, cfg.horizons)) or 'none'}")  # fmt: skip
-    if cfg.dtype not in DTYPES:
-        raise AlphafeatError(f"--dtype: expected float32 or float64, got {cfg.dtype!r}")
-    if cfg.compression not in COMPRESSIONS:
-        raise AlphafeatError(f"--compression: expected none, lz4 or zstd, got {cfg.compression!r}")
+    """The worker options of ``cfg`` (checked by :func:`check_config`); UsageError naming the
+    option for a bad value."""
+    cfg = check_config(cfg)
     try:
         names, book = select_features(cfg.feature_set, cfg.features)
     except ValueError as e:
-        raise AlphafeatError(f"--features: {e}") from None
-    job = Job(cfg.features, tuple(names), LEVELS if book else 1, cfg.dtype, cfg.compression, tuple(cfg.horizons),
-              tuple(cfg.horizons_s), cfg.barrier, cfg.barrier_horizon, _bar_volume(cfg.sample), device)  # fmt: skip
-    if cfg.barrier:
-        _barrier_widths(np.zeros(0), np.zeros(0), job)  # checks --barrier now
-    return job
+        raise UsageError("--features", str(e)) from None
+    bar_volume = validate_sample(cfg.sample).volume
+    return Job(cfg.features, tuple(names), LEVELS if book else 1, cfg.dtype, cfg.compression, cfg.horizons,
+               cfg.horizons_s, cfg.barrier, cfg.barrier_horizon, bar_volume, device)  # fmt: skip
 
 
 def _col(name: str, unit: str, description: str, source: str) -> dict:
@@ -323,17 +356,11 @@ def column_specs(job: Job) -> list[dict]:
 
 def _barrier_widths(mid: np.ndarray, ret2: np.ndarray | None, job: Job) -> np.ndarray:
     """Triple-barrier half-width per row, index points (see PrecomputeConfig.barrier)."""
-    kind, _, k = (job.barrier or "").partition(":")
-    try:
-        mult = float(k)
-    except ValueError:
-        mult = -1.0
-    if kind not in ("ticks", "vol") or not mult > 0:
-        raise AlphafeatError(f"--barrier: expected ticks:K or vol:K with K > 0, got {job.barrier!r}")
+    barrier = validate_barrier(job.barrier)
     tick = job.features.tick_size
-    if kind == "ticks":
-        return np.full(mid.shape, mult * tick)
-    return mult * np.sqrt(ret2) * tick * np.sqrt(job.barrier_horizon)
+    if barrier.kind == "ticks":
+        return np.full(mid.shape, barrier.k * tick)
+    return barrier.k * np.sqrt(ret2) * tick * np.sqrt(job.barrier_horizon)
 
 
 def crossed(b: BookArrays) -> np.ndarray:
@@ -637,6 +664,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
 
     Raises
     ------
+    UsageError
+        A bad option value (:func:`check_config`), before anything is read or written.
     InputError
         A bad input file (named, with the byte offset where it helps).
     SelectionError
@@ -646,7 +675,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         it was on any error.
     """
     t0 = time.perf_counter()
-    device = "cpu" if cfg.device == "auto" else resolve_device(cfg.device)  # see PrecomputeConfig.device
+    cfg = check_config(cfg)
+    # auto is the CPU here: see PrecomputeConfig.device
+    device = Device.CPU.value if cfg.device == Device.AUTO else resolve_device(cfg.device)
     job = make_job(cfg, device)
     summary = Summary(device=device, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
@@ -709,8 +740,6 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         sources.append((int(f.metadata.start), {"path": str(f.path.resolve()), "size": st.st_size,
                                                 "mtime_ns": st.st_mtime_ns, "schema": f.schema,
                                                 "dbn_version": f.version}))  # fmt: skip
-    if cfg.keep_books not in KEEP_BOOKS:
-        raise AlphafeatError(f"--predecoded: expected auto, keep or none, got {cfg.keep_books!r}")
     keep = cfg.keep_books == "keep" or (cfg.keep_books == "auto" and plan.schema == "mbo")
     pre = None if cfg.keep_books == "none" else str(pre_dir)  # books kept earlier are used unless "none"
     n_crossed, min_rows = 0, 1 << 62
@@ -760,7 +789,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 summary.notes.append(f"{seg.raw_symbol} has no {seg.schema} book rows in session {seg.session}")
             advance(t_map)
         if not summary.partitions:
-            raise AlphafeatError(f"{cfg.out}: no book rows for the chosen instruments in the inputs; nothing to write")
+            raise DataError("no book rows for the chosen instruments in the inputs; nothing to write", cfg.out)
         if n_crossed:
             summary.notes.append(f"{n_crossed:,} snapshot{'s have' if n_crossed > 1 else ' has'} a crossed book "
                                  "(bid above ask, e.g. pre-open): flagged in book_crossed, with NaN labels")

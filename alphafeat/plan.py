@@ -36,7 +36,7 @@ import joblib
 import numpy as np
 
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
-from alphafeat.errors import AlphafeatError, InputError, SelectionError
+from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
     Choice,
     InstrumentMode,
@@ -46,6 +46,16 @@ from alphafeat.instruments import (
     outright_pattern,
     session_dates,
     session_end_ns,
+)
+from alphafeat.validation import (
+    ModeKind,
+    OnError,
+    RollRule,
+    validate_enum,
+    validate_instrument_mode,
+    validate_int,
+    validate_jobs,
+    validate_root,
 )
 
 __all__ = ["Plan", "Segment", "discover", "make_plan", "session_bounds"]
@@ -149,13 +159,6 @@ def discover(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
         else:
             raise InputError(p, "no such file or directory")
     return files
-
-
-def validate_jobs(jobs: int) -> int:
-    """``--jobs``: a number of processes >= 1, or -1 for all cores; AlphafeatError otherwise."""
-    if not (isinstance(jobs, int) and (jobs >= 1 or jobs == -1)):
-        raise AlphafeatError(f"--jobs: expected a number of processes >= 1, or -1 for all cores, got {jobs}")
-    return jobs
 
 
 def session_bounds(day: dt.date) -> tuple[int, int]:
@@ -371,13 +374,18 @@ def make_plan(
 
     Raises
     ------
+    UsageError
+        A bad value of an option (named, e.g. ``--roll-days: expected ... got -1``).
     InputError
         A bad or unsupported file (named, with the byte offset where it helps).
     SelectionError
         No candidate of ``root``, or no record of ``id=N``.
     """
-    mode = mode or InstrumentMode("front-month")
-    validate_jobs(jobs)
+    mode = validate_instrument_mode(mode or ModeKind.FRONT_MONTH)
+    root, roll_days = validate_root(root), validate_int(roll_days, "--roll-days", lo=0, what="a number of days")
+    roll_rule = validate_enum(roll_rule, RollRule, "--roll-rule").value
+    on_error = validate_enum(on_error, OnError, "--on-error").value
+    jobs = validate_jobs(jobs)
     skipped: list[tuple[Path, str]] = []
     files = list(dict.fromkeys(p.resolve() for p in discover(inputs)))  # a path given twice is read once
     book, trades, defs = _classify(files, on_error, skipped)

@@ -26,6 +26,9 @@ import math
 
 import numpy as np
 
+from alphafeat.errors import DataError, UsageError
+from alphafeat.validation import validate_int
+
 __all__ = ["check_spans", "purge", "purged_kfold", "purged_walk_forward", "train_val_test_split"]
 
 
@@ -39,17 +42,19 @@ def check_spans(t0: np.ndarray, t1: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
     Raises
     ------
-    ValueError
-        If the shapes differ, ``t0`` is not non-decreasing, or some ``t1 < t0``.
+    UsageError
+        If the shapes differ.
+    DataError
+        If ``t0`` is not non-decreasing, or some ``t1 < t0``.
     """
     t0 = np.asarray(t0)
     t1 = np.asarray(t1)
     if t0.ndim != 1 or t0.shape != t1.shape:
-        raise ValueError(f"t0 and t1 must be 1-D of the same length, got {t0.shape} and {t1.shape}")
+        raise UsageError("t0, t1", "expected 1-D arrays of the same length", f"{t0.shape} and {t1.shape}")
     if t0.size and np.any(np.diff(t0) < 0):
-        raise ValueError("t0 must be in time order (non-decreasing)")
+        raise DataError("t0 must be in time order (non-decreasing)")
     if np.any(t1 < t0):
-        raise ValueError("every sample needs t1 >= t0 (a label ends after its features are known)")
+        raise DataError("every sample needs t1 >= t0 (a label ends after its features are known)")
     return t0, t1
 
 
@@ -118,8 +123,9 @@ def purged_kfold(
     """
     t0, t1 = check_spans(t0, t1)
     n = t0.size
-    if not 2 <= n_splits <= n:
-        raise ValueError(f"n_splits must be in [2, N={n}], got {n_splits}")
+    validate_int(n_splits, "n_splits", lo=2)
+    if n_splits > n:
+        raise DataError(f"{n} samples cannot make {n_splits} folds")
     embargo = int(math.floor(pct_embargo * n))
     idx = np.arange(n, dtype=np.int64)
     out = []
@@ -146,7 +152,7 @@ def purged_walk_forward(
     n = t0.size
     blocks = np.array_split(np.arange(n, dtype=np.int64), n_splits + min_train_blocks)
     if any(b.size == 0 for b in blocks):
-        raise ValueError(f"too few samples ({n}) for {n_splits} walk-forward folds")
+        raise DataError(f"too few samples ({n}) for {n_splits} walk-forward folds")
     out = []
     for k in range(min_train_blocks, len(blocks)):
         test = blocks[k]
@@ -171,8 +177,8 @@ def train_val_test_split(
 
     Raises
     ------
-    ValueError
-        If a block would be empty.
+    DataError
+        If a block would be empty (both are ValueErrors too).
     """
     t0, t1 = check_spans(t0, t1)
     n = t0.size
@@ -180,7 +186,7 @@ def train_val_test_split(
     n_val = int(round(val_frac * n))
     n_train = n - n_val - n_test
     if min(n_train, n_val, n_test) <= 0:
-        raise ValueError(f"{n} samples do not make non-empty train/val/test blocks "
+        raise DataError(f"{n} samples do not make non-empty train/val/test blocks "
                          f"(val_frac={val_frac}, test_frac={test_frac})")
     idx = np.arange(n, dtype=np.int64)
     train, val, test = idx[:n_train], idx[n_train : n_train + n_val], idx[n_train + n_val :]

@@ -141,6 +141,16 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
+from alphafeat.errors import UsageError
+from alphafeat.validation import (
+    Scale,
+    validate_date,
+    validate_enum,
+    validate_int,
+    validate_jobs,
+    validate_schemas,
+)
+
 __all__ = [
     "ACTIVITY_PROFILE",
     "DEFAULT_SAMPLE",
@@ -375,9 +385,9 @@ def _quarterly_symbol(year: int, month: int) -> str:
 def _parse_outright(symbol: str, near: datetime.date) -> tuple[int, int]:
     """(year, month) of an outright symbol like ``ESM4``; the decade is the one nearest ``near``."""
     if len(symbol) != 4 or not symbol.startswith("ES") or symbol[2] not in _CODE_MONTHS:
-        raise ValueError(f"not an ES quarterly outright symbol: {symbol!r}")
+        raise UsageError("contracts", "expected ES quarterly outrights (ESM4) or spreads of them", symbol)
     if not symbol[3].isdigit():
-        raise ValueError(f"not an ES quarterly outright symbol: {symbol!r}")
+        raise UsageError("contracts", "expected ES quarterly outrights (ESM4) or spreads of them", symbol)
     digit = int(symbol[3])
     base = near.year - near.year % 10 + digit
     year = min((base - 10, base, base + 10), key=lambda y: abs(y - near.year - 0.5))
@@ -410,7 +420,7 @@ def _make_contract(symbol: str, near: datetime.date) -> Contract:
     if "-" in symbol:
         legs = tuple(symbol.split("-"))
         if len(legs) != 2:
-            raise ValueError(f"not a calendar spread symbol: {symbol!r}")
+            raise UsageError("contracts", "expected a calendar spread of two outrights (ESH4-ESM4)", symbol)
         exp = min(_expiry_date(s, near) for s in legs)
         return Contract(symbol, _instrument_id(symbol), _expiration_ns(exp), legs)
     return Contract(symbol, _instrument_id(symbol), _expiration_ns(_expiry_date(symbol, near)))
@@ -2189,15 +2199,11 @@ def generate(
     list[Path]
         Paths written, per session in the order of ``schemas`` (the report not included).
     """
-    if sessions < 1:
-        raise ValueError(f"sessions must be >= 1, got {sessions}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {sorted(SCALES)}, got {scale!r}")
-    bad = [s for s in schemas if s not in _SCHEMAS]
-    if bad or not schemas:
-        raise ValueError(f"schemas must be among {sorted(_SCHEMAS)}, got {schemas!r}")
+    start, sessions = validate_date(start, "--start"), validate_int(sessions, "--sessions", lo=1)
+    seed, scale = validate_int(seed, "--seed", lo=0), validate_enum(scale, Scale, "--scale").value
+    schemas, jobs = tuple(s.value for s in validate_schemas(schemas)), validate_jobs(jobs)
+    if zstd_level is not None:
+        zstd_level = validate_int(zstd_level, "--zstd-level", lo=1, hi=22)
     level = zstd_level if zstd_level is not None else (ZSTD_LEVEL if scale == "quiet" else FAST_ZSTD_LEVEL)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ import math
 import torch
 from torch import nn
 
+from alphamodel.errors import UsageError
+
 __all__ = ["CfCCell", "CfC", "lecun_tanh"]
 
 
@@ -64,12 +66,12 @@ class CfCCell(nn.Module):
 
     @staticmethod
     def check_dt(dt: torch.Tensor, batch: int) -> torch.Tensor:
-        """Return ``dt`` as (B, 1); raise ValueError for any other shape (no silent broadcast)."""
+        """Return ``dt`` as (B, 1); UsageError (a ValueError) for any other shape (no silent broadcast)."""
         if dt.dim() == 1 and dt.shape[0] == batch:
             return dt.unsqueeze(1)
         if dt.dim() == 2 and dt.shape == (batch, 1):
             return dt
-        raise ValueError(f"time step must have shape ({batch}, 1) or ({batch},), got {tuple(dt.shape)}")
+        raise UsageError("dt", f"expected a time step of shape ({batch}, 1) or ({batch},)", tuple(dt.shape))
 
     def forward(self, u: torch.Tensor, x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
         dt = self.check_dt(dt, u.shape[0])
@@ -94,7 +96,7 @@ class CfC(nn.Module):
     def forward(self, u: torch.Tensor, dt: torch.Tensor, x0: torch.Tensor | None = None) -> torch.Tensor:
         b, L, _ = u.shape
         if dt.shape != (b, L):
-            raise ValueError(f"time steps must have shape ({b}, {L}), got {tuple(dt.shape)}")
+            raise UsageError("dt", f"expected time steps of shape ({b}, {L})", tuple(dt.shape))
         work = torch.promote_types(u.dtype, torch.float32)
         x = x0 if x0 is not None else torch.zeros(b, self.cell.hidden_size, dtype=work, device=u.device)
         out = []

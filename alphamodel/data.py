@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from alphafeat.cache import MANIFEST, read_manifest
-from alphafeat.errors import AlphafeatError
+from alphamodel.errors import CacheError, DataError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +135,11 @@ def _zero_copy(col: pa.ChunkedArray, path: Path, name: str) -> np.ndarray:
     if pa.types.is_timestamp(col.type):
         col = col.cast(pa.int64())
     if pa.types.is_dictionary(col.type):
-        raise AlphafeatError(f"{path}: column {name!r} is not numeric")
+        raise CacheError(path, f"column {name!r} is not numeric")
     try:
         return col.to_numpy(zero_copy_only=col.null_count == 0)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise AlphafeatError(f"{path}: column {name!r} cannot be read as numbers ({e})") from e
+        raise CacheError(path, f"column {name!r} cannot be read as numbers ({e})") from e
 
 
 @dataclass
@@ -162,7 +162,7 @@ class CacheData:
 
     Raises
     ------
-    AlphafeatError
+    CacheError
         Missing or bad cache: no manifest, no partition, a missing column, an unreadable file.
     """
 
@@ -182,24 +182,24 @@ class CacheData:
         """Memory-map every partition of the cache at ``root``."""
         root = Path(root)
         if not root.is_dir():
-            raise AlphafeatError(f"{root}: no such cache directory (run `alphafeat precompute --out {root}`)")
+            raise CacheError(root, f"no such cache directory (run `alphafeat precompute --out {root}`)")
         manifest = read_manifest(root)
         try:
             horizons = [int(h) for h in manifest["params"]["horizons"]]
         except (KeyError, TypeError, ValueError) as e:
-            raise AlphafeatError(f"{root / MANIFEST}: no params.horizons in the manifest") from e
+            raise CacheError(root / MANIFEST, "no params.horizons in the manifest") from e
         tick = float(manifest.get("params", {}).get("features", {}).get("tick_size", 0.25))
         parts = manifest.get("partitions") or sorted(
             str(p.relative_to(root)) for p in root.rglob("*.arrow") if not p.name.startswith((".", "_"))
         )
         if not parts:
-            raise AlphafeatError(f"{root}: the cache holds no partition (*.arrow)")
+            raise CacheError(root, "the cache holds no partition (*.arrow)")
         specs = {c["name"]: c for c in manifest.get("columns", [])}
         self = cls(root=root, horizons=horizons, tick=tick, manifest=manifest)
         segs = [self._open_segment(root / rel, specs) for rel in parts]
         segs = [s for s in segs if s.n > 0]
         if not segs:
-            raise AlphafeatError(f"{root}: every partition is empty")
+            raise CacheError(root, "every partition is empty")
         segs.sort(key=lambda s: (int(s.ts[0]), s.session, str(s.path)))
         self.segments = segs
         self.offsets = np.concatenate([[0], np.cumsum([s.n for s in segs])]).astype(np.int64)
@@ -225,15 +225,15 @@ class CacheData:
 
     def _open_segment(self, path: Path, specs: dict) -> Segment:
         if not path.is_file():
-            raise AlphafeatError(f"{path}: partition listed in {MANIFEST} is missing")
+            raise CacheError(path, f"partition listed in {MANIFEST} is missing")
         try:
             table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
         except (pa.ArrowInvalid, OSError) as e:
-            raise AlphafeatError(f"{path}: not a readable Arrow IPC file ({e})") from e
+            raise CacheError(path, f"not a readable Arrow IPC file ({e})") from e
         need = ["ts_recv", "mid"] + [f"label_h{h}" for h in self.horizons]
         missing = [c for c in need if c not in table.column_names]
         if missing:
-            raise AlphafeatError(f"{path}: missing column(s) {', '.join(missing)}")
+            raise CacheError(path, f"missing column(s) {', '.join(missing)}")
         session = next((p.split("=", 1)[1] for p in path.parts if p.startswith("session=")), "")
         n = table.num_rows
         ts = _zero_copy(table.column("ts_recv"), path, "ts_recv").astype(np.int64, copy=False)
@@ -369,7 +369,7 @@ class CacheData:
         windows (left-padded in the batch).
         """
         if not 0 <= burn_in < window:
-            raise ValueError(f"burn_in must be in [0, window), got {burn_in} for window {window}")
+            raise UsageError("burn_in", f"expected a number of snapshots in [0, window={window})", burn_in)
         out = []
         for seg, a, b in self.runs(rows):
             done = a
@@ -385,7 +385,7 @@ class CacheData:
 
         Raises
         ------
-        AlphafeatError
+        DataError
             When no run of training rows is as long as the window.
         """
         segs, starts = [], []
@@ -395,7 +395,7 @@ class CacheData:
                 segs.append(np.full(st.size, seg, np.int64))
                 starts.append(st)
         if not starts:
-            raise AlphafeatError(f"{self.root}: no run of {window} consecutive training rows; use a shorter --window")
+            raise DataError(f"no run of {window} consecutive training rows; use a shorter --window", self.root)
         return np.concatenate(segs), np.concatenate(starts)
 
     def batch(self, windows: list[Window], window: int, norm: Normaliser, score_from: int | None = None) -> Batch:

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from alphamodel.errors import UsageError
+
 try:  # optional fast path; not a dependency
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as _triton_ssd  # type: ignore
 except Exception:  # noqa: BLE001 - any import problem means "no fast path"
@@ -188,10 +190,10 @@ class Mamba2(nn.Module):
         self.d_model, self.d_state, self.headdim = d_model, d_state, headdim
         self.d_inner = expand * d_model
         if self.d_inner % headdim:
-            raise ValueError(f"expand * d_model = {self.d_inner} is not a multiple of headdim = {headdim}")
+            raise UsageError("headdim", f"expected a divisor of expand * d_model = {self.d_inner}", headdim)
         self.nheads = self.d_inner // headdim
         if self.nheads % ngroups:
-            raise ValueError(f"nheads = {self.nheads} is not a multiple of ngroups = {ngroups}")
+            raise UsageError("ngroups", f"expected a divisor of nheads = {self.nheads}", ngroups)
         self.ngroups, self.chunk_size, self.use_triton = ngroups, chunk_size, use_triton
         self.conv_dim = self.d_inner + 2 * ngroups * d_state
         self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)

@@ -10,7 +10,6 @@ blocks as in the Mamba2 reference language model.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from alphafeat.validation import HorizonWeighting, validate_enum
 from alphamodel.cfc import CfC
+from alphamodel.errors import UsageError
 from alphamodel.mamba2 import Mamba2, RMSNormGated
 
 __all__ = ["ModelConfig", "AlphaModel", "masked_bce_loss", "horizon_weights"]
@@ -55,12 +56,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
-        """Build from a dict, rejecting unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        bad = set(d) - names
-        if bad:
-            raise ValueError(f"unknown model config keys: {sorted(bad)}")
-        return cls(**d)
+        """Build from a dict, each key checked (:func:`alphamodel.config.from_dict`; UsageError
+        naming ``model.KEY`` for an unknown key or a bad value)."""
+        from alphamodel.config import from_dict
+
+        return from_dict(cls, d, "model")
 
 
 class _Block(nn.Module):
@@ -85,7 +85,7 @@ class AlphaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         if cfg.n_features <= 0:
-            raise ValueError("ModelConfig.n_features must be set (the number of input features)")
+            raise UsageError("model.n_features", "expected the number of input features >= 1", cfg.n_features)
         self.cfg = cfg
         self.embed = nn.Linear(cfg.n_features, cfg.d_model)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
@@ -115,11 +115,9 @@ def horizon_weights(horizons: Sequence[int], window: int, scheme: str = "window"
     ``"window"``: ``w_h = min(1, K / h)`` for window length K (a horizon far beyond the window
     counts less); ``"equal"``: all ones.
     """
-    if scheme == "equal":
+    if validate_enum(scheme, HorizonWeighting, "horizon_weighting") == HorizonWeighting.EQUAL:
         return torch.ones(len(horizons))
-    if scheme == "window":
-        return torch.tensor([min(1.0, window / h) for h in horizons], dtype=torch.float32)
-    raise ValueError(f"unknown horizon weighting {scheme!r} (use 'window' or 'equal')")
+    return torch.tensor([min(1.0, window / h) for h in horizons], dtype=torch.float32)
 
 
 def masked_bce_loss(

@@ -32,11 +32,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alphafeat.errors import AlphafeatError
+from alphafeat.cache import check_folder
+from alphafeat.errors import DataError, InputError
 from alphafeat.splits import train_val_test_split
+from alphafeat.validation import Device, validate_enum
+from alphamodel.config import check_config, from_dict
 from alphamodel.data import CacheData, Normaliser, Window
+from alphamodel.errors import AlphamodelError
+from alphamodel.errors import DataError as TrainDataError
 from alphamodel.metrics import auc, base_rate, fit_logistic_baseline
 from alphamodel.model import AlphaModel, ModelConfig, horizon_weights, masked_bce_loss
+from alphamodel.optim import param_groups
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +89,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        """Build from a dict, rejecting unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        bad = set(d) - names
-        if bad:
-            raise ValueError(f"unknown train config keys: {sorted(bad)}")
-        return cls(**d)
+        """Build from a dict, each key checked (:func:`alphamodel.config.from_dict`; UsageError
+        naming ``train.KEY`` for an unknown key or a bad value)."""
+        return from_dict(cls, d, "train")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -96,15 +99,16 @@ def resolve_device(name: str) -> torch.device:
 
     Raises
     ------
-    AlphafeatError
-        ``cuda`` without a usable GPU, or an unknown name.
+    UsageError
+        An unknown name.
+    AlphamodelError
+        ``cuda`` without a usable GPU.
     """
-    if name == "auto":
+    name = validate_enum(name, Device, "--device")
+    if name == Device.AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise AlphafeatError("--device cuda: torch.cuda.is_available() is False (no GPU or a CPU build of torch)")
-    if name not in ("cpu", "cuda"):
-        raise AlphafeatError(f"--device: expected auto, cpu or cuda, got {name!r}")
+    if name == Device.CUDA and not torch.cuda.is_available():
+        raise AlphamodelError("--device cuda: torch.cuda.is_available() is False (no GPU or a CPU build of torch)")
     return torch.device(name)
 
 
@@ -129,13 +133,24 @@ def purged_blocks(data: CacheData, val_frac: float, test_frac: float
     t0s = t0[order]
     try:
         b_tr, b_va, b_te = train_val_test_split(t0s, t0s, val_frac, test_frac)
-    except ValueError as e:
-        raise AlphafeatError(f"{data.root}: {e}") from e
+    except DataError as e:
+        raise TrainDataError(e.problem, data.root) from None
     keep = np.zeros((t0.size, len(t1s)), bool)
     for j, t1 in enumerate(t1s):
         tr, va, te = train_val_test_split(t0s, t1[order], val_frac, test_frac)
         keep[order[np.concatenate([tr, va, te])], j] = True
     return np.sort(order[b_tr]), np.sort(order[b_va]), np.sort(order[b_te]), keep
+
+
+def label_counts(data: CacheData, keep: np.ndarray) -> dict[str, dict[str, int]]:
+    """Labels (not rows) per horizon that purging kept and hid: ``labels_kept_after_purge``
+    and ``labels_purged``, ``{"h30": count, ...}``. A row whose label is NaN (tie, end of
+    session, crossed book) counts in neither."""
+    _, y = data.gather(np.arange(data.n_rows), [])
+    has = ~np.isnan(y)
+    hs = [f"h{h}" for h in data.horizons]
+    return {"labels_kept_after_purge": dict(zip(hs, (has & keep).sum(0).tolist())),
+            "labels_purged": dict(zip(hs, (has & ~keep).sum(0).tolist()))}
 
 
 def _lr_lambda(warmup: int, total: int, min_frac: float):
@@ -199,7 +214,7 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
 
     Raises
     ------
-    AlphafeatError
+    InputError
         When either file is missing or does not match.
     """
     from safetensors.torch import load_file
@@ -208,7 +223,7 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
     cfg_path, w_path = out / "config.json", out / "model.safetensors"
     for p in (cfg_path, w_path):
         if not p.is_file():
-            raise AlphafeatError(f"{p}: missing (not an alphamodel output directory)")
+            raise InputError(p, "missing (not an alphamodel output directory)")
     meta = json.loads(cfg_path.read_text())
     model = AlphaModel(ModelConfig.from_dict(meta["model"]))
     state = load_file(str(w_path), device=device)
@@ -217,7 +232,7 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise AlphafeatError(f"{w_path}: weights do not match {cfg_path} ({str(e).splitlines()[0]})") from e
+        raise InputError(w_path, f"weights do not match {cfg_path} ({str(e).splitlines()[0]})") from e
     return model.to(device).eval(), Normaliser.from_dict(meta["normaliser"]), meta
 
 
@@ -275,14 +290,16 @@ def train(
 
     Raises
     ------
+    UsageError
+        A bad config value (:func:`alphamodel.config.check_config`), before anything is read.
     AlphafeatError
-        Missing or bad cache, a window longer than the training runs, no GPU for ``cuda``.
+        Missing or bad cache, a window longer than the training runs, no GPU for ``cuda``;
+        ``out`` not a folder that can be written. Nothing is written to ``out`` before training.
     """
     t_start = time.perf_counter()
-    tc = train_cfg or TrainConfig()
-    mc = dataclasses.replace(model_cfg) if model_cfg else ModelConfig()
-    if not 0 <= tc.burn_in < tc.window:
-        raise AlphafeatError(f"burn_in {tc.burn_in} must be in [0, window={tc.window})")
+    tc = check_config(train_cfg or TrainConfig(), "train")
+    mc = check_config(model_cfg or ModelConfig(), "model")
+    check_folder(out)
     device = resolve_device(tc.device)
     if device.type == "cpu":
         # small models are bound by per-op overhead: one thread is as fast and is not slowed
@@ -293,11 +310,10 @@ def train(
     torch.manual_seed(tc.seed)
     rng = np.random.default_rng(tc.seed)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-
     data = CacheData.open(cache)
     H = len(data.horizons)
     tr_rows, va_rows, te_rows, keep = purged_blocks(data, tc.val_frac, tc.test_frac)
+    purge_counts = label_counts(data, keep)
     data.set_label_mask(keep)
     norm = data.fit_normaliser(tr_rows, seed=tc.seed)
     mc.n_features, mc.n_horizons = len(norm.names), H
@@ -314,11 +330,7 @@ def train(
     log.info("rows: train %d, val %d, test %d; %d training windows; %d parameters; device %s",
              tr_rows.size, va_rows.size, te_rows.size, starts.size, n_params, device)
 
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if p.dim() < 2 or name.endswith(("A_log", "D", "dt_bias", "log_tau")) else decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr)
+    opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr)
     total = tc.epochs * tc.steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(tc.warmup_steps, total, tc.min_lr_frac))
 
@@ -413,6 +425,7 @@ def train(
         "tick_size": data.tick, "cache": str(Path(cache).resolve()),
         "sources": "Mamba2/SSD: Dao & Gu 2024; CfC: Hasani et al. 2022; purged splits: AFML ch. 7",
     }
+    out.mkdir(parents=True, exist_ok=True)
     _save(out, model, norm, meta)
     plots = _plots(out, history, data.horizons)
     summary = {
@@ -420,7 +433,7 @@ def train(
         "seconds": time.perf_counter() - t_start, "parameters": n_params,
         "rows": {"total": data.n_rows, "train": int(tr_rows.size), "val": int(va_rows.size),
                  "test": int(te_rows.size), "val_scored_per_epoch": int(len(vrows))},
-        "labels_kept_after_purge": {f"h{h}": int(keep[:, j].sum()) for j, h in enumerate(data.horizons)},
+        **purge_counts,
         "best_epoch": best[1], "epochs_run": len(history), "test_loss": _nan_none(test_loss),
         "horizons": per_h, "history": history, "plots": plots,
         "baseline_features": bnames, "config": {"model": meta["model"], "train": meta["train"]},

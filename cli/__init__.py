@@ -1,42 +1,92 @@
-"""Command-line entry points: ``alphafeat`` and ``alphamodel``."""
+"""Command-line entry points: ``alphafeat`` and ``alphamodel``.
+
+Both parse with :class:`Parser` (a usage error is one line and exit status 2), take option
+values through :func:`option` (the ``validate_*`` functions of :mod:`alphafeat.validation`
+as argparse ``type=``) and run the command with :func:`run` (an
+:class:`~alphafeat.errors.AlphafeatError` is one line and its ``exit_code``; ``-v`` adds the
+traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
-from alphafeat.errors import AlphafeatError
+from alphafeat.errors import AlphafeatError, UsageError
 
 #: Progress bars, logs and errors go to stderr; tables to stdout.
 console = Console(stderr=True)
 
 
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``PROG: error: ...``), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def option(validate: Callable[..., Any], **kw: Any) -> Callable[[str], Any]:
+    """``validate(text, option, **kw)`` as an argparse ``type=``: its UsageError becomes
+    argparse's one-line error (``argument --horizons: expected ..., got '0'``), exit 2."""
+
+    def convert(text: str) -> Any:
+        try:
+            return validate(text, option="", **kw)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(e.problem) from None
+
+    convert.__name__ = validate.__name__.removeprefix("validate_")
+    return convert
+
+
+def verbose_parent(help: str) -> argparse.ArgumentParser:
+    """A parent parser giving a subcommand ``-v`` too (``alphafeat precompute ... -v``), without
+    overriding the main parser's ``-v`` when it is not given there."""
+    p = Parser(add_help=False)
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=help)
+    return p
+
+
 def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: int = logging.DEBUG) -> int:
     """Parse ``argv``, set up logging and call ``args.func(args)``.
 
-    Returns the exit status: the command's own, 1 for a user error (an
-    :class:`~alphafeat.errors.AlphafeatError`, printed as one line, no traceback; likewise an
-    ``OSError`` from the file system, with the path it names), 130 on Ctrl-C.
+    Returns the exit status: the command's own; 2 for a usage error (argparse's, or a
+    :class:`~alphafeat.errors.UsageError`); 1 for any other
+    :class:`~alphafeat.errors.AlphafeatError` or an ``OSError`` from the file system (with the
+    path it names); 130 on Ctrl-C. Errors are one line on stderr, with the traceback before it
+    under ``-v``.
     """
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else 2
+    verbose = getattr(args, "verbose", False)
     logging.basicConfig(
-        level=verbose_level if args.verbose else logging.WARNING,
+        level=verbose_level if verbose else logging.WARNING,
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
     try:
         return args.func(args)
-    except AlphafeatError as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        return 1
-    except OSError as e:  # the file system refused (permissions, disk full, ...): one line too
-        where = f"{e.filename}: " if e.filename else ""
-        console.print(f"[bold red]error:[/] {escape(where + str(e.strerror or e))}", highlight=False, soft_wrap=True)
-        return 1
+    except (AlphafeatError, OSError) as e:
+        if verbose:
+            console.print_exception()
+        console.print(f"[bold red]error:[/] {escape(_line(e))}", highlight=False, soft_wrap=True)
+        return e.exit_code if isinstance(e, AlphafeatError) else 1
     except KeyboardInterrupt:
         console.print("interrupted; outputs are written atomically, so nothing half-written was left")
         return 130
+
+
+def _line(e: BaseException) -> str:
+    """The one line of an error: an OSError as ``path: reason``, others as ``str(e)``."""
+    if isinstance(e, OSError) and not isinstance(e, AlphafeatError):
+        where = f"{e.filename}: " if e.filename else ""
+        return where + str(e.strerror or e)
+    return " ".join(str(e).split())

@@ -11,7 +11,6 @@ Subcommands
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 from pathlib import Path
 
@@ -19,48 +18,47 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from alphafeat.errors import AlphafeatError
-from cli import console, run
+from alphafeat import validation as val
+from alphafeat.errors import InputError, UsageError
+from cli import Parser, console, option, run, verbose_parent
+
+_PATH = option(val.validate_path)
+_JOBS = option(val.validate_jobs)
+
+
+def _enum(enum: type) -> dict:
+    """argparse keywords of an enum-valued option: checked by val.validate_enum, members in the help."""
+    return {"type": option(val.validate_enum, enum=enum), "metavar": "{" + ",".join(enum) + "}"}
+
+
+def _sample(text: str, option: str) -> str:
+    """``--sample`` checked by val.validate_sample, kept as its text (the manifest records it)."""
+    return str(val.validate_sample(text, option))
+
+
+def _count(lo: int, what: str = "a whole number", hi: int | None = None) -> object:
+    return option(val.validate_int, lo=lo, hi=hi, what=what)
 
 
 def _precompute(args: argparse.Namespace) -> int:
-    from alphafeat.instruments import InstrumentMode
-    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
+    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, make_job, precompute
 
     if args.input:
-        inputs = [Path(p) for p in args.input]
+        inputs = list(args.input)
     else:
         if not DEFAULT_DATA_DIR.is_dir():
-            raise AlphafeatError(
-                f"{DEFAULT_DATA_DIR}: the embedded default sample is missing; pass --input PATH "
-                "(or run `alphafeat synth --default` in a source checkout)"
-            )
+            raise InputError(DEFAULT_DATA_DIR, "the embedded default sample is missing; pass --input PATH "
+                             "(or run `alphafeat synth --default` in a source checkout)")  # fmt: skip
         inputs = [DEFAULT_DATA_DIR]
-    horizons = None
-    if args.horizons is not None:
-        try:
-            horizons = tuple(int(h) for h in args.horizons.split(","))
-        except ValueError:
-            raise AlphafeatError(f"--horizons: expected whole numbers of snapshots >= 1, comma-separated, "
-                                 f"got {args.horizons!r}") from None
     cfg = PrecomputeConfig(
-        inputs=inputs,
-        out=Path(args.out),
-        instrument_mode=InstrumentMode.parse(args.instrument_mode),
-        root=args.root,
-        device=args.device,
-        sample=args.sample,
-        feature_set=args.features,
-        dtype=args.dtype,
-        compression=args.compression,
-        scheduler=args.scheduler,
-        dask_local=args.dask_local,
-        keep_books=args.predecoded,
-    )
-    if horizons is not None:
-        cfg.horizons = horizons
-    cfg.roll_rule, cfg.roll_days = args.roll_rule, args.roll_days
-    cfg.on_error, cfg.rebuild_predecoded, cfg.jobs = args.on_error, args.rebuild_predecoded, args.jobs
+        inputs=inputs, out=args.out, instrument_mode=args.instrument_mode, root=args.root, device=args.device,
+        sample=args.sample, feature_set=args.features, dtype=args.dtype, compression=args.compression,
+        scheduler=args.scheduler, dask_local=args.dask_local, keep_books=args.predecoded, roll_rule=args.roll_rule,
+        roll_days=args.roll_days, on_error=args.on_error, rebuild_predecoded=args.rebuild_predecoded, jobs=args.jobs,
+    )  # fmt: skip
+    if args.horizons is not None:
+        cfg.horizons = args.horizons
+    make_job(cfg, "cpu")  # every option checked before the progress bar starts: a bad one is one line
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=False, disable=args.quiet,
@@ -106,9 +104,9 @@ def _synth(args: argparse.Namespace) -> int:
     if args.report:
         from alphafeat import synth_report
 
-        real = Path(args.real) if args.real else Path(__file__).resolve().parents[1] / synth_report.REAL_FILE
+        real = args.real or Path(__file__).resolve().parents[1] / synth_report.REAL_FILE
         if not real.is_file():
-            raise AlphafeatError(f"{real}: the real ESH4 MBO file is missing; pass --real PATH")
+            raise InputError(real, "the real ESH4 MBO file is missing; pass --real PATH")
         rows, notes = synth_report.compare(real, seed=args.seed or 1)
         t = Table(title=f"synthetic vs real ({real.name}, first hour after the 17:00 CT open; "
                         f"synthetic scale {notes['scale']:.0f})")
@@ -118,30 +116,21 @@ def _synth(args: argparse.Namespace) -> int:
             t.add_row(r.name, f"{r.real:.4g}", f"{r.synth:.4g}", r.tolerance, "pass" if r.ok else "FAIL")
         Console().print(t)
         return 0
-    level = args.zstd_level
     if args.default:
-        out = Path(args.out) if args.out else DEFAULT_DATA_DIR
+        out = args.out or DEFAULT_DATA_DIR
         paths = synth.make_default_sample(out)
     else:
         if not args.out or not args.start:
-            raise AlphafeatError("alphafeat synth: --start and --out are required (or --default / --report)")
-        try:
-            start = dt.date.fromisoformat(args.start)
-        except ValueError as e:
-            raise AlphafeatError(f"--start: expected YYYY-MM-DD, got {args.start!r}") from e
-        out = Path(args.out)
-        try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=console, transient=False) as progress:
-                task = progress.add_task("sessions", total=args.sessions)
-                paths = synth.generate(
-                    out, start=start, sessions=args.sessions, seed=args.seed,
-                    schemas=tuple(s.strip() for s in args.schemas.split(",")), scale=args.scale,
-                    jobs=args.jobs, zstd_level=level,
-                    progress=lambda k: progress.advance(task, k),
-                )
-        except ValueError as e:
-            raise AlphafeatError(f"alphafeat synth: {e}") from e
+            raise UsageError("--start and --out", "required (or --default / --report)")
+        out = args.out
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=False) as progress:
+            task = progress.add_task("sessions", total=args.sessions)
+            paths = synth.generate(
+                out, start=args.start, sessions=args.sessions, seed=args.seed, schemas=args.schemas,
+                scale=args.scale, jobs=args.jobs, zstd_level=args.zstd_level,
+                progress=lambda k: progress.advance(task, k),
+            )
     for p in paths:
         print(p)
     rep = out / synth.REPORT_NAME
@@ -157,7 +146,7 @@ def _synth(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from alphafeat.inspection import inspect_cache
 
-    plots = Path(args.plots) if args.plots else Path(args.cache) / "_plots"
+    plots = args.plots or args.cache / "_plots"
     rep = inspect_cache(args.cache, None if args.no_plots else plots)
     out = Console()
     t = Table(title=f"rows per session: {args.cache}")
@@ -187,15 +176,15 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _read_options(p: argparse.ArgumentParser) -> None:
     """Options of the DBN reading stage, shared by precompute and roll-schedule."""
-    p.add_argument("--roll-rule", default="volume", choices=("volume", "calendar"),
+    p.add_argument("--roll-rule", default=val.RollRule.VOLUME, **_enum(val.RollRule),
                    help="front month: most volume in the previous session (default), or calendar")
-    p.add_argument("--roll-days", type=int, default=8,
+    p.add_argument("--roll-days", type=_count(0, "a number of days"), default=8,
                    help="calendar rule: roll this many days before expiration (default: 8)")
-    p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
+    p.add_argument("--on-error", default=val.OnError.RAISE, **_enum(val.OnError),
                    help="a bad input file stops the run (raise, default) or is skipped with a warning")
     p.add_argument("--rebuild-predecoded", action="store_true",
                    help="clear the predecoded folder (<out parent>/.predecoded: kept books and plan scans) first")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=_JOBS, default=1,
                    help="worker processes: plan scans and session segments in parallel (-1: all cores)")
 
 
@@ -244,39 +233,40 @@ def _features(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``alphafeat`` argument parser."""
-    ap = argparse.ArgumentParser(prog="alphafeat", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    """The ``alphafeat`` argument parser; option values are checked by :mod:`alphafeat.validation`."""
+    ap = Parser(prog="alphafeat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging; tracebacks of errors")
     sub = ap.add_subparsers(dest="command", required=True)
+    common = [verbose_parent("debug logging; tracebacks of errors")]
 
-    p = sub.add_parser("precompute", help="DBN -> features and labels -> Arrow cache")
-    p.add_argument("--instrument-mode", default="front-month",
+    p = sub.add_parser("precompute", help="DBN -> features and labels -> Arrow cache", parents=common)
+    p.add_argument("--instrument-mode", default="front-month", type=option(val.validate_instrument_mode),
                    help="all | id=N | front-month (default: front-month)")
-    p.add_argument("--input", nargs="+", action="extend", metavar="PATH",
+    p.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
                    help="DBN files or directories (default: the embedded sample in data/)")
-    p.add_argument("--out", default="cache", help="cache directory (default: ./cache)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+    p.add_argument("--out", default="cache", type=_PATH, help="cache directory (default: ./cache)")
+    p.add_argument("--device", default=val.Device.AUTO, **_enum(val.Device),
                    help="where features are computed; auto: the CPU, whose streamed path is the faster one "
                         "for this job even beside a GPU (README)")
-    p.add_argument("--root", default="ES", help="product root for front-month (default: ES)")
-    p.add_argument("--horizons", default=None,
+    p.add_argument("--root", default="ES", type=option(val.validate_root),
+                   help="product root for front-month (default: ES)")
+    p.add_argument("--horizons", default=None, type=option(val.validate_horizons),
                    help="label horizons in snapshots, comma-separated (default: 30,100,300,1000,6000)")
-    p.add_argument("--sample", default="snapshot",
+    p.add_argument("--sample", default="snapshot", type=option(_sample),
                    help="snapshot (a row per book snapshot, default) or volume:V (a row per V-contract volume bar)")
     p.add_argument("--features", default="default",
                    help="features stored: names and groups, comma-separated (default: a documented subset with "
                         "the top of book; 'all': every feature and book level; 'default,book': all book levels; "
                         "groups: ofi, depth, ema, flow, vol, price)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+    p.add_argument("--dtype", default=val.Dtype.FLOAT32, **_enum(val.Dtype),
                    help="storage of feature columns (computed in float64; prices stay float64; default float32)")
-    p.add_argument("--compression", default="none", choices=("none", "lz4", "zstd"),
+    p.add_argument("--compression", default=val.Compression.NONE, **_enum(val.Compression),
                    help="Arrow IPC buffer compression (default none: memory-mappable)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", type=option(val.validate_scheduler),
                    help="run segments on a Dask distributed cluster (inputs and --out on a shared filesystem)")
-    p.add_argument("--dask-local", type=int, default=0, metavar="N",
+    p.add_argument("--dask-local", type=_count(0, "a number of Dask workers (0: no Dask)"), default=0, metavar="N",
                    help="run segments on a Dask LocalCluster of N worker processes")
-    p.add_argument("--predecoded", default="auto", choices=("auto", "keep", "none"),
+    p.add_argument("--predecoded", default=val.Predecoded.AUTO, **_enum(val.Predecoded),
                    help="keep each segment's book in <out parent>/.predecoded so a rerun with other features, "
                         "horizons or options skips decode and book (~360 bytes a row of disk): auto (default) "
                         "for books rebuilt from MBO, keep for all, none")
@@ -284,47 +274,51 @@ def build_parser() -> argparse.ArgumentParser:
     _read_options(p)  # --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
     p.set_defaults(func=_precompute)
 
-    r = sub.add_parser("roll-schedule", help="print the front-month contract chosen per CME Globex session")
-    r.add_argument("--input", nargs="+", action="extend", metavar="PATH", required=True,
+    r = sub.add_parser("roll-schedule", help="print the front-month contract chosen per CME Globex session",
+                       parents=common)
+    r.add_argument("--input", nargs="+", action="extend", metavar="PATH", required=True, type=_PATH,
                    help="DBN files or directories (book data; trades and definitions optional)")
-    r.add_argument("--root", default="ES", help="product root (default: ES)")
-    r.add_argument("--out", default=None,
+    r.add_argument("--root", default="ES", type=option(val.validate_root), help="product root (default: ES)")
+    r.add_argument("--out", default=None, type=_PATH,
                    help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")
     _read_options(r)
     r.set_defaults(func=_roll_schedule)
 
-    s = sub.add_parser("synth", help="write synthetic ES DBN v3 files")
+    s = sub.add_parser("synth", help="write synthetic ES DBN v3 files", parents=common)
     s.add_argument("--default", action="store_true",
                    help="write the embedded default sample (into data/ unless --out)")
-    s.add_argument("--start", help="first trade date, YYYY-MM-DD")
-    s.add_argument("--sessions", type=int, default=1, help="number of trading sessions (default 1)")
-    s.add_argument("--out", help="output directory")
-    s.add_argument("--schemas", default="mbp-10,trades", help="any of mbo,mbp-10,trades,definition")
-    s.add_argument("--seed", type=int, default=0, help="random seed (default 0; same seed, same bytes)")
-    s.add_argument("--scale", default="quiet", choices=("quiet", "normal", "busy", "full"),
+    s.add_argument("--start", type=option(val.validate_date), help="first trade date, YYYY-MM-DD")
+    s.add_argument("--sessions", type=_count(1, "a number of sessions"), default=1,
+                   help="number of trading sessions (default 1)")
+    s.add_argument("--out", type=_PATH, help="output directory")
+    s.add_argument("--schemas", default="mbp-10,trades", type=option(val.validate_schemas),
+                   help="any of mbo,mbp-10,trades,definition")
+    s.add_argument("--seed", type=_count(0), default=0, help="random seed (default 0; same seed, same bytes)")
+    s.add_argument("--scale", default=val.Scale.QUIET, **_enum(val.Scale),
                    help="activity level (default quiet: the embedded sample's)")
-    s.add_argument("--jobs", type=int, default=1, help="worker processes, one session each (default 1)")
-    s.add_argument("--zstd-level", type=int, default=None,
-                   help="zstd level (default: 12 for quiet, 1 for bigger scales)")
+    s.add_argument("--jobs", type=_JOBS, default=1, help="worker processes, one session each (default 1)")
+    s.add_argument("--zstd-level", type=_count(1, hi=22), default=None,
+                   help="zstd level 1-22 (default: 12 for quiet, 1 for bigger scales)")
     s.add_argument("--report", action="store_true",
                    help="print statistics of the generator side by side with the real ESH4 MBO file")
-    s.add_argument("--real", default=None, help="the real MBO file for --report "
+    s.add_argument("--real", default=None, type=_PATH, help="the real MBO file for --report "
                    "(default: ../shared/data/real/esh4-glbx-mdp3-20231225.mbo.dbn.zst)")
     s.set_defaults(func=_synth)
 
-    f = sub.add_parser("features", help="print the feature registry (name, unit, formula, source, parameters)")
+    f = sub.add_parser("features", help="print the feature registry (name, unit, formula, source, parameters)",
+                       parents=common)
     f.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     f.set_defaults(func=_features)
-    i = sub.add_parser("inspect", help="rows, NaN rates and label balance of a cache, and PNG plots")
-    i.add_argument("cache", help="cache directory written by precompute")
-    i.add_argument("--plots", default=None, help="where to write PNG plots (default: CACHE/_plots)")
+    i = sub.add_parser("inspect", help="rows, NaN rates and label balance of a cache, and PNG plots", parents=common)
+    i.add_argument("cache", type=_PATH, help="cache directory written by precompute")
+    i.add_argument("--plots", default=None, type=_PATH, help="where to write PNG plots (default: CACHE/_plots)")
     i.add_argument("--no-plots", action="store_true", help="tables only")
     i.set_defaults(func=_inspect)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (1 on a user error, printed as one line)."""
+    """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line)."""
     return run(build_parser(), argv, verbose_level=logging.DEBUG)
 
 

@@ -10,7 +10,6 @@ Subcommands
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -18,29 +17,32 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from alphafeat.errors import AlphafeatError
-from cli import console, run
+from alphafeat.errors import AlphafeatError, InputError
+from alphafeat.validation import Device, validate_enum, validate_int, validate_path
+from cli import Parser, console, option, run, verbose_parent
 
 
 def _default_cache(out: Path, quiet: bool) -> Path:
-    from alphafeat.cache import is_cache
+    from alphafeat.cache import is_cache, read_manifest
     from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
 
     cache = out / "cache"
     if is_cache(cache):
         try:
-            from alphafeat.cache import read_manifest
-
             read_manifest(cache)
             return cache
         except AlphafeatError:
             pass  # an old format: rebuild below
     if not DEFAULT_DATA_DIR.is_dir():
-        raise AlphafeatError(f"{DEFAULT_DATA_DIR}: the embedded default sample is missing; pass --cache DIR")
+        raise InputError(DEFAULT_DATA_DIR, "the embedded default sample is missing; pass --cache DIR")
     if not quiet:
         console.print(f"building the cache of the embedded sample in {cache} ...")
     precompute(PrecomputeConfig(inputs=[DEFAULT_DATA_DIR], out=cache, device="cpu"))
     return cache
+
+
+#: ``alphamodel train`` options that set a TrainConfig key of the same name.
+_TRAIN_OPTIONS = ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -50,37 +52,19 @@ def _train(args: argparse.Namespace) -> int:
         raise AlphafeatError(
             "alphamodel needs PyTorch, which is not installed: pip install -e '.[model]'"
         ) from e
+    from alphamodel.config import from_dict, read_config
     from alphamodel.model import ModelConfig
     from alphamodel.train import TrainConfig, train
 
-    model, tcfg = {}, {}
-    if args.config:
-        p = Path(args.config)
-        try:
-            cfg = json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise AlphafeatError(f"{p}: cannot read the config ({e})") from e
-        if not isinstance(cfg, dict):
-            raise AlphafeatError(f"{p}: the config must be a JSON object with 'model' and/or 'train'")
-        model, tcfg = dict(cfg.get("model", {})), dict(cfg.get("train", {}))
-        bad = set(cfg) - {"model", "train"}
-        if bad:
-            raise AlphafeatError(f"{p}: unknown top-level keys {sorted(bad)} (use 'model' and 'train')")
-    for key in ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads"):
-        v = getattr(args, key)
-        if v is not None:
-            tcfg[key] = v
+    tcfg = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
     if args.compile:
         tcfg["compile"] = True
-    try:
-        mc, tc = ModelConfig.from_dict(model), TrainConfig.from_dict(tcfg)
-    except (TypeError, ValueError) as e:
-        raise AlphafeatError(f"{args.config or '--config'}: {e}") from e
-    if tc.burn_in >= tc.window:
-        tc.burn_in = tc.window // 4
-    out = Path(args.out)
-    cache = Path(args.cache) if args.cache else _default_cache(out, args.quiet)
-    s = train(cache, out, mc, tc, progress=not args.quiet)
+    if args.config:
+        mc, tc = read_config(args.config, tcfg)  # ConfigError names the file and the key
+    else:
+        mc, tc = ModelConfig(), from_dict(TrainConfig, tcfg, "train")
+    cache = args.cache or _default_cache(args.out, args.quiet)
+    s = train(cache, args.out, mc, tc, progress=not args.quiet)
 
     t = Table(title=f"alphamodel train -> {s['out']}  (test block, {s['rows']['test']:,} rows)")
     for col in ("horizon", "labels", "base rate", "AUC model", "AUC logistic (OFI/imbalance)"):
@@ -100,22 +84,25 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``alphamodel`` argument parser."""
-    ap = argparse.ArgumentParser(prog="alphamodel", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-v", "--verbose", action="store_true", help="info logging")
+    """The ``alphamodel`` argument parser; option values are checked by :mod:`alphafeat.validation`."""
+    ap = Parser(prog="alphamodel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true", help="info logging; tracebacks of errors")
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train on an alphafeat cache")
-    p.add_argument("--cache", help="cache directory (default: build one from the embedded sample under OUT/cache)")
-    p.add_argument("--out", default="out", help="output directory (default: ./out)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--window", type=int, help="K, snapshots per window")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--config", help="JSON file: {\"model\": {...ModelConfig}, \"train\": {...TrainConfig}}")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--batch-size", dest="batch_size", type=int)
-    p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=int)
-    p.add_argument("--threads", type=int, help="CPU threads for torch")
+    p = sub.add_parser("train", help="train on an alphafeat cache",
+                       parents=[verbose_parent("info logging; tracebacks of errors")])
+    path, size = option(validate_path), option(validate_int, lo=1)
+    p.add_argument("--cache", type=path,
+                   help="cache directory (default: build one from the embedded sample under OUT/cache)")
+    p.add_argument("--out", default="out", type=path, help="output directory (default: ./out)")
+    p.add_argument("--epochs", type=size)
+    p.add_argument("--window", type=option(validate_int, lo=1, what="a number of snapshots"),
+                   help="K, snapshots per window")
+    p.add_argument("--device", type=option(validate_enum, enum=Device), metavar="{" + ",".join(Device) + "}")
+    p.add_argument("--config", type=path, help="JSON file: {\"model\": {...ModelConfig}, \"train\": {...TrainConfig}}")
+    p.add_argument("--seed", type=option(validate_int, lo=0))
+    p.add_argument("--batch-size", dest="batch_size", type=size)
+    p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=size)
+    p.add_argument("--threads", type=size, help="CPU threads for torch")
     p.add_argument("--compile", action="store_true", help="torch.compile the Mamba2 blocks and the CfC cell")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
@@ -123,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (1 on a user error, printed as one line)."""
+    """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line)."""
     return run(build_parser(), argv, verbose_level=logging.INFO)
 
 

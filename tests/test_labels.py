@@ -41,7 +41,7 @@ def test_values_and_end_of_data():
 
 
 def test_bad_horizon():
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="expected a whole number of snapshots >= 1"):
         direction_labels(np.zeros(3), [0])
 
 

@@ -248,3 +248,61 @@ def test_cli_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "pip install -e '.[model]'" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+# ---- summary words, optimiser groups, config checks ------------------------------------------
+def test_labels_kept_after_purge_counts_labels_not_rows(cache):
+    from alphamodel.train import label_counts
+
+    d = CacheData.open(cache)
+    _, _, _, keep = purged_blocks(d, 0.2, 0.2)
+    c = label_counts(d, keep)
+    for j, h in enumerate(HORIZONS):
+        y = np.concatenate([s.labels[j] for s in d.segments])  # the cache's labels, read directly
+        has = ~np.isnan(y)
+        kept, purged = c["labels_kept_after_purge"][f"h{h}"], c["labels_purged"][f"h{h}"]
+        assert kept == int((has & keep[:, j]).sum()) and kept + purged == int(has.sum())
+        assert kept < int(keep[:, j].sum())  # rows whose label is NaN (ties, session ends) are no labels
+    assert c["labels_purged"]["h5"] == 2 * (5 - 1)  # the last h - 1 training and validation rows; odd h: no tie
+
+
+def test_weight_decay_is_chosen_by_module_type():
+    from torch import nn
+
+    from alphamodel.model import AlphaModel, ModelConfig
+    from alphamodel.optim import decayed_parameters, param_groups
+
+    m = AlphaModel(ModelConfig(n_features=3, n_horizons=2, d_model=8, n_layers=1, d_state=4, headdim=4,
+                               chunk_size=8, cfc_hidden=4))
+    assert decayed_parameters(m) == [
+        "embed.weight", "blocks.0.mixer.in_proj.weight", "blocks.0.mixer.conv1d.weight",
+        "blocks.0.mixer.out_proj.weight", "cfc.cell.backbone.weight", "cfc.cell.fgh.weight", "heads.weight",
+    ]  # fmt: skip
+    # not decayed: biases, RMSNorm gains, A_log, D, dt_bias, log_tau
+    groups = param_groups(m, 0.1)
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in m.parameters())  # each parameter in exactly one group
+    # a 2-D parameter of another module type does not decay (type decides, not shape or name);
+    # Mamba's _no_weight_decay flag takes a weight out
+    m.extra = nn.Module()
+    m.extra.weight = nn.Parameter(torch.zeros(3, 3))
+    m.heads.weight._no_weight_decay = True
+    names = decayed_parameters(m)
+    assert "extra.weight" not in names and "heads.weight" not in names and "embed.weight" in names
+
+
+def test_config_values_are_checked_before_anything_is_written(cache, tmp_path):
+    from alphafeat.errors import UsageError
+    from alphamodel.model import ModelConfig
+
+    for bad in ({"epochs": 0}, {"batch_size": 0}, {"epochs": "3"}, {"window": 8, "burn_in": 8},
+                {"horizon_weighting": "log"}, {"device": "gpu"}, {"seed": 1.5}, {"nope": 1}):
+        with pytest.raises(UsageError, match="train"):
+            TrainConfig.from_dict(bad)
+    with pytest.raises(UsageError, match="model.headdim"):
+        ModelConfig.from_dict({"d_model": 8, "expand": 1, "headdim": 3})
+    assert TrainConfig.from_dict({"window": 8}).burn_in == 2  # the default burn-in is fitted to a short window
+    with pytest.raises(UsageError, match=r"train\.epochs: expected a whole number >= 1, got 0"):
+        train(cache, tmp_path / "o", train_cfg=TrainConfig(epochs=0))  # the Python API checks too
+    assert not (tmp_path / "o").exists()

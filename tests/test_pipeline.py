@@ -287,7 +287,7 @@ def test_volume_bar_sampling(tmp_path, capsys):
         assert (vol >= 50).all()  # every bar holds at least V contracts
         # each bar closes on a real snapshot of the snapshot-sampled cache
         assert set(b.column("ts_recv").to_pylist()) <= set(s.column("ts_recv").to_pylist())
-    assert _run("--input", str(PROJECT / "data"), "--out", str(tmp_path / "x"), "--sample", "volume:0") == 1
+    assert _run("--input", str(PROJECT / "data"), "--out", str(tmp_path / "x"), "--sample", "volume:0") == 2  # usage
 
 
 def test_crossed_book_rows_flagged_and_unlabelled(esh4_cache):

@@ -1,0 +1,182 @@
+"""Checks of alphamodel's configs: every key of :class:`~alphamodel.model.ModelConfig` and
+:class:`~alphamodel.train.TrainConfig` by a ``validate_*`` of :mod:`alphafeat.validation`.
+
+Used by ``ModelConfig.from_dict`` / ``TrainConfig.from_dict`` (config files), by
+:func:`alphamodel.train.train` (configs built in Python) and by ``alphamodel train
+--config FILE``, so a bad value is one line naming the key, the value and what is allowed,
+before anything is read or trained. Keys without a rule here are checked by their annotated
+type (``int``, ``float``, ``bool``, ``str``, ``... | None``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from alphafeat import errors as af
+from alphafeat.validation import (
+    Device,
+    HorizonWeighting,
+    validate_bool,
+    validate_enum,
+    validate_float,
+    validate_int,
+)
+from alphamodel.errors import ConfigError, UsageError
+
+__all__ = ["MODEL_RULES", "TRAIN_RULES", "check_config", "from_dict", "read_config"]
+
+T = TypeVar("T")
+Rule = Callable[[Any, str], Any]
+
+
+def _number(rule: Rule, what: str) -> Rule:
+    """``rule`` for a number in a config: text (``"3"``) is the wrong type there."""
+
+    def check(v: Any, o: str) -> Any:
+        if isinstance(v, str):
+            raise UsageError(o, f"expected {what}, not text", v)
+        return rule(v, o)
+
+    return check
+
+
+def _int(lo: int | None = None, what: str = "a whole number") -> Rule:
+    return _number(lambda v, o: validate_int(v, o, lo=lo, what=what), what)
+
+
+def _float(lo: float | None = None, hi: float | None = None, open_: bool = False) -> Rule:
+    return _number(lambda v, o: validate_float(v, o, lo=lo, hi=hi, lo_open=open_, hi_open=open_), "a number")
+
+
+def _optional(rule: Rule) -> Rule:
+    return lambda v, o: None if v is None else rule(v, o)
+
+
+def _enum(enum: type) -> Rule:
+    return lambda v, o: validate_enum(v, enum, o)
+
+
+def _str(v: Any, o: str) -> str:
+    if not isinstance(v, str):
+        raise UsageError(o, "expected a string", v)
+    return v
+
+
+_SIZE = _int(1)
+#: TrainConfig keys and their checks.
+TRAIN_RULES: dict[str, Rule] = {
+    "window": _int(1, "a number of snapshots"), "burn_in": _int(0, "a number of snapshots"),
+    "batch_size": _SIZE, "epochs": _SIZE, "steps_per_epoch": _SIZE, "lr": _float(0.0, open_=True),
+    "weight_decay": _float(0.0), "warmup_steps": _int(0), "min_lr_frac": _float(0.0, 1.0), "patience": _SIZE,
+    "val_frac": _float(0.0, 1.0, open_=True), "test_frac": _float(0.0, 1.0, open_=True),
+    "horizon_weighting": _enum(HorizonWeighting), "seed": _int(0), "device": _enum(Device),
+    "compile": validate_bool, "grad_clip": _float(0.0), "eval_batch_size": _SIZE, "threads": _optional(_SIZE),
+    "baseline_max_rows": _SIZE, "val_max_windows": _optional(_SIZE),
+}  # fmt: skip
+#: ModelConfig keys and their checks.
+MODEL_RULES: dict[str, Rule] = {
+    "n_features": _int(0), "n_horizons": _SIZE, "d_model": _SIZE, "n_layers": _SIZE, "d_state": _SIZE,
+    "headdim": _SIZE, "expand": _SIZE, "d_conv": _SIZE, "chunk_size": _SIZE, "cfc_hidden": _SIZE,
+    "dropout": _float(0.0, 1.0),
+}  # fmt: skip
+_BY_TYPE: dict[str, Rule] = {"int": _int(), "float": _float(), "bool": validate_bool, "str": _str}
+
+
+def _rule(field: dataclasses.Field, rules: dict[str, Rule]) -> Rule | None:
+    if field.name in rules:
+        return rules[field.name]
+    kind = str(field.type).replace(" ", "")
+    if kind.endswith("|None") and kind[:-5] in _BY_TYPE:
+        return _optional(_BY_TYPE[kind[:-5]])
+    return _BY_TYPE.get(kind)
+
+
+def check_config(cfg: T, section: str) -> T:
+    """``cfg`` (a ModelConfig or TrainConfig) with each key checked and normalised; a copy.
+
+    Raises
+    ------
+    alphamodel.errors.UsageError
+        Naming ``section.key``, the value and what is allowed; also for keys that do not fit
+        together (``burn_in`` >= ``window``, ``val_frac + test_frac`` >= 1, ``expand * d_model``
+        not a multiple of ``headdim``).
+    """
+    rules = TRAIN_RULES if section == "train" else MODEL_RULES
+    values = {}
+    for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        rule = _rule(f, rules)
+        v = getattr(cfg, f.name)
+        values[f.name] = v if rule is None else rule(v, f"{section}.{f.name}")
+    _check_together(values, section)
+    return dataclasses.replace(cfg, **values)  # type: ignore[type-var]
+
+
+def _check_together(v: dict[str, Any], section: str) -> None:
+    if section == "train":
+        if v["burn_in"] >= v["window"]:
+            raise UsageError(f"{section}.burn_in", f"expected a number of snapshots in [0, window={v['window']})",
+                             v["burn_in"])  # fmt: skip
+        if v["val_frac"] + v["test_frac"] >= 1:
+            raise UsageError(f"{section}.val_frac + test_frac", "expected a sum < 1 (rows must be left to train)",
+                             v["val_frac"] + v["test_frac"])  # fmt: skip
+    elif (v["expand"] * v["d_model"]) % v["headdim"]:
+        raise UsageError(f"{section}.headdim", f"expected a divisor of expand * d_model = {v['expand'] * v['d_model']}",
+                         v["headdim"])  # fmt: skip
+
+
+def from_dict(cls: type[T], d: dict, section: str) -> T:
+    """``cls(**d)`` checked by :func:`check_config`; unknown keys are refused (UsageError).
+
+    For ``train``, a ``burn_in`` not given is lowered to ``window // 4`` when the default
+    would not fit the window.
+    """
+    if not isinstance(d, dict):
+        raise UsageError(section, "expected an object of keys and values", d)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    bad = sorted(set(d) - set(names))
+    if bad:
+        raise UsageError(section, f"unknown key(s) {', '.join(bad)}; known: {', '.join(names)}")
+    cfg = cls(**d)
+    if section == "train" and "burn_in" not in d and "window" in d:
+        window = validate_int(d["window"], "train.window", lo=1, what="a number of snapshots")
+        if cfg.burn_in >= window:  # type: ignore[attr-defined]
+            cfg = dataclasses.replace(cfg, burn_in=window // 4)  # type: ignore[type-var]
+    return check_config(cfg, section)
+
+
+def read_config(path: str | os.PathLike[str], train: dict | None = None) -> tuple[Any, Any]:
+    """``(ModelConfig, TrainConfig)`` from a JSON file ``{"model": {...}, "train": {...}}``
+    (either may be left out), with ``train`` (checked values, e.g. from the command line)
+    laid over the file's ``train``.
+
+    Raises
+    ------
+    alphamodel.errors.ConfigError
+        The file cannot be read or is not such an object, or a key or value is bad: one line
+        naming the file and the key (``train.epochs``).
+    """
+    from alphamodel.model import ModelConfig
+    from alphamodel.train import TrainConfig
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(p, "", f"cannot read the config ({e})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(p, "", "expected a JSON object with 'model' and/or 'train'")
+    bad = sorted(set(doc) - {"model", "train"})
+    if bad:
+        raise ConfigError(p, "", f"unknown top-level key(s) {', '.join(bad)} (use 'model' and 'train')")
+    try:
+        tcfg = doc.get("train", {})
+        if isinstance(tcfg, dict):
+            tcfg = {**tcfg, **(train or {})}
+        return from_dict(ModelConfig, doc.get("model", {}), "model"), from_dict(TrainConfig, tcfg, "train")
+    except af.UsageError as e:  # alphafeat's validate_* or ours
+        raise ConfigError(p, e.option, e.problem) from None

@@ -1,0 +1,208 @@
+"""Every option of every command with bad values: one line on stderr naming the option and the
+value, exit status 2 for a usage error (1 for a bad file or cache), no traceback, nothing
+written. A table, checked against the parsers so that a new option without a row fails."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.alphafeat import build_parser as alphafeat_parser
+from cli.alphafeat import main as alphafeat_main
+from cli.alphamodel import build_parser as alphamodel_parser
+from cli.alphamodel import main as alphamodel_main
+
+PROJECT = Path(__file__).resolve().parents[1]
+DATA = str(PROJECT / "data")
+USAGE, DATA_ERROR = 2, 1
+
+# {tmp}: the test's folder; {file}: a file in it; {cfg:NAME}: a config file written by CONFIGS
+PRECOMPUTE = ("alphafeat", ["precompute", "-q", "--input", DATA, "--out", "{tmp}/cache"])
+ROLL = ("alphafeat", ["roll-schedule", "--input", DATA])
+SYNTH = ("alphafeat", ["synth", "--start", "2024-01-02", "--out", "{tmp}/synth"])
+FEATURES = ("alphafeat", ["features"])
+INSPECT = ("alphafeat", ["inspect", "{tmp}/nocache"])
+TRAIN = ("alphamodel", ["train", "-q", "--cache", "{tmp}/nocache", "--out", "{tmp}/out"])
+
+CONFIGS = {
+    "epochs0": {"train": {"epochs": 0}},
+    "epochs_str": {"train": {"epochs": "ten"}},
+    "batch0": {"train": {"batch_size": 0}},
+    "burn_in": {"train": {"window": 8, "burn_in": 16}},
+    "weighting": {"train": {"horizon_weighting": "sqrt"}},
+    "lr": {"train": {"lr": -1}},
+    "compile": {"train": {"compile": "yes"}},
+    "fracs": {"train": {"val_frac": 0.5, "test_frac": 0.5}},
+    "unknown": {"train": {"no_such_key": 1}},
+    "d_model": {"model": {"d_model": "big"}},
+    "headdim": {"model": {"d_model": 32, "expand": 2, "headdim": 24}},
+    "dropout": {"model": {"dropout": 1.5}},
+    "top": {"optimiser": {}},
+    "list": [1, 2],
+}
+
+# (command, option, extra argv, exit status, words the one error line holds)
+CASES = [
+    (PRECOMPUTE, "--instrument-mode", ["--instrument-mode", "id=x"], USAGE, ["id=x"]),
+    (PRECOMPUTE, "--instrument-mode", ["--instrument-mode", "id=-1"], USAGE, ["id=-1"]),
+    (PRECOMPUTE, "--instrument-mode", ["--instrument-mode", "spread"], USAGE, ["spread", "front-month"]),
+    (PRECOMPUTE, "--input", ["--input", "{tmp}/nope.dbn"], DATA_ERROR, ["nope.dbn", "no such file"]),
+    (PRECOMPUTE, "--input", ["--input", ""], USAGE, ["--input"]),
+    (PRECOMPUTE, "--out", ["--out", "{file}"], DATA_ERROR, ["notes.txt", "is a file"]),
+    (PRECOMPUTE, "--out", ["--out", ""], USAGE, ["--out"]),
+    (PRECOMPUTE, "--device", ["--device", "gpu"], USAGE, ["gpu", "auto, cpu or cuda"]),
+    (PRECOMPUTE, "--root", ["--root", "E-S"], USAGE, ["E-S"]),
+    (PRECOMPUTE, "--horizons", ["--horizons", "0"], USAGE, ["'0'", ">= 1"]),
+    (PRECOMPUTE, "--horizons", ["--horizons=-5"], USAGE, ["'-5'"]),
+    (PRECOMPUTE, "--horizons", ["--horizons", "abc"], USAGE, ["abc"]),
+    (PRECOMPUTE, "--horizons", ["--horizons", "1.5"], USAGE, ["1.5"]),
+    (PRECOMPUTE, "--horizons", ["--horizons", "30,30"], USAGE, ["30,30", "distinct"]),
+    (PRECOMPUTE, "--horizons", ["--horizons", ""], USAGE, ["''"]),
+    (PRECOMPUTE, "--sample", ["--sample", "volume:0"], USAGE, ["volume:0"]),
+    (PRECOMPUTE, "--sample", ["--sample", "bars"], USAGE, ["bars"]),
+    (PRECOMPUTE, "--features", ["--features", "bogus"], USAGE, ["bogus"]),
+    (PRECOMPUTE, "--dtype", ["--dtype", "float16"], USAGE, ["float16"]),
+    (PRECOMPUTE, "--compression", ["--compression", "gzip"], USAGE, ["gzip"]),
+    (PRECOMPUTE, "--scheduler", ["--scheduler", "a host"], USAGE, ["a host"]),
+    (PRECOMPUTE, "--scheduler", ["--scheduler", "tcp://h:8786", "--dask-local", "2"], USAGE, ["--dask-local"]),
+    (PRECOMPUTE, "--dask-local", ["--dask-local", "-1"], USAGE, ["'-1'"]),
+    (PRECOMPUTE, "--predecoded", ["--predecoded", "maybe"], USAGE, ["maybe"]),
+    (PRECOMPUTE, "--quiet", ["--quiet=yes"], USAGE, ["yes"]),
+    (PRECOMPUTE, "--roll-rule", ["--roll-rule", "oi"], USAGE, ["oi"]),
+    (PRECOMPUTE, "--roll-days", ["--roll-days", "-1"], USAGE, ["'-1'"]),
+    (PRECOMPUTE, "--on-error", ["--on-error", "ignore"], USAGE, ["ignore"]),
+    (PRECOMPUTE, "--rebuild-predecoded", ["--rebuild-predecoded=1"], USAGE, ["'1'"]),
+    (PRECOMPUTE, "--jobs", ["--jobs", "0"], USAGE, ["'0'"]),
+    (PRECOMPUTE, "--jobs", ["--jobs", "-2"], USAGE, ["'-2'"]),
+    (PRECOMPUTE, "--jobs", ["--jobs", "many"], USAGE, ["many"]),
+    (PRECOMPUTE, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
+    (ROLL, "--input", ["--input", "{tmp}/nope.dbn"], DATA_ERROR, ["nope.dbn", "no such file"]),
+    (ROLL, "--root", ["--root", ""], USAGE, ["''"]),
+    (ROLL, "--out", ["--out", ""], USAGE, ["--out"]),
+    (ROLL, "--roll-rule", ["--roll-rule", "oi"], USAGE, ["oi"]),
+    (ROLL, "--roll-days", ["--roll-days", "x"], USAGE, ["'x'"]),
+    (ROLL, "--on-error", ["--on-error", "warn"], USAGE, ["warn"]),
+    (ROLL, "--rebuild-predecoded", ["--rebuild-predecoded=no"], USAGE, ["no"]),
+    (ROLL, "--jobs", ["--jobs", "0"], USAGE, ["'0'"]),
+    (ROLL, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
+    (SYNTH, "--default", ["--default=yes"], USAGE, ["yes"]),
+    (SYNTH, "--start", ["--start", "2024-13-01"], USAGE, ["2024-13-01", "YYYY-MM-DD"]),
+    (("alphafeat", ["synth", "--out", "{tmp}/synth"]), "--start", [], USAGE, ["--start", "required"]),
+    (SYNTH, "--sessions", ["--sessions", "0"], USAGE, ["'0'"]),
+    (SYNTH, "--out", ["--out", ""], USAGE, ["--out"]),
+    (SYNTH, "--schemas", ["--schemas", "mbp-10,tbbo"], USAGE, ["tbbo"]),
+    (SYNTH, "--schemas", ["--schemas", "trades,trades"], USAGE, ["trades,trades"]),
+    (SYNTH, "--seed", ["--seed", "-1"], USAGE, ["'-1'"]),
+    (SYNTH, "--scale", ["--scale", "huge"], USAGE, ["huge"]),
+    (SYNTH, "--jobs", ["--jobs", "0"], USAGE, ["'0'"]),
+    (SYNTH, "--zstd-level", ["--zstd-level", "23"], USAGE, ["'23'"]),
+    (SYNTH, "--report", ["--report=1"], USAGE, ["'1'"]),
+    (SYNTH, "--real", ["--report", "--real", "{tmp}/nope.dbn.zst"], DATA_ERROR, ["nope.dbn.zst", "missing"]),
+    (SYNTH, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
+    (FEATURES, "--json", ["--json=1"], USAGE, ["'1'"]),
+    (FEATURES, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
+    (INSPECT, "cache", [], DATA_ERROR, ["nocache", "not an alphafeat cache"]),
+    (("alphafeat", ["inspect", ""]), "cache", [], USAGE, ["cache"]),
+    (INSPECT, "--plots", ["--plots", ""], USAGE, ["--plots"]),
+    (INSPECT, "--no-plots", ["--no-plots=1"], USAGE, ["'1'"]),
+    (INSPECT, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
+    (("alphafeat", ["--verbose=2", "features"]), "--verbose", [], USAGE, ["'2'"]),
+    (("alphafeat", ["precompile"]), "command", [], USAGE, ["precompile"]),
+    (TRAIN, "--cache", [], DATA_ERROR, ["nocache", "no such cache directory"]),
+    (TRAIN, "--out", ["--out", ""], USAGE, ["--out"]),
+    (TRAIN, "--out", ["--out", "{file}"], DATA_ERROR, ["notes.txt", "is a file"]),
+    (TRAIN, "--epochs", ["--epochs", "0"], USAGE, ["'0'", ">= 1"]),
+    (TRAIN, "--epochs", ["--epochs", "-3"], USAGE, ["'-3'"]),
+    (TRAIN, "--epochs", ["--epochs", "ten"], USAGE, ["ten"]),
+    (TRAIN, "--window", ["--window", "0"], USAGE, ["'0'"]),
+    (TRAIN, "--device", ["--device", "tpu"], USAGE, ["tpu"]),
+    (TRAIN, "--seed", ["--seed", "-1"], USAGE, ["'-1'"]),
+    (TRAIN, "--batch-size", ["--batch-size", "0"], USAGE, ["'0'"]),
+    (TRAIN, "--steps-per-epoch", ["--steps-per-epoch", "0"], USAGE, ["'0'"]),
+    (TRAIN, "--threads", ["--threads", "0"], USAGE, ["'0'"]),
+    (TRAIN, "--compile", ["--compile=1"], USAGE, ["'1'"]),
+    (TRAIN, "--quiet", ["--quiet=1"], USAGE, ["'1'"]),
+    (TRAIN, "--verbose", ["--verbose=1"], USAGE, ["'1'"]),
+    (TRAIN, "--config", ["--config", "{tmp}/nope.json"], DATA_ERROR, ["nope.json", "cannot read"]),
+    (TRAIN, "--config", ["--config", "{file}"], DATA_ERROR, ["notes.txt", "cannot read"]),
+] + [
+    (TRAIN, "--config", ["--config", f"{{cfg:{name}}}"], DATA_ERROR, [f"{name}.json", *words])
+    for name, words in {
+        "epochs0": ["train.epochs", "0"], "epochs_str": ["train.epochs", "ten"], "batch0": ["train.batch_size"],
+        "burn_in": ["train.burn_in", "window=8"], "weighting": ["train.horizon_weighting", "sqrt"],
+        "lr": ["train.lr", "-1"], "compile": ["train.compile", "yes"], "fracs": ["val_frac + test_frac"],
+        "unknown": ["no_such_key"], "d_model": ["model.d_model", "big"], "headdim": ["model.headdim", "24"],
+        "dropout": ["model.dropout", "1.5"], "top": ["optimiser"], "list": ["JSON object"],
+    }.items()
+]  # fmt: skip
+
+
+def _fill(argv: list[str], tmp: Path) -> list[str]:
+    out = []
+    for a in argv:
+        if a.startswith("{cfg:"):
+            name = a[5:-1]
+            p = tmp / f"{name}.json"
+            p.write_text(json.dumps(CONFIGS[name]))
+            a = str(p)
+        out.append(a.replace("{tmp}", str(tmp)).replace("{file}", str(tmp / "notes.txt")))
+    return out
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"/" for p in sorted(root.rglob("*"))}
+
+
+def _id(case: tuple) -> str:
+    (prog, base), opt, extra, status, _ = case
+    return f"{prog} {base[0]} {opt} {' '.join(extra)}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_bad_value_is_one_line(case, tmp_path, capsys):
+    (prog, base), option, extra, status, words = case
+    (tmp_path / "notes.txt").write_text("mine")
+    argv = _fill(base + extra, tmp_path)
+    before = _tree(tmp_path)
+    rc = (alphafeat_main if prog == "alphafeat" else alphamodel_main)(argv)
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert rc == status, captured.err
+    assert len(lines) == 1 and "error:" in lines[0], captured.err
+    assert "Traceback" not in captured.err + captured.out
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    if status == USAGE and option.startswith("-") and option != "--scheduler":
+        assert option in lines[0]  # the option is named
+    assert _tree(tmp_path) == before  # nothing written, nothing changed
+    assert not (PROJECT / ".predecoded").exists() and not (PROJECT / "cache").exists()
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
+    """{subcommand: its options' long names and positionals}, help left out."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    out = {}
+    for name, p in sub.choices.items():
+        out[name] = {max(a.option_strings, key=len) if a.option_strings else a.dest
+                     for a in p._actions if not isinstance(a, argparse._HelpAction)}  # fmt: skip
+    return out
+
+
+def test_every_option_of_every_command_has_a_bad_value_row():
+    covered: dict[tuple[str, str], set[str]] = {}
+    for (prog, base), option, *_ in CASES:
+        covered.setdefault((prog, base[0]), set()).add(option)
+    for prog, parser in (("alphafeat", alphafeat_parser()), ("alphamodel", alphamodel_parser())):
+        for command, options in _options(parser).items():
+            missing = options - covered.get((prog, command), set())
+            assert not missing, f"{prog} {command}: no bad-value row for {sorted(missing)}"
+
+
+def test_verbose_adds_the_traceback(tmp_path, capsys):
+    argv = ["precompute", "-q", "--input", str(tmp_path / "nope.dbn"), "--out", str(tmp_path / "c"), "-v"]
+    assert alphafeat_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error:")
