@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from alphafeat.errors import UsageError
+
 if TYPE_CHECKING:
     from alphafeat.features.registry import FeatureParams
     from alphafeat.types import BookArrays
@@ -132,7 +134,7 @@ def direction_labels_cuda(
     hs = []
     for h in horizons:
         if int(h) != h or h < 1:
-            raise ValueError(f"label horizon must be a positive integer, got {h!r}")
+            raise UsageError("horizons", "expected positive integers (snapshots)", h)
         hs.append(int(h))
     mid = np.ascontiguousarray(mid, dtype=np.float64)
     with warnings.catch_warnings():

@@ -54,6 +54,7 @@ import warnings
 import numpy as np
 from numba import config, cuda
 
+from alphafeat.errors import UsageError
 from alphafeat.features._declared import row_kernel
 from alphafeat.features._twin import load as _load_rows
 from alphafeat.features.registry import N_LF, Plan
@@ -711,12 +712,12 @@ def submit_features(
     chunk = max(1, CHUNK if chunk is None else int(chunk))
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
-        raise ValueError(f"dtype must be float64 or float32, got {dtype}")
+        raise UsageError("dtype", "expected float64 or float32", str(dtype))
     n = int(cols["ts_recv"].shape[0])
     n_out = plan.n_out
     S = int(plan.s_kind.shape[0])
     if S > MAX_SERIES:
-        raise ValueError(f"plan has {S} recurrences, the kernels hold at most {MAX_SERIES}")
+        raise UsageError("features", f"the plan has {S} recurrences, the kernels hold at most {MAX_SERIES}")
     bufs = buffers()
     with bufs.lock:
         if n == 0:

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from alphafeat.errors import UsageError
 from alphafeat.features.inputs import prepare as _prepare
 from alphafeat.features.registry import (
     INTERPOLATIONS,
@@ -172,7 +173,7 @@ def compute_features(
         from alphafeat.cuda import compute_features_cuda
 
         return compute_features_cuda(book, params)
-    raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
+    raise UsageError("device", "expected 'cpu', 'cuda' or 'auto'", device)
 
 
 def compute_features_chunked(

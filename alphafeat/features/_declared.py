@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from alphafeat.errors import UsageError
 from alphafeat.features.registry import Plan
 
 _CPU_SOURCE = """
@@ -67,6 +68,6 @@ def row_kernel(plan: Plan, target: str) -> Callable | None:
         exec(compile(_source(plan, _CUDA_SOURCE), f"<declared rows of {len(plan.declared)} features>", "exec"), ns)
         got = cuda.jit(ns["declared_rows"])
     else:
-        raise ValueError(f"target must be 'cpu' or 'cuda', got {target!r}")
+        raise UsageError("target", "expected 'cpu' or 'cuda'", target)
     plan.derived[key] = got
     return got

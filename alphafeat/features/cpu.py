@@ -69,6 +69,7 @@ import numba
 import numpy as np
 
 from alphafeat.arena import reserve
+from alphafeat.errors import UsageError
 from alphafeat.features._declared import row_kernel
 from alphafeat.features._vmath import vexp, vexp_expm1, vlog, vlog1p
 from alphafeat.features.registry import (
@@ -1069,10 +1070,10 @@ class FeatureStream:
         n = int(cols["ts_recv"].shape[0])
         lo = 1 if halo else 0
         if halo != (self.rows > 0):
-            raise ValueError("FeatureStream.push: the first push has no halo row, every later push has one")
+            raise UsageError("halo", "FeatureStream.push: the first push has no halo row, every later push has one")
         m = n - lo
         if m > self.out.shape[1] - 1:
-            raise ValueError(f"FeatureStream.push: {m} rows, more than max_rows = {self.out.shape[1] - 1}")
+            raise UsageError("cols", f"FeatureStream.push: {m} rows, more than max_rows = {self.out.shape[1] - 1}")
         if m <= 0:
             return self.out[:, :0]
         g0 = self.rows - lo  # segment row of array row 0

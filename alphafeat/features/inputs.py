@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from alphafeat.errors import DataError
 from alphafeat.features.registry import FeatureParams, make_plan
 from alphafeat.types import LEVELS, BookArrays
 
@@ -26,11 +27,11 @@ def prepare(book: BookArrays, params: FeatureParams) -> dict[str, np.ndarray]:
         v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
         if v.ndim != 2 or v.shape[0] != n or not (need <= v.shape[1] <= LEVELS):
             levels = f"L = {LEVELS}" if need == LEVELS else f"{need} <= L <= {LEVELS}"
-            raise ValueError(f"BookArrays.{k} must have shape (n, L) with n = {n} and {levels}, got {v.shape}")
+            raise DataError(f"BookArrays.{k} must have shape (n, L) with n = {n} and {levels}, got {v.shape}")
         cols[k] = v
     for k in ("buy_volume", "sell_volume", "trade_count"):
         v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
         if v.shape != (n,):
-            raise ValueError(f"BookArrays.{k} must have shape ({n},), got {v.shape}")
+            raise DataError(f"BookArrays.{k} must have shape ({n},), got {v.shape}")
         cols[k] = v
     return cols

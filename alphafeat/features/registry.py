@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from alphafeat.errors import UsageError
 from alphafeat.types import LEVELS
 
 __all__ = [
@@ -213,7 +214,7 @@ def register(feature: Feature) -> Feature:
     imported there too.
     """
     if any(f.name == feature.name for f in _DECLARED):
-        raise ValueError(f"feature {feature.name!r} is already registered")
+        raise UsageError("feature", "already registered", feature.name)
     _DECLARED.append(feature)
     return feature
 
@@ -224,7 +225,7 @@ def unregister(name: str) -> None:
         if f.name == name:
             del _DECLARED[k]
             return
-    raise KeyError(name)
+    raise UsageError("name", "no declared feature of that name", name)
 
 
 @contextmanager
@@ -251,29 +252,29 @@ def _pos(x: float) -> bool:
 
 def _validate(p: FeatureParams) -> None:
     if not _pos(p.tick_size):
-        raise ValueError(f"tick_size must be a positive number, got {p.tick_size!r}")
+        raise UsageError("tick_size", "expected a positive number (index points)", p.tick_size)
     taus = tuple(p.ema_taus_s)
     if len(taus) != 2 or not all(_pos(t) for t in taus):
-        raise ValueError(f"ema_taus_s must hold two positive time constants (s), got {taus!r}")
+        raise UsageError("ema_taus_s", "expected two positive time constants (s)", taus)
     if _tau_label(taus[0]) == _tau_label(taus[1]):
-        raise ValueError(f"the two EMA time constants must differ, got {taus!r}")
+        raise UsageError("ema_taus_s", "the two EMA time constants must differ", taus)
     if p.ema_interpolation not in INTERPOLATIONS:
-        raise ValueError(f"ema_interpolation must be one of {sorted(INTERPOLATIONS)}, got {p.ema_interpolation!r}")
+        raise UsageError("ema_interpolation", f"expected one of {', '.join(INTERPOLATIONS)}", p.ema_interpolation)
     for k in ("ofi_levels", "depth_levels"):
         v = getattr(p, k)
         if not (isinstance(v, (int, np.integer)) and 1 <= v <= LEVELS):
-            raise ValueError(f"{k} must be an integer in 1..{LEVELS}, got {v!r}")
+            raise UsageError(k, f"expected an integer in 1..{LEVELS}", v)
     vt = tuple(p.vol_taus_s)
     if len(vt) != 3 or not all(_pos(t) for t in vt) or not (vt[0] < vt[1] < vt[2]):
-        raise ValueError(f"vol_taus_s must be three increasing positive time constants (s), got {vt!r}")
+        raise UsageError("vol_taus_s", "expected three increasing positive time constants (s)", vt)
     if not (math.isfinite(p.depth_weight_decay) and p.depth_weight_decay >= 0):
-        raise ValueError(f"depth_weight_decay must be >= 0, got {p.depth_weight_decay!r}")
+        raise UsageError("depth_weight_decay", "expected a number >= 0", p.depth_weight_decay)
     if not (math.isfinite(p.hawkes_mu) and p.hawkes_mu >= 0 and math.isfinite(p.hawkes_alpha)):
-        raise ValueError("hawkes_mu must be >= 0 and hawkes_alpha finite")
+        raise UsageError("hawkes_mu, hawkes_alpha", "hawkes_mu must be >= 0 and hawkes_alpha finite")
     if not _pos(p.hawkes_beta) or not _pos(p.propagator_tau_s):
-        raise ValueError("hawkes_beta and propagator_tau_s must be positive")
+        raise UsageError("hawkes_beta, propagator_tau_s", "both must be positive")
     if not (0.0 < p.fracdiff_d < 1.0) or not (0.0 < p.fracdiff_threshold < 1.0):
-        raise ValueError("fracdiff_d and fracdiff_threshold must lie in (0, 1)")
+        raise UsageError("fracdiff_d, fracdiff_threshold", "both must lie in (0, 1)")
 
 
 def frac_diff_weights(d: float, threshold: float | None = None, size: int | None = None) -> np.ndarray:
@@ -284,7 +285,7 @@ def frac_diff_weights(d: float, threshold: float | None = None, size: int | None
     with ``size``: exactly ``size`` weights (expanding window). Returns float64 ``w_0 ..``.
     """
     if (threshold is None) == (size is None):
-        raise ValueError("give exactly one of threshold and size")
+        raise UsageError("threshold, size", "give exactly one of them")
     w = [1.0]
     k = 1
     while True:
@@ -296,7 +297,7 @@ def frac_diff_weights(d: float, threshold: float | None = None, size: int | None
         w.append(nxt)
         k += 1
         if k > 10_000_000:
-            raise ValueError("fractional differencing window over 10 million rows; raise the threshold")
+            raise UsageError("fracdiff_threshold", "the window is over 10 million rows; raise the threshold")
     return np.asarray(w, dtype=np.float64)
 
 
@@ -569,7 +570,7 @@ def _declared_columns(declared, specs, add, post, ser) -> tuple[tuple, list[int]
     ext, ext_z = [], []
     for f in declared:
         if f.name in taken:
-            raise ValueError(f"declared feature {f.name!r}: the name is taken")
+            raise UsageError(f"feature {f.name}", "the name is taken")
         args = []
         for name in f.inputs:
             if name in ROW_INPUTS:
@@ -577,11 +578,11 @@ def _declared_columns(declared, specs, add, post, ser) -> tuple[tuple, list[int]
             elif name in rowwise:
                 args.append(f"out[{rowwise[name]}, i]")
             else:
-                raise ValueError(f"declared feature {f.name!r}: unknown input {name!r} (allowed: a row input such as "
-                                 "bid_px_00, trade_count or dt_s, or a feature without state such as mid)")  # fmt: skip
+                raise UsageError(f"feature {f.name}", "unknown input (allowed: a row input such as bid_px_00, "
+                                 "trade_count or dt_s, or a feature without state such as mid)", name)  # fmt: skip
         st = f.state
         if st is not None and not (_pos(st.tau_s) and math.isfinite(st.scale)):
-            raise ValueError(f"declared feature {f.name!r}: Decay needs tau_s > 0 and a finite scale, got {st!r}")
+            raise UsageError(f"feature {f.name}", "Decay needs tau_s > 0 and a finite scale", st)
         state = "" if st is None else f"exponentially decayed sum (tau = {st.tau_s:g} s, scale {st.scale:g})"
         c = add(f.name, f.unit, f.description or f.formula, f.source, f.formula, dict(f.parameters), f.min_depth,
                 inputs=tuple(f.inputs), state=state)  # fmt: skip
@@ -687,7 +688,7 @@ def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
     book = False
     toks = [t.strip() for t in text.split(",")]
     if not any(toks):
-        raise ValueError("no feature or group given (e.g. default, all, default,book, mid,ofi)")
+        raise UsageError("", "no feature or group given (e.g. default, all, default,book, mid,ofi)")
     for tok in (t for t in toks if t):
         if tok == "all":
             want.update(names)
@@ -703,5 +704,5 @@ def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
             want.add(tok)
         else:
             groups = ", ".join(["default", "all", "book", *FEATURE_GROUPS])
-            raise ValueError(f"unknown feature or group {tok!r}; groups: {groups}; names: `alphafeat features`")
+            raise UsageError("", f"unknown feature or group {tok!r}; groups: {groups}; names: `alphafeat features`")
     return [n for n in names if n in want], book
