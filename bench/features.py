@@ -15,8 +15,7 @@ exact chunks of each session (best of 2, after one untimed pass); CPU one core o
 ordinary (pageable) input and float32 results, the sessions streamed
 (``compute_features_cuda_many(books, p, dtype=...)``), both also with the input columns already in
 page-locked memory (``alphafeat.cuda.pinned_empty``, no staging copy) (best of 3, after one
-untimed full-size call); beside them the copy ceilings of the machine and the time of each
-stage alone; numpy/pandas on ``--pandas-rows`` rows.
+untimed full-size call); beside them the copy ceilings of the machine; numpy/pandas on ``--pandas-rows`` rows.
 
 ``--input ... --stream`` (a set larger than memory, e.g. a quarter: 63 sessions, ~280 M
 front-month rows), ``--batch`` sessions at a time:
@@ -597,7 +596,7 @@ def _max_rel(got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> tuple[fl
 
 def cuda_bench(books: list[BookArrays], p: FeatureParams, cpu_ref: list[dict[str, np.ndarray]]) -> dict:
     """CUDA rows (float64 / float32 results, pageable / pinned input), the check against the
-    CPU results, the copy ceilings of this machine and the time of each stage alone."""
+    CPU results and the copy ceilings of this machine."""
     import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
@@ -642,22 +641,15 @@ def cuda_bench(books: list[BookArrays], p: FeatureParams, cpu_ref: list[dict[str
     timed("cuda_pinned", pinned, "float64")
     timed("cuda_pinned_f32", pinned, "float32")
     del pinned
-    # each stage alone, on the largest session (the others left out of run_features)
+    # (the time of each stage alone is not measured: benchmarks time public functions only; the
+    # copy ceilings below bound the stages that move data)
     book = max(books, key=len)
     nb = len(book)
-    stages = {"fill": "host copies into pinned slots", "h2d": "DMA in", "compute": "kernels", "d2h": "DMA out"}
-    for st in stages:
-        kernels._SKIP.update(set(stages) - {st})
-        try:
-            t = _time(lambda: compute_features_cuda(book, p), repeat=2)
-        finally:
-            kernels._SKIP.clear()
-        res[f"stage_{st}_alone_Msnap_s"] = round(nb / t / 1e6, 1)
     # copy ceilings: pinned DMA each way and both at once, host copy into pinned memory
     cols = _prepare(book, p)
     nin = sum(v.nbytes for v in cols.values())
     nout = 8 * make_plan(p).n_out * nb
-    pin_in, pin_out = kernels._pinned_flat(nin), kernels._pinned_flat(nout)
+    pin_in, pin_out = pinned_empty(nin, np.uint8), pinned_empty(nout, np.uint8)
     dev_in, dev_out = cuda.device_array(nin, dtype=np.uint8), cuda.device_array(nout, dtype=np.uint8)
     s1, s2 = cuda.stream(), cuda.stream()
 

@@ -120,20 +120,12 @@ def test_python_api_checks_options_like_the_cli(tmp_path):
     assert not (tmp_path / "synth").exists()
 
 
-#: Files whose ValueErrors are being converted by the registry change (issue 17, "Registry first").
-_REGISTRY_FILES = {"alphafeat/features/__init__.py", "alphafeat/features/_twin.py", "alphafeat/features/registry.py",
-                   "alphafeat/features/_rows.py", "alphafeat/features/cpu.py", "alphafeat/features/scalar.py",
-                   "alphafeat/cuda/kernels.py", "alphafeat/cuda/__init__.py"}  # fmt: skip
-
-
 def test_no_bare_value_error_is_raised():
     """Every error raised on purpose is of the family (UsageError / DataError are ValueErrors too)."""
     found = []
     for pkg in ("alphafeat", "alphamodel", "cli"):
         for p in sorted((PROJECT / pkg).rglob("*.py")):
             rel = str(p.relative_to(PROJECT))
-            if rel in _REGISTRY_FILES:
-                continue
             for k, line in enumerate(p.read_text().splitlines(), 1):
                 if re.search(r"raise (ValueError|TypeError|KeyError)\(", line):
                     found.append(f"{rel}:{k}: {line.strip()}")

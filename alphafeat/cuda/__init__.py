@@ -3,6 +3,10 @@
 Importing this package never touches CUDA: the kernels module (and ``numba.cuda``) is
 imported on the first call. Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported)
 the kernels run in numba's simulator, which is how they are tested on machines without a GPU.
+
+Imports go one way: :func:`alphafeat.features.compute_features` calls this package (on
+``device='cuda'``), which reads only the leaf modules :mod:`alphafeat.features.registry`,
+:mod:`alphafeat.features.inputs` and the row code, never the :mod:`alphafeat.features` API.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from alphafeat.errors import UsageError
+
 if TYPE_CHECKING:
-    from alphafeat.features import FeatureParams
+    from alphafeat.features.registry import FeatureParams
     from alphafeat.types import BookArrays
 
 __all__ = ["compute_features_cuda", "compute_features_cuda_many", "direction_labels_cuda", "pinned_empty"]
@@ -80,8 +86,8 @@ def compute_features_cuda_many(
     this is a generator, so at the ``next()`` that reaches that book.
     """
     from alphafeat.cuda import kernels
-    from alphafeat.features import FeatureParams, _prepare, feature_specs
-    from alphafeat.features.registry import make_plan
+    from alphafeat.features.inputs import prepare
+    from alphafeat.features.registry import FeatureParams, feature_specs, make_plan
 
     if params is None:
         params = FeatureParams()
@@ -89,7 +95,7 @@ def compute_features_cuda_many(
     plan = make_plan(params)
 
     def submit(book: BookArrays, overlapped: bool) -> kernels.Pending:
-        cols = _prepare(book, params)
+        cols = prepare(book, params)
         with warnings.catch_warnings():
             # a short session launches small grids; numba's low-occupancy warning is noise here
             warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
@@ -128,7 +134,7 @@ def direction_labels_cuda(
     hs = []
     for h in horizons:
         if int(h) != h or h < 1:
-            raise ValueError(f"label horizon must be a positive integer, got {h!r}")
+            raise UsageError("horizons", "expected positive integers (snapshots)", h)
         hs.append(int(h))
     mid = np.ascontiguousarray(mid, dtype=np.float64)
     with warnings.catch_warnings():

@@ -31,14 +31,20 @@ submitted before the previous one's results are back overlaps with it (segments 
    fixed-window fractional difference (the window reaches into earlier steps on the device).
 6. float32 results only: :func:`cast_kernel` rounds the step's columns once, on the device.
 
-Device buffers and pinned host buffers are kept between calls (grow only;
-:func:`release_buffers` drops them).
+Declared features (:func:`alphafeat.features.registry.register`) are computed by the kernel
+:func:`alphafeat.features._declared.row_kernel` generates from their declarations, right after
+:func:`rowwise_kernel` (a stateful one's recurrence then runs with the others in step 3).
+
+Device buffers, pinned host buffers, streams and events are kept between calls in one
+:class:`Buffers` object per process (:func:`buffers`; grow only; :func:`release_buffers` drops
+them); the module holds no other mutable state.
 
 :func:`direction_labels_kernel` computes the direction labels of :mod:`alphafeat.labels`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -48,10 +54,12 @@ import warnings
 import numpy as np
 from numba import config, cuda
 
-from alphafeat.features import _twin
+from alphafeat.errors import UsageError
+from alphafeat.features._declared import row_kernel
+from alphafeat.features._twin import load as _load_rows
 from alphafeat.features.registry import N_LF, Plan
 
-R = _twin.load("cuda")
+R = _load_rows("cuda")
 
 #: Rows per thread in the chunked scan (also the size below which one thread scans a series).
 CHUNK = 64
@@ -307,23 +315,24 @@ def _carry_cfg(S: int, stream) -> tuple:
     return S, CARRY_THREADS, stream
 
 
-def _scan(mode: int, S: int, lo: int, m: int, x, args: tuple, chunk: int, stream) -> None:
+def _scan(bufs: Buffers, mode: int, S: int, lo: int, m: int, x, args: tuple, chunk: int, stream) -> None:
     """Rows ``[lo, lo + m)`` of S series into ``x[:, lo:lo + m]``, continuing from
-    ``x[:, lo - 1]``. ``args``: the coefficient arguments of :func:`_ab` after ``t``."""
+    ``x[:, lo - 1]``. ``args``: the coefficient arguments of :func:`_ab` after ``t``; the chunk
+    maps in device buffers of ``bufs``."""
     nc = (m + chunk - 1) // chunk
-    A = _dev(f"scanA{mode}", (S, nc))
-    B = _dev(f"scanB{mode}", (S, nc))
-    Y = _dev(f"scanY{mode}", (S, nc))
+    A = bufs.dev(f"scanA{mode}", (S, nc))
+    B = bufs.dev(f"scanB{mode}", (S, nc))
+    Y = bufs.dev(f"scanY{mode}", (S, nc))
     scan_compose_kernel[_cfg(S * nc, stream)](mode, *args, lo, m, chunk, A, B)
     scan_carry_kernel[_carry_cfg(S, stream)](A, B, x, lo, Y)
     scan_replay_kernel[_cfg(S * nc, stream)](mode, *args, lo, m, chunk, Y, x)
 
 
-def _dummies():
+def _dummies(bufs: Buffers):
     """Placeholder device arrays for the arguments a scan mode does not read."""
-    f2 = _dev("dummy_f2", (1, 1))
-    f1 = _dev("dummy_f1", (1,))
-    i1 = _dev("dummy_i1", (1,), np.int64)
+    f2 = bufs.dev("dummy_f2", (1, 1))
+    f1 = bufs.dev("dummy_f1", (1,))
+    i1 = bufs.dev("dummy_i1", (1,), np.int64)
     return f2, f1, i1
 
 
@@ -338,9 +347,11 @@ def device_linear_scan(a, b, x, chunk: int | None = None, stream=0) -> None:
     S, n = a.shape
     if n == 0 or S == 0:
         return
-    f2, f1, i1 = _dummies()
-    args = (a, b, f2, i1, i1, f1, f1, f1, f2, i1, i1, f1, f1, 0)
-    _scan(MODE_ARRAYS, S, 0, n, x, args, chunk, stream)
+    bufs = buffers()
+    with bufs.lock:
+        f2, f1, i1 = _dummies(bufs)
+        args = (a, b, f2, i1, i1, f1, f1, f1, f2, i1, i1, f1, f1, 0)
+        _scan(bufs, MODE_ARRAYS, S, 0, n, x, args, chunk, stream)
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,64 +374,154 @@ COPY_THREADS = 12
 #: Bytes of one piece of a staging copy (one task of a copy thread).
 COPY_PIECE = 8 << 20
 
-_LOCK = threading.RLock()
-#: Device buffers by name (flat, grow only); views of them are handed to the kernels.
-_DEV: dict[str, object] = {}
-#: Views of those buffers handed out by :func:`_dev`, by (name, shape, dtype).
-_VIEWS: dict[tuple, object] = {}
-#: Pinned result matrices and input buffers (flat); one is reused when no view of it is
-#: alive any more.
-_HOST_OUT: list[np.ndarray] = []
-_HOST_IN: list[np.ndarray] = []
-#: Pinned host staging buffers, reused between calls (grow only).
-_POOL: dict[str, np.ndarray] = {}
-_EXEC: list = []
-#: Streams and events kept between calls (:func:`_state`).
-_STATE: dict = {}
-#: Device copies of the plans' small arrays (:func:`_plan_arrays`).
-_PLANS: dict[bytes, dict] = {}
-#: Stages that :func:`run_features` leaves out ("fill", "h2d", "compute", "d2h"): for timing
-#: one stage alone (``bench/features.py``); the results are then meaningless. Empty normally.
-_SKIP: set[str] = set()
+class Buffers:
+    """What the device path keeps between calls, in one object (:func:`buffers`): device
+    buffers by name (flat, grow only) and the views handed out of them, pinned result and input
+    matrices, pinned staging slots, the copy threads, the streams and events of the pipeline
+    and the device copies of the plans' small arrays. ``lock`` serialises the calls."""
 
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._dev: dict[str, object] = {}
+        self._views: dict[tuple, object] = {}
+        self._host_out: list[np.ndarray] = []
+        self._host_in: list[np.ndarray] = []
+        self._slots: dict[str, np.ndarray] = {}
+        self._exec = None
+        self._streams: dict = {}
+        self._plans: dict[bytes, dict] = {}
 
-def _dev(name: str, shape: tuple[int, ...], dtype=np.float64):
-    """A device array of ``shape`` carved from the pooled flat buffer ``name`` (grow only; the
-    device is synchronised before a buffer is replaced, since work in flight may use it). The
-    views are kept too (slicing a device array costs Python time on every step)."""
-    key = (name, shape, np.dtype(dtype))
-    view = _VIEWS.get(key)
-    if view is not None:
+    def dev(self, name: str, shape: tuple[int, ...], dtype=np.float64):
+        """A device array of ``shape`` carved from the pooled flat buffer ``name`` (grow only; the
+        device is synchronised before a buffer is replaced, since work in flight may use it). The
+        views are kept too (slicing a device array costs Python time on every step)."""
+        key = (name, shape, np.dtype(dtype))
+        view = self._views.get(key)
+        if view is not None:
+            return view
+        size = int(np.prod(shape))
+        buf = self._dev.get(name)
+        if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
+            if buf is not None:
+                cuda.synchronize()
+            self._dev.pop(name, None)
+            for k in [k for k in self._views if k[0] == name]:
+                del self._views[k]
+            buf = None
+            buf = self._dev[name] = cuda.device_array(max(size, 1), dtype=dtype)
+        if len(self._views) > 4096:
+            self._views.clear()
+        view = self._views[key] = buf[:size].reshape(shape) if len(shape) > 1 else buf[:size]
         return view
-    size = int(np.prod(shape))
-    buf = _DEV.get(name)
-    if buf is None or buf.size < size or buf.dtype != np.dtype(dtype):
-        if buf is not None:
-            cuda.synchronize()
-        _DEV.pop(name, None)
-        for k in [k for k in _VIEWS if k[0] == name]:
-            del _VIEWS[k]
-        buf = None
-        buf = _DEV[name] = cuda.device_array(max(size, 1), dtype=dtype)
-    if len(_VIEWS) > 4096:
-        _VIEWS.clear()
-    view = _VIEWS[key] = buf[:size].reshape(shape) if len(shape) > 1 else buf[:size]
-    return view
+
+    def release(self) -> None:
+        """Drop every buffer, stream and event (after the work in flight is done)."""
+        with self.lock:
+            if self._streams:
+                cuda.synchronize()
+            self._streams.clear()
+            self._plans.clear()
+            self._views.clear()
+            self._dev.clear()
+            self._host_out.clear()
+            self._host_in.clear()
+            self._slots.clear()
+
+    def _pooled(self, pool: list[np.ndarray], nbytes: int, size: int = 2) -> np.ndarray:
+        """A pinned uint8 buffer of at least ``nbytes`` from ``pool`` (at most ``size`` kept).
+
+        A buffer handed out earlier is reused only when nothing refers to it any more (no view of
+        it is alive: its reference count is back to the pool's own), so arrays a caller keeps are
+        never overwritten; otherwise a new one is allocated (allocating and pinning gigabytes
+        costs far more than a copy).
+        """
+        with self.lock:
+            for buf in pool:
+                # references: the pool list, the loop variable, getrefcount's argument
+                if sys.getrefcount(buf) <= 3 and buf.nbytes >= nbytes:
+                    return buf
+            pool[:] = [buf for buf in pool if sys.getrefcount(buf) > 3]  # too small and unused: give back
+            buf = _pinned_flat(nbytes)
+            pool.append(buf)
+            if len(pool) > size:
+                del pool[0]
+            return buf
+
+    def result_buffer(self, shape: tuple[int, int], dtype=np.float64) -> np.ndarray:
+        """Pinned host matrix for the results (from the pool :meth:`_pooled` describes; three
+        kept: the results a caller holds, those in flight and the next call's)."""
+        dtype = np.dtype(dtype)
+        nbytes = dtype.itemsize * int(np.prod(shape))
+        return self._pooled(self._host_out, nbytes, size=3)[:nbytes].view(dtype).reshape(shape)
+
+    def pinned_buffer(self, nbytes: int) -> np.ndarray:
+        """A pinned uint8 host buffer for input columns, from a pool of two (see :meth:`_pooled`)."""
+        return self._pooled(self._host_in, int(nbytes))
+
+    def executor(self):
+        """The copy threads (created on first use)."""
+        if self._exec is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._exec = ThreadPoolExecutor(max_workers=max(1, min(COPY_THREADS, os.cpu_count() or 1)))
+        return self._exec
+
+    def slots(self, cols: dict[str, np.ndarray], rows: int) -> list[dict[str, np.ndarray]]:
+        """``N_SLOTS`` pinned staging slots of ``rows`` rows of every column of ``cols``."""
+        per_row = {k: v.dtype.itemsize * int(np.prod(v.shape[1:])) for k, v in cols.items()}
+        need = rows * sum(per_row.values())
+        slots = []
+        for q in range(N_SLOTS):
+            buf = self._slots.get(f"slot{q}")
+            if buf is None or buf.nbytes < need:
+                if buf is not None:
+                    cuda.synchronize()  # a copy in flight may still read it
+                self._slots.pop(f"slot{q}", None)
+                buf = self._slots[f"slot{q}"] = _pinned_flat(need)
+            views, off = {}, 0
+            for k, v in cols.items():
+                nb = rows * per_row[k]
+                views[k] = buf[off : off + nb].view(v.dtype).reshape((rows, *v.shape[1:]))
+                off += nb
+            slots.append(views)
+        return slots
+
+    def streams(self) -> dict:
+        """The streams and events kept between calls (created on first use, in the current
+        context): ``{"h2d", "comp", "d2h": streams, "ev_in": one event per staging slot, "free":
+        {set k: (event after the last kernel, event after the last copy back) of the call that
+        used device buffer set k last}}``."""
+        st = self._streams
+        if not st:
+            st.update(h2d=cuda.stream(), comp=cuda.stream(), d2h=cuda.stream(),
+                      ev_in=[cuda.event() for _ in range(N_SLOTS)], free={}, calls=0, slot=0)  # fmt: skip
+        return st
+
+    def plan_arrays(self, plan: Plan, stream) -> dict:
+        """The plan's small arrays on the device, uploaded once per distinct plan (a device
+        allocation and free per call could stall the pipeline)."""
+        names = ("layout", "depth_w", "s_kind", "s_code", "s_tau", "s_scale", "p_int", "p_tau", "fd_w")
+        host = {k: np.ascontiguousarray(getattr(plan, k)) for k in names}
+        key = b"".join(k.encode() + v.dtype.str.encode() + v.tobytes() for k, v in host.items())
+        got = self._plans.get(key)
+        if got is None:
+            if len(self._plans) >= 8:
+                self._plans.clear()
+            got = self._plans[key] = {k: cuda.to_device(v, stream=stream) for k, v in host.items()}
+            stream.synchronize()
+        return got
+
+
+@functools.cache
+def buffers() -> Buffers:
+    """The process's :class:`Buffers` (created on first use; one CUDA context per process)."""
+    return Buffers()
 
 
 def release_buffers() -> None:
     """Drop the device and pinned host buffers, streams and events kept between calls (after
     the work in flight is done)."""
-    with _LOCK:
-        if _STATE:
-            cuda.synchronize()
-        _STATE.clear()
-        _PLANS.clear()
-        _VIEWS.clear()
-        _DEV.clear()
-        _HOST_OUT.clear()
-        _HOST_IN.clear()
-        _POOL.clear()
+    buffers().release()
 
 
 def _pinned_flat(nbytes: int) -> np.ndarray:
@@ -464,56 +565,18 @@ def is_pinned(v: np.ndarray) -> bool:
     return False
 
 
-def _pooled(pool: list[np.ndarray], nbytes: int, size: int = 2) -> np.ndarray:
-    """A pinned uint8 buffer of at least ``nbytes`` from ``pool`` (at most ``size`` kept).
-
-    A buffer handed out earlier is reused only when nothing refers to it any more (no view of
-    it is alive: its reference count is back to the pool's own), so arrays a caller keeps are
-    never overwritten; otherwise a new one is allocated (allocating and pinning gigabytes
-    costs far more than a copy).
-    """
-    with _LOCK:
-        for buf in pool:
-            # references: the pool list, the loop variable, getrefcount's argument
-            if sys.getrefcount(buf) <= 3 and buf.nbytes >= nbytes:
-                return buf
-        pool[:] = [buf for buf in pool if sys.getrefcount(buf) > 3]  # too small and unused: give back
-        buf = _pinned_flat(nbytes)
-        pool.append(buf)
-        if len(pool) > size:
-            del pool[0]
-        return buf
-
-
-def _result_buffer(shape: tuple[int, int], dtype=np.float64) -> np.ndarray:
-    """Pinned host matrix for the results (from the pool :func:`_pooled` describes; three
-    kept: the results a caller holds, those in flight and the next call's)."""
-    dtype = np.dtype(dtype)
-    nbytes = dtype.itemsize * int(np.prod(shape))
-    return _pooled(_HOST_OUT, nbytes, size=3)[:nbytes].view(dtype).reshape(shape)
-
-
 def pinned_buffer(nbytes: int) -> np.ndarray:
     """A pinned uint8 host buffer of at least ``nbytes`` for input columns (a plain array under
     the simulator), from a pool of two: reused once no view of it is alive (see
-    :func:`_pooled`). ``alphafeat.book.to_book_arrays(..., buffer=pinned_buffer)`` builds a
+    :meth:`Buffers._pooled`). ``alphafeat.book.to_book_arrays(..., buffer=pinned_buffer)`` builds a
     session's book in it, so :func:`run_features` sends it without a staging copy."""
-    return _pooled(_HOST_IN, int(nbytes))
+    return buffers().pinned_buffer(nbytes)
 
 
-def _executor():
-    if not _EXEC:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _EXEC.append(ThreadPoolExecutor(max_workers=max(1, min(COPY_THREADS, os.cpu_count() or 1))))
-    return _EXEC[0]
-
-
-def _fill_async(slot: dict[str, np.ndarray], cols: dict[str, np.ndarray], lo: int, hi: int) -> list:
+def _fill_async(ex, slot: dict[str, np.ndarray], cols: dict[str, np.ndarray], lo: int, hi: int) -> list:
     """Start copying rows ``[lo, hi)`` of the columns into the pinned slot, in pieces of about
     :data:`COPY_PIECE` bytes on the copy threads (numpy releases the GIL); the futures."""
     rows = hi - lo
-    ex = _executor()
     futs = []
     for k, v in cols.items():
         dst = slot[k]
@@ -523,27 +586,6 @@ def _fill_async(slot: dict[str, np.ndarray], cols: dict[str, np.ndarray], lo: in
             b = rows * (p + 1) // parts
             futs.append(ex.submit(np.copyto, dst[a:b], v[lo + a : lo + b]))
     return futs
-
-
-def _slots(cols: dict[str, np.ndarray], rows: int) -> list[dict[str, np.ndarray]]:
-    """``N_SLOTS`` pinned staging slots of ``rows`` rows of every column of ``cols``."""
-    per_row = {k: v.dtype.itemsize * int(np.prod(v.shape[1:])) for k, v in cols.items()}
-    need = rows * sum(per_row.values())
-    slots = []
-    for q in range(N_SLOTS):
-        buf = _POOL.get(f"slot{q}")
-        if buf is None or buf.nbytes < need:
-            if buf is not None:
-                cuda.synchronize()  # a copy in flight may still read it
-            _POOL.pop(f"slot{q}", None)
-            buf = _POOL[f"slot{q}"] = _pinned_flat(need)
-        views, off = {}, 0
-        for k, v in cols.items():
-            nb = rows * per_row[k]
-            views[k] = buf[off : off + nb].view(v.dtype).reshape((rows, *v.shape[1:]))
-            off += nb
-        slots.append(views)
-    return slots
 
 
 def _step_bounds(n: int, overlapped: bool = False) -> tuple[int, list[tuple[int, int]]]:
@@ -629,32 +671,6 @@ class Pending:
         return self._host
 
 
-def _state():
-    """The streams and events kept between calls (created on first use, in the current context):
-    ``{"h2d", "comp", "d2h": streams, "ev_in": one event per staging slot, "free": {set k:
-    (event after the last kernel, event after the last copy back) of the call that used device
-    buffer set k last}}``."""
-    if not _STATE:
-        _STATE.update(h2d=cuda.stream(), comp=cuda.stream(), d2h=cuda.stream(),
-                      ev_in=[cuda.event() for _ in range(N_SLOTS)], free={}, calls=0, slot=0)  # fmt: skip
-    return _STATE
-
-
-def _plan_arrays(plan: Plan, stream) -> dict:
-    """The plan's small arrays on the device, uploaded once per distinct plan (a device
-    allocation and free per call could stall the pipeline)."""
-    names = ("layout", "depth_w", "s_kind", "s_code", "s_tau", "s_scale", "p_int", "p_tau", "fd_w")
-    host = {k: np.ascontiguousarray(getattr(plan, k)) for k in names}
-    key = b"".join(k.encode() + v.dtype.str.encode() + v.tobytes() for k, v in host.items())
-    got = _PLANS.get(key)
-    if got is None:
-        if len(_PLANS) >= 8:
-            _PLANS.clear()
-        got = _PLANS[key] = {k: cuda.to_device(v, stream=stream) for k, v in host.items()}
-        stream.synchronize()
-    return got
-
-
 def run_features(cols: dict[str, np.ndarray], plan: Plan, chunk: int | None = None, dtype=np.float64) -> np.ndarray:
     """Compute every feature on the device; returns the pinned host matrix ``(n_out, n)``.
 
@@ -696,16 +712,17 @@ def submit_features(
     chunk = max(1, CHUNK if chunk is None else int(chunk))
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
-        raise ValueError(f"dtype must be float64 or float32, got {dtype}")
+        raise UsageError("dtype", "expected float64 or float32", str(dtype))
     n = int(cols["ts_recv"].shape[0])
     n_out = plan.n_out
     S = int(plan.s_kind.shape[0])
     if S > MAX_SERIES:
-        raise ValueError(f"plan has {S} recurrences, the kernels hold at most {MAX_SERIES}")
-    with _LOCK:
+        raise UsageError("features", f"the plan has {S} recurrences, the kernels hold at most {MAX_SERIES}")
+    bufs = buffers()
+    with bufs.lock:
         if n == 0:
             return Pending(np.empty((n_out, 0), dtype=dtype), None, None)
-        st = _state()
+        st = bufs.streams()
         s_h2d, s_comp, s_d2h = st["h2d"], st["comp"], st["d2h"]
         ev_in = st["ev_in"]
         k_set = st["calls"] % 2  # device buffer set of this call
@@ -714,33 +731,26 @@ def submit_features(
         if prev is not None:  # the set's last user: its kernels read the inputs, its copies the results
             prev[0].wait(s_h2d)
             prev[1].wait(s_comp)
-        host = _result_buffer((n_out, n), dtype)
+        host = bufs.result_buffer((n_out, n), dtype)
         step, bounds = _step_bounds(n, overlapped)
         n_steps = len(bounds)
-        d = {k: _dev(f"in_{k}/{k_set}", v.shape, v.dtype) for k, v in cols.items()}
-        small = _plan_arrays(plan, s_comp)
-        out = _dev(f"out/{k_set}", (n_out + 1, n))
-        back = out if dtype == np.float64 else _dev(f"out32/{k_set}", (n_out, n), np.float32)
-        last = _dev(f"last/{k_set}", (N_LF, n))
-        X = _dev(f"X/{k_set}", (S, n))
-        f2, _, _ = _dummies()
-        L = small["layout"]
-        buy, sell, cnt, ts = d["buy_volume"], d["sell_volume"], d["trade_count"], d["ts_recv"]
-        # coefficient arguments of both scans (see _ab)
-        coef_args = (f2, f2, out, L, ts, buy, sell, cnt, last, small["s_kind"], small["s_code"], small["s_tau"],
-                   small["s_scale"], plan.interp)  # fmt: skip
+        d = {k: bufs.dev(f"in_{k}/{k_set}", v.shape, v.dtype) for k, v in cols.items()}
+        out = bufs.dev(f"out/{k_set}", (n_out + 1, n))
+        back = out if dtype == np.float64 else bufs.dev(f"out32/{k_set}", (n_out, n), np.float32)
+        dv = _DeviceSegment(bufs, plan, d, out, bufs.dev(f"last/{k_set}", (N_LF, n)),
+                            bufs.dev(f"X/{k_set}", (S, n)), chunk, s_comp)  # fmt: skip
         staged = {} if config.ENABLE_CUDASIM else {k: v for k, v in cols.items() if not is_pinned(v)}
-        slots = _slots(staged, step) if staged else None
+        slots = bufs.slots(staged, step) if staged else None
         slot_of = [(st["slot"] + q) % N_SLOTS for q in range(n_steps)]
         st["slot"] += n_steps
         ev_done = cuda.event()
         fills: dict[int, list] = {}
 
         def start_fill(q: int) -> None:
-            if slots is None or q >= n_steps or "fill" in _SKIP:
+            if slots is None or q >= n_steps:
                 return
             ev_in[slot_of[q]].synchronize()  # the slot's previous DMA (this call's or an earlier one's) is done
-            fills[q] = _fill_async(slots[slot_of[q]], staged, *bounds[q])
+            fills[q] = _fill_async(bufs.executor(), slots[slot_of[q]], staged, *bounds[q])
 
         start_fill(0)
         for q, (lo, hi) in enumerate(bounds):
@@ -750,35 +760,57 @@ def submit_features(
             # ---- host -> device ----------------------------------------------------------
             for f in fills.pop(q, ()):
                 f.result()
-            for k, v in cols.items() if "h2d" not in _SKIP else ():
+            for k, v in cols.items():
                 _to_device_rows(d[k], slots[slot][k][:m] if k in staged else v[lo:hi], lo, hi, s_h2d)
             ev_in[slot].record(s_h2d)
             ev_in[slot].wait(s_comp)
             # ---- kernels -----------------------------------------------------------------
-            if "compute" not in _SKIP:
-                rowwise_kernel[_cfg(m, s_comp)](
-                    d["bid_px"], d["ask_px"], d["bid_sz"], d["ask_sz"], ts, buy, sell, cnt, plan.tick, L,
-                    small["depth_w"], out, lo, hi,
-                )  # fmt: skip
-                _scan(MODE_LAST, N_LF, lo, m, last, coef_args, chunk, s_comp)
-                _scan(MODE_REC, S, lo, m, X, coef_args, chunk, s_comp)
-                post_kernel[_cfg(m, s_comp)](
-                    X, last, small["s_kind"], small["s_code"], small["p_int"], small["p_tau"], plan.tick,
-                    plan.hawkes_mu, plan.hawkes_alpha, out, lo, hi,
-                )  # fmt: skip
-                fracdiff_kernel[_cfg(m, s_comp)](out, n_out, plan.fd_col, small["fd_w"], lo, hi)
-                if back is not out:
-                    cast_kernel[_cfg(n_out * m, s_comp)](out, back, lo, hi)
+            dv.step(lo, hi)
+            if back is not out:
+                cast_kernel[_cfg(n_out * m, s_comp)](out, back, lo, hi)
             ev_done.record(s_comp)
             # ---- device -> host, one 2-D copy --------------------------------------------
             ev_done.wait(s_d2h)
-            if "d2h" not in _SKIP:
-                _to_host_cols(back, host, lo, hi, s_d2h)
+            _to_host_cols(back, host, lo, hi, s_d2h)
         inputs_read, done = cuda.event(), cuda.event()
         inputs_read.record(s_comp)
         done.record(s_d2h)
         st["free"][k_set] = (inputs_read, done)
         return Pending(host, done, cols)
+
+
+class _DeviceSegment:
+    """The device arrays of one call and the kernels of one step (:meth:`step`), all derived
+    from the plan: the input columns ``d``, the result matrix ``out`` (``n_out + 1`` rows: the
+    last is the forward-filled log mid), ``last`` (last finite row + 1 per skip-NaN input) and
+    ``X`` (recurrence states), on the compute stream ``stream``."""
+
+    def __init__(self, bufs: Buffers, plan: Plan, d: dict, out, last, X, chunk: int, stream) -> None:
+        small = bufs.plan_arrays(plan, stream)
+        f2, _, _ = _dummies(bufs)
+        self.bufs, self.plan, self.d, self.out, self.last, self.X = bufs, plan, d, out, last, X
+        self.small, self.chunk, self.stream = small, chunk, stream
+        self.rows_in = (d["bid_px"], d["ask_px"], d["bid_sz"], d["ask_sz"], d["ts_recv"], d["buy_volume"],
+                        d["sell_volume"], d["trade_count"])  # fmt: skip
+        # coefficient arguments of both scans (see _ab)
+        self.coef_args = (f2, f2, out, small["layout"], d["ts_recv"], d["buy_volume"], d["sell_volume"],
+                          d["trade_count"], last, small["s_kind"], small["s_code"], small["s_tau"], small["s_scale"],
+                          plan.interp)  # fmt: skip
+        self.declared = row_kernel(plan, "cuda")
+
+    def step(self, lo: int, hi: int) -> None:
+        """Every feature of rows ``[lo, hi)`` (the rows before already computed on the device)."""
+        p, sm, out, s_comp, m = self.plan, self.small, self.out, self.stream, hi - lo
+        rowwise_kernel[_cfg(m, s_comp)](*self.rows_in, p.tick, sm["layout"], sm["depth_w"], out, lo, hi)
+        if self.declared is not None:
+            self.declared[_cfg(m, s_comp)](*self.rows_in, out, lo, hi)
+        _scan(self.bufs, MODE_LAST, N_LF, lo, m, self.last, self.coef_args, self.chunk, s_comp)
+        _scan(self.bufs, MODE_REC, int(p.s_kind.shape[0]), lo, m, self.X, self.coef_args, self.chunk, s_comp)
+        post_kernel[_cfg(m, s_comp)](
+            self.X, self.last, sm["s_kind"], sm["s_code"], sm["p_int"], sm["p_tau"], p.tick, p.hawkes_mu,
+            p.hawkes_alpha, out, lo, hi,
+        )  # fmt: skip
+        fracdiff_kernel[_cfg(m, s_comp)](out, p.n_out, p.fd_col, sm["fd_w"], lo, hi)
 
 
 def triple_barrier_device(
@@ -793,7 +825,7 @@ def triple_barrier_device(
     k = np.empty(n, dtype=np.int64)
     if n == 0:
         return y, t1, k
-    with _LOCK, warnings.catch_warnings():
+    with buffers().lock, warnings.catch_warnings():
         # a short segment launches a small grid; numba's low-occupancy warning is noise here
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
         d_in = [cuda.to_device(a) for a in (price, upper, lower, ts)]

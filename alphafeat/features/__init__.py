@@ -12,6 +12,18 @@ in exact chunks on joblib threads), :mod:`~alphafeat.features.scalar` (scalar he
 functions). The CUDA drivers live in :mod:`alphafeat.cuda`; tests hold all paths equal.
 ``alphafeat features`` prints the table.
 
+Adding a feature
+----------------
+Declare it once, as a :class:`~alphafeat.features.registry.Feature` (name, unit, formula,
+source, parameters, the inputs it reads, a scalar ``row`` function of them, and the state it
+carries: none or a :class:`~alphafeat.features.registry.Decay`), and
+:func:`~alphafeat.features.registry.register` it. From that declaration come its column (after
+the built-in ones) in every back end -- a row kernel generated from the declarations
+(:mod:`alphafeat.features._declared`, ``numba.njit`` and ``numba.cuda.jit``), its state run by
+the same exact linear scans as the built-in recurrences (chunked, streamed and on the GPU) --
+and its entries in ``alphafeat features``, in ``--features`` and in the cache's columns
+(``tests/test_declared_feature.py`` adds toy features that way, from the test alone).
+
 Conventions (shared by the CPU and CUDA paths)
 ----------------------------------------------
 Empty levels
@@ -63,6 +75,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from alphafeat.errors import UsageError
+from alphafeat.features.inputs import prepare as _prepare
 from alphafeat.features.registry import (
     INTERPOLATIONS,
     FeatureParams,
@@ -85,7 +99,7 @@ from alphafeat.features.scalar import (
     trade_rate_coefficients,
     trade_rate_ema,
 )
-from alphafeat.types import LEVELS, BookArrays
+from alphafeat.types import BookArrays
 
 __all__ = [
     "INTERPOLATIONS",
@@ -110,26 +124,6 @@ __all__ = [
     "trade_rate_coefficients",
     "trade_rate_ema",
 ]
-
-
-def _prepare(book: BookArrays, params: FeatureParams) -> dict[str, np.ndarray]:
-    """Validate and coerce the input columns the features read (contiguous, fixed dtypes)."""
-    make_plan(params)  # validates
-    need = max(int(params.ofi_levels), int(params.depth_levels))
-    n = len(book)
-    cols: dict[str, np.ndarray] = {"ts_recv": np.ascontiguousarray(book.ts_recv, dtype=np.int64)}
-    for k in ("bid_px", "ask_px", "bid_sz", "ask_sz"):
-        v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
-        if v.ndim != 2 or v.shape[0] != n or not (need <= v.shape[1] <= LEVELS):
-            levels = f"L = {LEVELS}" if need == LEVELS else f"{need} <= L <= {LEVELS}"
-            raise ValueError(f"BookArrays.{k} must have shape (n, L) with n = {n} and {levels}, got {v.shape}")
-        cols[k] = v
-    for k in ("buy_volume", "sell_volume", "trade_count"):
-        v = np.ascontiguousarray(getattr(book, k), dtype=np.float64)
-        if v.shape != (n,):
-            raise ValueError(f"BookArrays.{k} must have shape ({n},), got {v.shape}")
-        cols[k] = v
-    return cols
 
 
 def compute_features(
@@ -179,7 +173,7 @@ def compute_features(
         from alphafeat.cuda import compute_features_cuda
 
         return compute_features_cuda(book, params)
-    raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
+    raise UsageError("device", "expected 'cpu', 'cuda' or 'auto'", device)
 
 
 def compute_features_chunked(
@@ -199,7 +193,7 @@ def compute_features_chunked(
 
 def feature_table(params: FeatureParams = FeatureParams()) -> list[dict]:  # noqa: B008
     """The registry as a list of dicts (one per column): name, unit, formula, source,
-    parameters, min_depth, description, cpu, cuda."""
+    parameters, min_depth, description, cpu, cuda, inputs, state (declared features included)."""
     import dataclasses
 
     return [dataclasses.asdict(s) for s in feature_specs(params)]

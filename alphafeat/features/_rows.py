@@ -39,6 +39,8 @@ L_SLOG_OFI1 = 12
 L_SLOG_SV = 13
 L_NOFI = 14
 L_NDEP = 15
+N_LAYOUT = 17  # registry.N_LAYOUT: L[N_LAYOUT + e] = column of declared input e
+N_CODES = 9  # registry.N_CODES: built-in input codes; code N_CODES + e = declared input e
 
 
 @jit
@@ -218,7 +220,9 @@ def z_input(code, i, out, L, buy, sell, cnt):
         return 1.0 if buy[i] > 0.0 else 0.0
     if code == 7:
         return 1.0 if sell[i] > 0.0 else 0.0
-    return out[L[L_SV], i]
+    if code == 8:
+        return out[L[L_SV], i]
+    return out[L[N_LAYOUT + code - N_CODES], i]  # a declared feature's row value
 
 
 @jit

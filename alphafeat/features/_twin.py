@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from alphafeat.errors import UsageError
+
 _SOURCE = Path(__file__).with_name("_rows.py")
 
 
 def load(target: str) -> ModuleType:
     """The row functions compiled for ``target`` (``'cpu'`` or ``'cuda'``), loaded once."""
     if target not in ("cpu", "cuda"):
-        raise ValueError(f"target must be 'cpu' or 'cuda', got {target!r}")
+        raise UsageError("target", "expected 'cpu' or 'cuda'", target)
     name = f"alphafeat.features._rows_{target}"
     mod = sys.modules.get(name)
     if mod is None:

@@ -62,11 +62,15 @@ import math
 import os
 import sys
 import threading
+from functools import lru_cache
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from alphafeat.arena import reserve
+from alphafeat.errors import UsageError
+from alphafeat.features._declared import row_kernel
 from alphafeat.features._vmath import vexp, vexp_expm1, vlog, vlog1p
 from alphafeat.features.registry import (
     K_DECAY,
@@ -89,6 +93,8 @@ from alphafeat.features.registry import (
     L_SLOPE_A,
     L_SLOPE_B,
     L_SV,
+    N_CODES,
+    N_LAYOUT,
     N_LF,
     Plan,
 )
@@ -97,10 +103,91 @@ from alphafeat.features.registry import (
 BLOCK = 512
 #: Size of the log tables (integer arguments 0 .. LUT_N - 1).
 LUT_N = 4096
-#: Input codes of the recurrences (registry.Z_*): 9 codes, the first N_LF tracked (skip-NaN).
-N_CODES = 9
+_MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED, _MODE_CONTINUE, _MODE_CONTINUE_SCAN = 0, 1, 2, 3, 4, 5
 
-_MODE_ROWWISE, _MODE_COMPOSE, _MODE_REPLAY, _MODE_FUSED, _MODE_CONTINUE = 0, 1, 2, 3, 4
+
+# --------------------------------------------------------------------------------------------
+# the kernels' arguments: four records derived from the registry's plan
+# --------------------------------------------------------------------------------------------
+
+
+class Inputs(NamedTuple):
+    """The book columns the features read (contiguous; see :func:`alphafeat.features._prepare`)."""
+
+    bid_px: np.ndarray  #: float64 (n, L) index points, NaN = empty level
+    ask_px: np.ndarray
+    bid_sz: np.ndarray  #: float64 (n, L) contracts
+    ask_sz: np.ndarray
+    ts: np.ndarray  #: int64 (n,) ts_recv, ns
+    buy: np.ndarray  #: float64 (n,) buy_volume
+    sell: np.ndarray  #: float64 (n,) sell_volume
+    cnt: np.ndarray  #: float64 (n,) trade_count
+
+
+class Kernel(NamedTuple):
+    """The plan of the registry as the CPU kernels read it (:func:`kernel_of`): read-only."""
+
+    L: np.ndarray  #: int64 layout vector (registry.L_*, then the columns of the declared inputs)
+    depth_w: np.ndarray  #: float64 (depth_levels,) weighted-imbalance weights
+    s_kind: np.ndarray  #: int64 (S,) series kind (registry.K_*)
+    s_code: np.ndarray  #: int64 (S,) input code (registry.Z_*, then declared inputs)
+    s_tau: np.ndarray  #: float64 (S,) time constant, s
+    s_scale: np.ndarray  #: float64 (S,)
+    s_tix: np.ndarray  #: int64 (S,) index of the series' time constant in ``taus``
+    taus: np.ndarray  #: float64 (T,) distinct time constants
+    tau_nu: np.ndarray  #: bool (T,) the 'linear' weight is needed for that time constant
+    p_int: np.ndarray  #: int64 (P, 5) post rows
+    p_tau: np.ndarray  #: float64 (P,)
+    fd_w: np.ndarray  #: float64 (W,) fractional-differencing weights
+    lut1p: np.ndarray  #: float64 (LUT_N,) vlog1p(k)
+    lutlog: np.ndarray  #: float64 (LUT_N,) vlog(k)
+    tick: float
+    h_mu: float
+    h_alpha: float
+    interp: int
+    n_out: int
+    fd_col: int
+    n_codes: int  #: rows of the recurrence inputs Z (N_CODES + declared inputs)
+
+
+class Carry(NamedTuple):
+    """What one chunk hands to the next (a stream's state between pushes)."""
+
+    x: np.ndarray  #: float64 (S,) recurrence states
+    cj: np.ndarray  #: int64 (N_LF,) last finite row per skip-NaN input (-1: none)
+    cz: np.ndarray  #: float64 (N_LF,) its value
+    ct: np.ndarray  #: int64 (N_LF,) its time, ns
+    y: np.ndarray  #: float64 (max(W - 1, 1),) forward-filled log mids of the window before
+
+
+class Scratch(NamedTuple):
+    """Block-local work arrays of one chunk (:func:`_scratch`); see :func:`_rowwise_block`
+    and :func:`_scan_block` for their meaning."""
+
+    PB: np.ndarray
+    PA: np.ndarray
+    QB: np.ndarray
+    QA: np.ndarray
+    TWO: np.ndarray
+    S1: np.ndarray
+    S2: np.ndarray
+    Z: np.ndarray
+    ST: np.ndarray
+    E: np.ndarray
+    NU: np.ndarray
+    XS: np.ndarray
+    Y: np.ndarray
+    ACC: np.ndarray
+    DT: np.ndarray
+    HAS: np.ndarray
+    ZP: np.ndarray
+    GAP: np.ndarray
+    GAPT: np.ndarray
+    NG: np.ndarray
+    CA: np.ndarray
+    CB: np.ndarray
+    A: np.ndarray
+    B: np.ndarray
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,14 +286,17 @@ def _z_at(code, i, out, L, buy, sell, cnt):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, b0, b1,
-                   PB, PA, QB, QA, TWO, S1, S2, lut1p):  # fmt: skip
-    """Every row-wise feature of rows ``[b0, b1)`` into ``out[:, b0:b1]``.
+def _rowwise_block(inp, k, scr, out, b0, b1):
+    """Every row-wise feature of rows ``[b0, b1)`` into ``out[:, b0:b1]`` (``inp``: :class:`Inputs`,
+    ``k``: :class:`Kernel`, ``scr``: :class:`Scratch`).
 
     Local arrays (index ``t = i - b0 + 1``; ``t = 0`` is row ``b0 - 1``): ``PB, PA`` prices
     with empty levels at ``-inf`` / ``+inf``, ``QB, QA`` sizes with empty levels at 0,
     ``TWO`` both best levels present; ``S1, S2`` scratch.
     """
+    bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt = inp
+    tick, L, depth_w, lut1p = k.tick, k.L, k.depth_w, k.lut1p
+    PB, PA, QB, QA, TWO, S1, S2 = scr.PB, scr.PA, scr.QB, scr.QA, scr.TWO, scr.S1, scr.S2
     nan = math.nan
     inf = math.inf
     n_lv = bid_px.shape[1]
@@ -378,16 +468,15 @@ def _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, 
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
-                s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp,
-                p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w,
-                cj, cz, ct, X, A, B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB, g0):  # fmt: skip
+def _scan_block(mode, inp, kp, cy, scr, out, b0, b1, g0):
     """Recurrences over rows ``[b0, b1)``.
 
     ``mode`` 1: compose into ``A, B``; 2: replay from ``X`` (updated in place), post
     transforms into ``out`` and fractional differencing (``Y``: forward-filled log mid,
-    ``Y[W - 1 + t]`` = row ``b0 + t``, the ``W - 1`` rows before already in place). Skip-NaN
-    carries per input code (updated): ``cj`` last finite row, ``cz`` its value, ``ct`` its time.
+    ``Y[W - 1 + t]`` = row ``b0 + t``, the ``W - 1`` rows before already in place). ``cy``
+    (:class:`Carry`, updated): states ``X``; skip-NaN carries per input code: ``cj`` last
+    finite row, ``cz`` its value, ``ct`` its time. ``inp``, ``kp``, ``scr``: :class:`Inputs`,
+    :class:`Kernel`, :class:`Scratch`.
     ``g0``: segment row of array row 0 (the fractional difference is NaN for segment rows < W - 1).
 
     Stages, each a loop over the block that LLVM vectorises unless noted: inputs ``Z``; decay
@@ -398,6 +487,15 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
     recurrences side by side (independent dependency chains overlap); post transforms.
     """
     nan = math.nan
+    ts, buy, sell, cnt = inp.ts, inp.buy, inp.sell, inp.cnt
+    L, n_out, lutlog, interp, tick = kp.L, kp.n_out, kp.lutlog, kp.interp, kp.tick
+    h_mu, h_alpha, fd_col = kp.h_mu, kp.h_alpha, kp.fd_col
+    s_kind, s_code, s_tau, s_scale, s_tix = kp.s_kind, kp.s_code, kp.s_tau, kp.s_scale, kp.s_tix
+    taus, tau_nu = kp.taus, kp.tau_nu
+    p_int, p_tau, fd_w = kp.p_int, kp.p_tau, kp.fd_w
+    X, cj, cz, ct = cy.x, cy.cj, cy.cz, cy.ct
+    A, B, Z, ST, E, NU, XS, Y, ACC = scr.A, scr.B, scr.Z, scr.ST, scr.E, scr.NU, scr.XS, scr.Y, scr.ACC
+    DT, HAS, ZP, GAP, GAPT, NG, CA, CB = scr.DT, scr.HAS, scr.ZP, scr.GAP, scr.GAPT, scr.NG, scr.CA, scr.CB
     nb = b1 - b0
     S = s_kind.shape[0]
     # ---- inputs ----------------------------------------------------------------------------
@@ -429,6 +527,10 @@ def _scan_block(mode, ts, buy, sell, cnt, L, out, b0, b1, n_out, lutlog,
         Z[6, t] = 1.0 if buy[i] > 0.0 else 0.0
         Z[7, t] = 1.0 if sell[i] > 0.0 else 0.0
         Z[8, t] = out[c_sv, i]
+    for e in range(kp.n_codes - N_CODES):  # declared inputs: a column of out (registry.Feature)
+        ce = L[N_LAYOUT + e]
+        for t in range(nb):
+            Z[N_CODES + e, t] = out[ce, b0 + t]
     for t in range(nb):
         i = b0 + t
         ip = i - 1 if i > 0 else 0
@@ -706,108 +808,88 @@ def _fd_prefix(out, lo, W, Y):
 
 
 @numba.njit(cache=True, nogil=True)
-def _run_chunk(mode, bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L, depth_w, out, lo, hi, n_out,
-               s_kind, s_code, s_tau, s_scale, s_tix, taus, tau_nu, interp, p_int, p_tau, h_mu, h_alpha,
-               fd_col, fd_w, jprev, x0, lastf, ab, lut, g0, cz_io, ct_io, y_io):  # fmt: skip
-    """One chunk ``[lo, hi)``: mode 0 row-wise (+ ``lastf``), 1 compose (``ab``), 2 replay +
-    post + fractional differencing from ``x0``, 3 all of it from the segment start, 4 all of it
-    continuing a stream (:class:`FeatureStream`): the carries come in and go back out through
-    ``x0`` (recurrence states), ``jprev`` / ``cz_io`` / ``ct_io`` (last finite row, value and
-    time per skip-NaN input) and ``y_io`` (the forward-filled log mids of the ``W - 1`` rows
-    before); ``g0`` is the segment row of array row 0."""
-    S = s_kind.shape[0]
-    n_lv = bid_px.shape[1]
+def _scratch(n_lv, S, T, W, n_codes):
+    """The :class:`Scratch` arrays of one chunk (blocks of :data:`BLOCK` rows)."""
     Bk = BLOCK
-    T = taus.shape[0]
-    W = fd_w.shape[0]
-    PB = np.empty((n_lv, Bk + 1))
-    PA = np.empty((n_lv, Bk + 1))
-    QB = np.empty((n_lv, Bk + 1))
-    QA = np.empty((n_lv, Bk + 1))
-    TWO = np.empty(Bk + 1, dtype=np.bool_)
-    S1 = np.empty(Bk + 1)
-    S2 = np.empty(Bk + 1)
-    Z = np.empty((N_CODES, Bk))
-    ST = np.empty((N_LF, Bk), dtype=np.bool_)
-    E = np.empty((T, Bk))
-    NU = np.ones((T, Bk))
-    XS = np.empty((S, Bk))
-    Y = np.empty(W - 1 + Bk)
-    ACC = np.empty(Bk)
-    DT = np.empty(Bk)
-    HAS = np.empty((N_LF, Bk), dtype=np.bool_)
-    ZP = np.empty((N_LF, Bk))
-    GAP = np.empty((N_LF, Bk), dtype=np.int64)
-    GAPT = np.empty((N_LF, Bk), dtype=np.int64)
-    NG = np.zeros(N_LF, dtype=np.int64)
-    CA = np.empty((S, Bk))
-    CB = np.empty((S, Bk))
-    X = x0.copy()
-    A = np.ones(S)
-    B = np.zeros(S)
-    cont = mode == _MODE_CONTINUE
-    cj = jprev.copy()
-    cz = cz_io.copy() if cont else np.zeros(N_LF)
-    ct = ct_io.copy() if cont else np.zeros(N_LF, dtype=np.int64)
-    L_ = L
-    lut1p = lut[0]
-    lutlog = lut[1]
+    return Scratch(
+        np.empty((n_lv, Bk + 1)), np.empty((n_lv, Bk + 1)), np.empty((n_lv, Bk + 1)), np.empty((n_lv, Bk + 1)),
+        np.empty(Bk + 1, dtype=np.bool_), np.empty(Bk + 1), np.empty(Bk + 1),
+        np.empty((n_codes, Bk)), np.empty((N_LF, Bk), dtype=np.bool_), np.empty((T, Bk)), np.ones((T, Bk)),
+        np.empty((S, Bk)), np.empty(W - 1 + Bk), np.empty(Bk), np.empty(Bk),
+        np.empty((N_LF, Bk), dtype=np.bool_), np.empty((N_LF, Bk)), np.empty((N_LF, Bk), dtype=np.int64),
+        np.empty((N_LF, Bk), dtype=np.int64), np.zeros(N_LF, dtype=np.int64), np.empty((S, Bk)), np.empty((S, Bk)),
+        np.ones(S), np.zeros(S),
+    )  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True)
+def _run_chunk(mode, inp, kp, out, lo, hi, g0, io, lastf, ab):
+    """One chunk ``[lo, hi)`` of :class:`Inputs` ``inp`` with the :class:`Kernel` ``kp``: mode 0
+    row-wise (+ ``lastf``, the chunk's last finite row per skip-NaN input), 1 compose (``ab``:
+    the chunk's maps), 2 replay + post + fractional differencing, 3 all of it from the segment
+    start, 4 all of it continuing a stream (:class:`FeatureStream`), 5 as 4 without the
+    row-wise features (already in ``out``). ``io`` (:class:`Carry`): the states ``x`` and last
+    finite rows ``cj`` the chunk starts from; in modes 4 and 5 every carry comes in and goes
+    back out through it (``cz``, ``ct``: value and time of the last finite rows, ``y``: the
+    forward-filled log mids of the ``W - 1`` rows before). ``g0``: segment row of array row 0."""
+    S = kp.s_kind.shape[0]
+    W = kp.fd_w.shape[0]
+    scr = _scratch(inp.bid_px.shape[1], S, kp.taus.shape[0], W, kp.n_codes)
+    cont = mode == _MODE_CONTINUE or mode == _MODE_CONTINUE_SCAN
+    cy = Carry(
+        io.x.copy(), io.cj.copy(), io.cz.copy() if cont else np.zeros(N_LF),
+        io.ct.copy() if cont else np.zeros(N_LF, dtype=np.int64), io.y,
+    )  # fmt: skip
+    Y = scr.Y
     smode = _MODE_COMPOSE if mode == _MODE_COMPOSE else _MODE_REPLAY
     if cont:
         for q in range(W - 1):
-            Y[q] = y_io[q]
+            Y[q] = io.y[q]
     elif mode != _MODE_ROWWISE:
         for c in range(N_LF):
-            if cj[c] >= 0:
-                cz[c] = _z_at(c, cj[c], out, L_, buy, sell, cnt)
-                ct[c] = ts[cj[c]]
+            j = cy.cj[c]
+            if j >= 0:
+                cy.cz[c] = _z_at(c, j, out, kp.L, inp.buy, inp.sell, inp.cnt)
+                cy.ct[c] = inp.ts[j]
         if mode != _MODE_COMPOSE:
             _fd_prefix(out, lo, W, Y)
-    for b0 in range(lo, hi, Bk):
-        b1 = min(b0 + Bk, hi)
-        if mode == _MODE_ROWWISE or mode == _MODE_FUSED or cont:
-            _rowwise_block(bid_px, ask_px, bid_sz, ask_sz, ts, buy, sell, cnt, tick, L_, depth_w, out, b0, b1,
-                           PB, PA, QB, QA, TWO, S1, S2, lut1p)  # fmt: skip
+    rows = mode == _MODE_ROWWISE or mode == _MODE_FUSED or mode == _MODE_CONTINUE
+    for b0 in range(lo, hi, BLOCK):
+        b1 = min(b0 + BLOCK, hi)
+        if rows:
+            _rowwise_block(inp, kp, scr, out, b0, b1)
         if mode != _MODE_ROWWISE:
-            _scan_block(smode, ts, buy, sell, cnt, L_, out, b0, b1, n_out, lutlog, s_kind, s_code, s_tau, s_scale,
-                        s_tix, taus, tau_nu, interp, p_int, p_tau, tick, h_mu, h_alpha, fd_col, fd_w, cj, cz, ct, X, A,
-                        B, Z, ST, E, NU, XS, Y, ACC, DT, HAS, ZP, GAP, GAPT, NG, CA, CB, g0)  # fmt: skip
+            _scan_block(smode, inp, kp, cy, scr, out, b0, b1, g0)
     if mode == _MODE_ROWWISE:
         for c in range(N_LF):
             lastf[c] = -1
             for i in range(hi - 1, lo - 1, -1):
-                if _isfinite(_z_at(c, i, out, L_, buy, sell, cnt)):
+                if _isfinite(_z_at(c, i, out, kp.L, inp.buy, inp.sell, inp.cnt)):
                     lastf[c] = i
                     break
     if mode == _MODE_COMPOSE:
-        ab[0, :] = A
-        ab[1, :] = B
+        ab[0, :] = scr.A
+        ab[1, :] = scr.B
     if cont:
-        x0[:] = X
-        jprev[:] = cj
-        cz_io[:] = cz
-        ct_io[:] = ct
+        io.x[:] = cy.x
+        io.cj[:] = cy.cj
+        io.cz[:] = cy.cz
+        io.ct[:] = cy.ct
         for q in range(W - 1):
-            y_io[q] = Y[q]
+            io.y[q] = Y[q]
 
 
 # --------------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------------
 
-_LUT: np.ndarray | None = None
 
-
-_NO_CZ = np.zeros(N_LF)  # unused carries of the modes that are not a stream (read-only use)
-_NO_CT = np.zeros(N_LF, dtype=np.int64)
-_NO_Y = np.zeros(1)
-
-
+@lru_cache(maxsize=1)
 def _lut() -> np.ndarray:
-    global _LUT
-    if _LUT is None:
-        _LUT = _make_lut(LUT_N)
-    return _LUT
+    """Row 0: ``vlog1p(k)``, row 1: ``vlog(k)``, k < :data:`LUT_N` (computed once, read-only)."""
+    lut = _make_lut(LUT_N)
+    lut.flags.writeable = False
+    return lut
 
 
 def _tau_tables(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -827,6 +909,26 @@ def _tau_tables(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if plan.s_kind[s] in (K_ZM, K_DEV) and plan.interp == 1:
             nu[tix[s]] = True
     return np.asarray(taus or [1.0], dtype=np.float64), tix, nu
+
+
+def kernel_of(plan: Plan) -> Kernel:
+    """The :class:`Kernel` record of ``plan`` (derived once per plan, kept in ``plan.derived``)."""
+    kp = plan.derived.get("cpu_kernel")
+    if kp is None:
+        lut = _lut()
+        taus, tix, tau_nu = _tau_tables(plan)
+        kp = plan.derived["cpu_kernel"] = Kernel(
+            plan.layout, plan.depth_w, plan.s_kind, plan.s_code, plan.s_tau, plan.s_scale, tix, taus, tau_nu,
+            plan.p_int, plan.p_tau, plan.fd_w, lut[0], lut[1], float(plan.tick), float(plan.hawkes_mu),
+            float(plan.hawkes_alpha), int(plan.interp), int(plan.n_out), int(plan.fd_col), int(plan.n_codes),
+        )  # fmt: skip
+    return kp
+
+
+def inputs_of(cols: dict[str, np.ndarray]) -> Inputs:
+    """:class:`Inputs` of the prepared columns (:func:`alphafeat.features._prepare`)."""
+    return Inputs(cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"],
+                  cols["buy_volume"], cols["sell_volume"], cols["trade_count"])  # fmt: skip
 
 
 #: Result matrices (flat) of earlier calls; one is reused when no view of it is alive.
@@ -871,7 +973,10 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     ``cols``: contiguous input columns (:func:`alphafeat.features._prepare`). ``n_chunks``:
     number of contiguous chunks (>= 1); ``n_jobs``: worker threads for the chunks (1:
     in-process, None or -1: all cores; joblib's threading backend, the kernels release the
-    GIL). Results equal the sequential ones to rounding, on any split.
+    GIL). Results equal the sequential ones to rounding, on any split. The declared features
+    (:func:`alphafeat.features.registry.register`) are filled by their generated row kernel
+    (:func:`alphafeat.features._declared.row_kernel`) between the row-wise stage and the
+    recurrences.
     """
     n = int(cols["ts_recv"].shape[0])
     n_chunks = max(1, min(int(n_chunks), max(n, 1)))
@@ -881,23 +986,27 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     if n == 0:
         return np.empty((plan.n_out, 0))
     out = _out_buffer((plan.n_out, n))
-    lut = _lut()
-    taus, tix, tau_nu = _tau_tables(plan)
+    inp = inputs_of(cols)
+    kp = kernel_of(plan)
+    declared = row_kernel(plan, "cpu")
     S = plan.s_kind.shape[0]
-    args_in = (cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"], cols["buy_volume"],
-               cols["sell_volume"], cols["trade_count"], plan.tick, plan.layout, plan.depth_w, out)  # fmt: skip
-    args_plan = (plan.n_out, plan.s_kind, plan.s_code, plan.s_tau, plan.s_scale, tix, taus, tau_nu, plan.interp,
-                 plan.p_int, plan.p_tau, plan.hawkes_mu, plan.hawkes_alpha, plan.fd_col, plan.fd_w)  # fmt: skip
+    no_cz, no_ct, no_y = np.zeros(N_LF), np.zeros(N_LF, dtype=np.int64), np.zeros(1)
 
     def chunk(mode: int, lo: int, hi: int, jprev: np.ndarray, x0: np.ndarray):
         lastf = np.full(N_LF, -1, dtype=np.int64)
         ab = np.empty((2, S))
-        _run_chunk(mode, *args_in, lo, hi, *args_plan, jprev, x0, lastf, ab, lut, 0, _NO_CZ, _NO_CT, _NO_Y)
+        _run_chunk(mode, inp, kp, out, lo, hi, 0, Carry(x0, jprev, no_cz, no_ct, no_y), lastf, ab)
+        if mode == _MODE_ROWWISE and declared is not None:
+            declared(inp, out, lo, hi)
         return lastf if mode == _MODE_ROWWISE else ab
 
     none = np.full(N_LF, -1, dtype=np.int64)
     if n_chunks == 1:
-        chunk(_MODE_FUSED, 0, n, none, np.zeros(S))
+        if declared is None:
+            chunk(_MODE_FUSED, 0, n, none, np.zeros(S))
+        else:  # the same operations, the row-wise stage (and the declared rows) first
+            chunk(_MODE_ROWWISE, 0, n, none, np.zeros(S))
+            chunk(_MODE_REPLAY, 0, n, none, np.zeros(S))
         return out
     bounds = _bounds(n, n_chunks)
     if n_jobs == 1:
@@ -926,10 +1035,10 @@ class FeatureStream:
     """The CPU features of one segment computed block by block as its rows arrive.
 
     Each :meth:`push` runs the sequential kernel over the new rows, continuing from the carries
-    of the rows before (recurrence states, the skip-NaN rule's last finite row, value and time
-    per input, the fractional-difference window): the same operations in the same order as
-    one :func:`compute_cpu` call over the whole segment, so the values are identical
-    (``tests/test_segment.py``), while memory is one block's result matrix.
+    of the rows before (a :class:`Carry`: recurrence states, the skip-NaN rule's last finite
+    row, value and time per input, the fractional-difference window): the same operations in
+    the same order as one :func:`compute_cpu` call over the whole segment, so the values are
+    identical (``tests/test_segment.py``), while memory is one block's result matrix.
 
     Parameters
     ----------
@@ -944,14 +1053,11 @@ class FeatureStream:
         W = plan.fd_w.shape[0]
         self.plan = plan
         self.rows = 0  # segment rows pushed so far
-        self.x = np.zeros(S)
-        self.jprev = np.full(N_LF, -1, dtype=np.int64)
-        self.cz = np.zeros(N_LF)
-        self.ct = np.zeros(N_LF, dtype=np.int64)
-        self.y = np.full(max(W - 1, 1), np.nan)
+        self.carry = Carry(np.zeros(S), np.full(N_LF, -1, dtype=np.int64), np.zeros(N_LF),
+                           np.zeros(N_LF, dtype=np.int64), np.full(max(W - 1, 1), np.nan))  # fmt: skip
         self.out = reserve("features:stream", (plan.n_out, int(max_rows) + 1), np.float64)
-        self._lut = _lut()
-        self._tau = _tau_tables(plan)
+        self._kernel = kernel_of(plan)
+        self._declared = row_kernel(plan, "cpu")
 
     def push(self, cols: dict[str, np.ndarray], halo: bool) -> np.ndarray:
         """Features of the new rows of ``cols`` as a float64 view ``(n_out, m)``, valid until
@@ -964,25 +1070,27 @@ class FeatureStream:
         n = int(cols["ts_recv"].shape[0])
         lo = 1 if halo else 0
         if halo != (self.rows > 0):
-            raise ValueError("FeatureStream.push: the first push has no halo row, every later push has one")
+            raise UsageError("halo", "FeatureStream.push: the first push has no halo row, every later push has one")
         m = n - lo
         if m > self.out.shape[1] - 1:
-            raise ValueError(f"FeatureStream.push: {m} rows, more than max_rows = {self.out.shape[1] - 1}")
+            raise UsageError("cols", f"FeatureStream.push: {m} rows, more than max_rows = {self.out.shape[1] - 1}")
         if m <= 0:
             return self.out[:, :0]
-        p = self.plan
         g0 = self.rows - lo  # segment row of array row 0
         far = np.int64(2**62)  # a last finite row before the arrays: "seen, not the previous row"
-        jloc = np.where(self.jprev >= 0, np.maximum(self.jprev - g0, 0), -1)
-        jloc = np.where((self.jprev >= 0) & (self.jprev < g0), far, jloc).astype(np.int64)
-        taus, tix, tau_nu = self._tau
+        cj = self.carry.cj
+        jloc = np.where(cj >= 0, np.maximum(cj - g0, 0), -1)
+        jloc = np.where((cj >= 0) & (cj < g0), far, jloc).astype(np.int64)
+        io = self.carry._replace(cj=jloc)
         out = self.out[:, :n]
-        S = p.s_kind.shape[0]
-        _run_chunk(_MODE_CONTINUE, cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"],
-                   cols["buy_volume"], cols["sell_volume"], cols["trade_count"], p.tick, p.layout, p.depth_w, out,
-                   lo, n, p.n_out, p.s_kind, p.s_code, p.s_tau, p.s_scale, tix, taus, tau_nu, p.interp, p.p_int,
-                   p.p_tau, p.hawkes_mu, p.hawkes_alpha, p.fd_col, p.fd_w, jloc, self.x, np.empty(N_LF, np.int64),
-                   np.empty((2, S)), self._lut, g0, self.cz, self.ct, self.y)  # fmt: skip
-        self.jprev = np.where((jloc >= 0) & (jloc < far) & (jloc >= lo), jloc + g0, self.jprev)
+        inp = inputs_of(cols)
+        lastf, ab = np.empty(N_LF, np.int64), np.empty((2, self.plan.s_kind.shape[0]))
+        mode = _MODE_CONTINUE
+        if self._declared is not None:  # row-wise stage, declared rows, then the rest
+            _run_chunk(_MODE_ROWWISE, inp, self._kernel, out, lo, n, g0, io, lastf, ab)
+            self._declared(inp, out, lo, n)
+            mode = _MODE_CONTINUE_SCAN
+        _run_chunk(mode, inp, self._kernel, out, lo, n, g0, io, lastf, ab)
+        self.carry = io._replace(cj=np.where((jloc >= 0) & (jloc < far) & (jloc >= lo), jloc + g0, cj))
         self.rows += m
         return out[:, lo:]

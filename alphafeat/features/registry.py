@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from alphafeat.errors import UsageError
 from alphafeat.types import LEVELS
 
 __all__ = [
     "INTERPOLATIONS",
+    "ROW_INPUTS",
+    "Decay",
+    "Feature",
+    "register",
+    "registered",
+    "unregister",
     "FeatureParams",
     "FeatureSpec",
     "Plan",
@@ -41,6 +50,9 @@ K_DECAY = 3  #: exponentially decayed sum x_i = exp(-dt_i/tau) x_{i-1} + scale *
 
 # input codes of the recurrences (alphafeat.features._rows.z_input)
 Z_MID, Z_RET2, Z_SPREAD, Z_LOGSPREAD, Z_LOGMID, Z_COUNT, Z_BUYEV, Z_SELLEV, Z_SV = range(9)
+#: Built-in input codes; code ``N_CODES + e`` reads the column ``L[N_LAYOUT + e]`` (a declared
+#: :class:`Feature`'s row value).
+N_CODES = 9
 #: Inputs whose last finite row is tracked (skip-NaN rule): codes 0..N_LF-1.
 N_LF = 5
 
@@ -138,6 +150,95 @@ class FeatureSpec:
     min_depth: int = 1
     cpu: str = "alphafeat.features.cpu._rowwise_block (njit)"
     cuda: str = "alphafeat.cuda.kernels.rowwise_kernel"
+    inputs: tuple[str, ...] = ()  #: book columns and features it reads
+    state: str = ""  #: what it carries from row to row ("" for none: a function of rows i, i-1)
+
+
+#: Per-row inputs a declared :class:`Feature` may read (besides the row-wise features, by name):
+#: book levels ``bid_px_MM, ask_px_MM`` (index points, NaN = empty), ``bid_sz_MM, ask_sz_MM``
+#: (contracts), MM = 00..09; the interval's ``buy_volume, sell_volume, trade_count``; ``dt_s``
+#: (seconds since the previous row, 0 at row 0).
+ROW_INPUTS: dict[str, str] = {
+    **{f"{k}_{m:02d}": f"{k}[i, {m}]" for k in ("bid_px", "ask_px", "bid_sz", "ask_sz") for m in range(LEVELS)},
+    "buy_volume": "buy[i]",
+    "sell_volume": "sell[i]",
+    "trade_count": "cnt[i]",
+    "dt_s": "(max(ts[i] - ts[i - 1], 0) / 1e9 if i > 0 else 0.0)",
+}
+
+
+@dataclass(frozen=True)
+class Decay:
+    """State of a declared feature: ``x_i = exp(-dt_i / tau_s) x_{i-1} + scale * z_i`` with
+    ``x_{-1} = 0``, ``dt_i`` the time step in seconds (0 at row 0), ``z_i`` the feature's row
+    value (NaN counts 0). Chunks and streamed blocks carry it exactly (a linear recurrence)."""
+
+    tau_s: float
+    scale: float = 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class Feature:
+    """A feature declared in one place; :func:`register` adds it to every path.
+
+    ``row(*inputs)`` is the per-row formula: a plain scalar Python function of the values of
+    ``inputs`` at row i (names of :data:`ROW_INPUTS`, of row-wise features, or of declared
+    features registered before it without state), compiled with ``numba.njit`` for the CPU and
+    ``numba.cuda.jit(device=True)`` for the GPU (so: ``math`` functions and arithmetic only).
+    ``state``: None (the column is ``row``), or a :class:`Decay` of ``row`` (the column is the
+    state). The column follows the built-in ones, in registration order, in the results of
+    every back end, in the cache (when selected by name or ``all``) and in ``alphafeat features``.
+    """
+
+    name: str
+    unit: str
+    formula: str
+    source: str
+    row: Callable[..., float]
+    inputs: tuple[str, ...]
+    state: Decay | None = None
+    description: str = ""
+    parameters: tuple[tuple[str, object], ...] = ()
+    min_depth: int = 1
+
+
+#: Declared features (:func:`register`), in registration order.
+_DECLARED: list[Feature] = []
+
+
+def register(feature: Feature) -> Feature:
+    """Add ``feature`` to the feature set (after the built-in columns); returns it.
+
+    ``ValueError`` if its name is taken or an input is unknown (checked when the set is built:
+    :func:`feature_specs`). Worker processes see it when the module that registers it is
+    imported there too.
+    """
+    if any(f.name == feature.name for f in _DECLARED):
+        raise UsageError("feature", "already registered", feature.name)
+    _DECLARED.append(feature)
+    return feature
+
+
+def unregister(name: str) -> None:
+    """Remove the declared feature ``name`` (``KeyError`` if there is none)."""
+    for k, f in enumerate(_DECLARED):
+        if f.name == name:
+            del _DECLARED[k]
+            return
+    raise UsageError("name", "no declared feature of that name", name)
+
+
+@contextmanager
+def registered(*features: Feature) -> Iterator[tuple[Feature, ...]]:
+    """Register ``features`` for the duration of a ``with`` block."""
+    done: list[Feature] = []
+    try:
+        for f in features:
+            done.append(register(f))
+        yield features
+    finally:
+        for f in done:
+            unregister(f.name)
 
 
 def _tau_label(tau: float) -> str:
@@ -151,29 +252,29 @@ def _pos(x: float) -> bool:
 
 def _validate(p: FeatureParams) -> None:
     if not _pos(p.tick_size):
-        raise ValueError(f"tick_size must be a positive number, got {p.tick_size!r}")
+        raise UsageError("tick_size", "expected a positive number (index points)", p.tick_size)
     taus = tuple(p.ema_taus_s)
     if len(taus) != 2 or not all(_pos(t) for t in taus):
-        raise ValueError(f"ema_taus_s must hold two positive time constants (s), got {taus!r}")
+        raise UsageError("ema_taus_s", "expected two positive time constants (s)", taus)
     if _tau_label(taus[0]) == _tau_label(taus[1]):
-        raise ValueError(f"the two EMA time constants must differ, got {taus!r}")
+        raise UsageError("ema_taus_s", "the two EMA time constants must differ", taus)
     if p.ema_interpolation not in INTERPOLATIONS:
-        raise ValueError(f"ema_interpolation must be one of {sorted(INTERPOLATIONS)}, got {p.ema_interpolation!r}")
+        raise UsageError("ema_interpolation", f"expected one of {', '.join(INTERPOLATIONS)}", p.ema_interpolation)
     for k in ("ofi_levels", "depth_levels"):
         v = getattr(p, k)
         if not (isinstance(v, (int, np.integer)) and 1 <= v <= LEVELS):
-            raise ValueError(f"{k} must be an integer in 1..{LEVELS}, got {v!r}")
+            raise UsageError(k, f"expected an integer in 1..{LEVELS}", v)
     vt = tuple(p.vol_taus_s)
     if len(vt) != 3 or not all(_pos(t) for t in vt) or not (vt[0] < vt[1] < vt[2]):
-        raise ValueError(f"vol_taus_s must be three increasing positive time constants (s), got {vt!r}")
+        raise UsageError("vol_taus_s", "expected three increasing positive time constants (s)", vt)
     if not (math.isfinite(p.depth_weight_decay) and p.depth_weight_decay >= 0):
-        raise ValueError(f"depth_weight_decay must be >= 0, got {p.depth_weight_decay!r}")
+        raise UsageError("depth_weight_decay", "expected a number >= 0", p.depth_weight_decay)
     if not (math.isfinite(p.hawkes_mu) and p.hawkes_mu >= 0 and math.isfinite(p.hawkes_alpha)):
-        raise ValueError("hawkes_mu must be >= 0 and hawkes_alpha finite")
+        raise UsageError("hawkes_mu, hawkes_alpha", "hawkes_mu must be >= 0 and hawkes_alpha finite")
     if not _pos(p.hawkes_beta) or not _pos(p.propagator_tau_s):
-        raise ValueError("hawkes_beta and propagator_tau_s must be positive")
+        raise UsageError("hawkes_beta, propagator_tau_s", "both must be positive")
     if not (0.0 < p.fracdiff_d < 1.0) or not (0.0 < p.fracdiff_threshold < 1.0):
-        raise ValueError("fracdiff_d and fracdiff_threshold must lie in (0, 1)")
+        raise UsageError("fracdiff_d, fracdiff_threshold", "both must lie in (0, 1)")
 
 
 def frac_diff_weights(d: float, threshold: float | None = None, size: int | None = None) -> np.ndarray:
@@ -184,7 +285,7 @@ def frac_diff_weights(d: float, threshold: float | None = None, size: int | None
     with ``size``: exactly ``size`` weights (expanding window). Returns float64 ``w_0 ..``.
     """
     if (threshold is None) == (size is None):
-        raise ValueError("give exactly one of threshold and size")
+        raise UsageError("threshold, size", "give exactly one of them")
     w = [1.0]
     k = 1
     while True:
@@ -196,7 +297,7 @@ def frac_diff_weights(d: float, threshold: float | None = None, size: int | None
         w.append(nxt)
         k += 1
         if k > 10_000_000:
-            raise ValueError("fractional differencing window over 10 million rows; raise the threshold")
+            raise UsageError("fracdiff_threshold", "the window is over 10 million rows; raise the threshold")
     return np.asarray(w, dtype=np.float64)
 
 
@@ -219,9 +320,16 @@ class Plan:
     tick: float
     hawkes_mu: float
     hawkes_alpha: float
+    n_codes: int = N_CODES  #: input codes of the recurrences (built-in, then declared rows)
+    #: declared features (:func:`register`): ``(row function, column, input expressions)``;
+    #: each writes its row value into its column before the recurrences (a stateful one's
+    #: recurrence then reads it there and writes its state over it).
+    declared: tuple = ()
+    #: what the back ends derive from the plan once (compiled row kernels, packed arguments).
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
 
-def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
+def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[FeatureSpec], Plan]:
     _validate(p)
     tick = p.tick_size
     t1, t2 = (float(t) for t in p.ema_taus_s)
@@ -235,30 +343,36 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
         "alphafeat.cuda.kernels.scan_compose_kernel + scan_carry_kernel + scan_replay_kernel (MODE_REC) + post_kernel"
     )
 
-    def add(name, unit, desc, source, formula="", params=None, min_depth=1, scan=False) -> int:
-        specs.append(
-            FeatureSpec(
-                name, unit, desc, source, formula, dict(params or {}), min_depth,
-                *((scan_cpu, scan_cuda) if scan else ()),
-            )
-        )  # fmt: skip
+    def add(name, unit, desc, source, formula="", params=None, min_depth=1, inputs=(), state="") -> int:
+        """One column: its spec (``state``: what it carries, "" for a row-wise feature)."""
+        impl = (scan_cpu, scan_cuda) if state else ("alphafeat.features.cpu._rowwise_block (njit)",
+                                                    "alphafeat.cuda.kernels.rowwise_kernel")
+        specs.append(FeatureSpec(name, unit, desc, source, formula, dict(params or {}), min_depth, *impl,
+                                 tuple(inputs), state))  # fmt: skip
         return len(specs) - 1
+
+    top = ("bid_px_00", "ask_px_00")
+    top_q = (*top, "bid_sz_00", "ask_sz_00")
+    zm_state = "Zumbach–Müller EMA; the last finite observation and its time (skip-NaN rule)"
+    decay_state = "exponentially decayed sum (one float64)"
 
     tk = {"tick_size": tick}
     add("mid", "index points", "(bid_px[0] + ask_px[0]) / 2; NaN if either side is empty", "standard",
-        "(Pb1 + Pa1) / 2")
+        "(Pb1 + Pa1) / 2", inputs=top)
     add("spread_ticks", "ticks", f"(ask_px[0] - bid_px[0]) / tick_size (tick_size = {tick:g}); NaN if a side is empty",
-        "standard", "(Pa1 - Pb1) / tick", tk)
+        "standard", "(Pa1 - Pb1) / tick", tk, inputs=top)
     add("microprice", "index points",
         "weighted mid I*ask_px[0] + (1-I)*bid_px[0], I = Qb/(Qb+Qa) on level 1; NaN if a side is empty or Qb+Qa = 0",
-        "Stoikov (2018), Quantitative Finance 18(12): weighted mid", "I Pa1 + (1 - I) Pb1, I = Qb1/(Qb1 + Qa1)")
+        "Stoikov (2018), Quantitative Finance 18(12): weighted mid", "I Pa1 + (1 - I) Pb1, I = Qb1/(Qb1 + Qa1)",
+        inputs=top_q)
     add("imbalance_l1", "dimensionless [-1, 1]", "(Qb - Qa)/(Qb + Qa) on level 1; NaN if a side is empty or Qb+Qa = 0",
-        "Gould & Bonart (2016), queue imbalance on [-1, 1]", "(Qb1 - Qa1)/(Qb1 + Qa1)")
+        "Gould & Bonart (2016), queue imbalance on [-1, 1]", "(Qb1 - Qa1)/(Qb1 + Qa1)",
+        inputs=top_q)
     add("imbalance_l10", "dimensionless [-1, 1]",
         "(sum Qb - sum Qa)/(sum Qb + sum Qa) over levels 1-10 (empty levels count 0); "
         "NaN if a best level is empty or the sum is 0",
         "Gould & Bonart (2016), depth imbalance on [-1, 1]", "sum_m (Qbm - Qam) / sum_m (Qbm + Qam)",
-        min_depth=LEVELS)
+        min_depth=LEVELS, inputs=(*top, "bid_sz_00..09", "ask_sz_00..09"))
     lay[L_OFI] = len(specs)
     for m in range(1, n_ofi + 1):
         add(f"ofi_l{m:02d}", "contracts",
@@ -266,14 +380,15 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
             "1{Pb>=Pb'}qb - 1{Pb<=Pb'}qb' - 1{Pa<=Pa'}qa + 1{Pa>=Pa'}qa' (primes = previous "
             "row); empty bid = -inf, empty ask = +inf, empty size 0; NaN at row 0",
             "Cont, Kukanov & Stoikov (2014); per level: Xu, Gould & Howison (2019)",
-            "e_m = 1{Pb>=Pb'}qb - 1{Pb<=Pb'}qb' - 1{Pa<=Pa'}qa + 1{Pa>=Pa'}qa'", min_depth=m)
+            "e_m = 1{Pb>=Pb'}qb - 1{Pb<=Pb'}qb' - 1{Pa<=Pa'}qa + 1{Pa>=Pa'}qa'", min_depth=m,
+            inputs=tuple(f"{k}_{m - 1:02d}" for k in ("bid_px", "bid_sz", "ask_px", "ask_sz")))
     lay[L_SV] = add("signed_volume", "contracts",
                     "buy_volume - sell_volume since the previous snapshot (aggressor side)", "standard",
-                    "V_buy - V_sell")
+                    "V_buy - V_sell", inputs=("buy_volume", "sell_volume"))
     lay[L_LOGDT] = add("log_dt", "log seconds", "log(max(ts_recv[i] - ts_recv[i-1], 1 ns) in seconds); NaN at row 0",
-                       "standard", "log(max(dt, 1e-9))")
+                       "standard", "log(max(dt, 1e-9))", inputs=("ts_recv",))
     lay[L_RET] = add("tick_return", "ticks", "(mid[i] - mid[i-1]) / tick_size; NaN at row 0 or if either mid is NaN",
-                     "standard", "(mid_i - mid_{i-1}) / tick", tk)
+                     "standard", "(mid_i - mid_{i-1}) / tick", tk, inputs=("mid",))
 
     # ---- recurrences: series table ------------------------------------------------------
     series: list[tuple[int, int, float, float]] = []
@@ -285,21 +400,23 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
     post: list[tuple[int, int, int, int, int, float]] = []
     ema_p = {"ema_taus_s": (t1, t2), "ema_interpolation": p.ema_interpolation}
     skip = "NaN observations skipped (EMA held), NaN before the first finite observation"
-    for q, code, unit, desc in (
-        ("ema_mid", Z_MID, "index points", "EMA of mid"),
-        ("ema_ret2", Z_RET2, "ticks^2", "EMA of tick_return^2 (realised variance per snapshot)"),
-        ("ema_spread", Z_SPREAD, "ticks", "EMA of spread_ticks"),
+    for q, code, unit, desc, src in (
+        ("ema_mid", Z_MID, "index points", "EMA of mid", "mid"),
+        ("ema_ret2", Z_RET2, "ticks^2", "EMA of tick_return^2 (realised variance per snapshot)", "tick_return"),
+        ("ema_spread", Z_SPREAD, "ticks", "EMA of spread_ticks", "spread_ticks"),
     ):
         for tau in (t1, t2):
             c = add(f"{q}_{_tau_label(tau)}", unit, f"{desc}, tau = {tau:g} s; {skip}", zm,
-                    "EMA_n = mu EMA_{n-1} + (nu - mu) z_{n-1} + (1 - nu) z_n, mu = exp(-dt/tau)", ema_p, scan=True)
+                    "EMA_n = mu EMA_{n-1} + (nu - mu) z_{n-1} + (1 - nu) z_n, mu = exp(-dt/tau)", ema_p,
+                    inputs=(src,), state=zm_state)
             post.append((P_MASKED, c, ser(K_ZM, code, tau), 0, 0, 0.0))
     rate_series = []
     for tau in (t1, t2):
         c = add(f"trade_rate_{_tau_label(tau)}", "trades/s",
                 f"lambda <- lambda*exp(-dt/tau) + trade_count/tau, tau = {tau:g} s, lambda = 0 before row 0",
                 "exponentially decayed trade rate (Hawkes-type recursion, Ozaki 1979)",
-                "lambda_i = exp(-dt_i/tau) lambda_{i-1} + n_i/tau", {"ema_taus_s": (t1, t2)}, scan=True)
+                "lambda_i = exp(-dt_i/tau) lambda_{i-1} + n_i/tau", {"ema_taus_s": (t1, t2)},
+                inputs=("trade_count",), state=decay_state)
         s = ser(K_DECAY, Z_COUNT, tau, 1.0 / tau)
         rate_series.append(s)
         post.append((P_PLAIN, c, s, 0, 0, 0.0))
@@ -311,7 +428,8 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
         "(mean of bid and ask sizes over those levels on this and the previous row); equal "
         "level weights (a PCA fit would look ahead); NaN at row 0 or on zero depth",
         "Cont, Cucuringu & Zhang (2023), integrated OFI; depth normalisation as in Cont et al. (2014)",
-        "sum_m e_m / ((1/(4M)) sum_m (qb_m + qa_m + qb'_m + qa'_m))", {"ofi_levels": n_ofi}, min_depth=n_ofi)
+        "sum_m e_m / ((1/(4M)) sum_m (qb_m + qa_m + qb'_m + qa'_m))", {"ofi_levels": n_ofi}, min_depth=n_ofi,
+        inputs=(f"ofi_l01..ofi_l{n_ofi:02d}", f"bid_sz_00..{n_ofi - 1:02d}", f"ask_sz_00..{n_ofi - 1:02d}"))
     lay[L_LDB] = len(specs)
     for side, sname in (("bid", "bid"), ("ask", "ask")):
         if side == "ask":
@@ -319,26 +437,28 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
         for m in range(1, n_dep + 1):
             add(f"log_depth_{sname}_l{m:02d}", "log(1 + contracts)",
                 f"log(1 + {side}_sz[{m - 1}]); an empty level counts 0 contracts", "standard (log depth)",
-                "log1p(q_m)", min_depth=m)
+                "log1p(q_m)", min_depth=m, inputs=(f"{side}_px_{m - 1:02d}", f"{side}_sz_{m - 1:02d}"))
     lay[L_IMBW] = add(
         "imbalance_weighted", "dimensionless [-1, 1]",
         f"sum_m w_m (Qb_m - Qa_m) / sum_m w_m (Qb_m + Qa_m), w_m = exp(-{p.depth_weight_decay:g} (m-1)), "
         f"m = 1..{n_dep}; NaN if a best level is empty or the sum is 0",
         "depth-weighted order-book imbalance (Cao, Hansch & Wang 2009; Cartea, Donnelly & Jaimungal 2018)",
         "sum w(Qb - Qa) / sum w(Qb + Qa)", {"depth_levels": n_dep, "depth_weight_decay": p.depth_weight_decay},
-        min_depth=n_dep)
+        min_depth=n_dep, inputs=(*top, f"bid_sz_00..{n_dep - 1:02d}", f"ask_sz_00..{n_dep - 1:02d}"))
     for side, key in (("bid", L_SLOPE_B), ("ask", L_SLOPE_A)):
         lay[key] = add(
             f"book_slope_{side}", "contracts/tick",
             f"total {side} size over the non-empty levels 1..{n_dep} divided by (1 + distance in ticks from the "
             "best to the deepest non-empty level); NaN if the best level is empty",
             "book slope (Næs & Skjeltorp 2006), depth per tick", "sum_m q_m / (1 + |P_1 - P_last| / tick)",
-            {"depth_levels": n_dep, **tk}, min_depth=2)
+            {"depth_levels": n_dep, **tk}, min_depth=2,
+            inputs=(f"{side}_px_00..{n_dep - 1:02d}", f"{side}_sz_00..{n_dep - 1:02d}"))
     lay[L_AGGR] = add("aggressor_imbalance", "dimensionless [-1, 1]",
                       "(buy_volume - sell_volume) / (buy_volume + sell_volume) in the interval; 0 without trades",
-                      "standard (trade-sign imbalance)", "(Vb - Vs)/(Vb + Vs)")
+                      "standard (trade-sign imbalance)", "(Vb - Vs)/(Vb + Vs)",
+                      inputs=("buy_volume", "sell_volume"))
     lay[L_LTC] = add("log1p_trade_count", "log(1 + trades)", "log(1 + trade_count) in the interval",
-                     "standard", "log1p(n)")
+                     "standard", "log1p(n)", inputs=("trade_count",))
 
     # ---- new recurrences ---------------------------------------------------------------------
     hp = {"hawkes_mu": p.hawkes_mu, "hawkes_alpha": p.hawkes_alpha, "hawkes_beta": p.hawkes_beta}
@@ -348,14 +468,16 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
                 "S_i = exp(-beta dt_i) S_{i-1} + n_i; an event = an interval with "
                 f"{side}_volume > 0 (one aggressive order per book update)",
                 "Hawkes (1971); exponential-kernel recursion Ozaki (1979)",
-                "lambda(t_i+) = mu + alpha sum_{t_j <= t_i} exp(-beta (t_i - t_j))", hp, scan=True)
+                "lambda(t_i+) = mu + alpha sum_{t_j <= t_i} exp(-beta (t_i - t_j))", hp,
+                inputs=(f"{side}_volume",), state=decay_state)
         post.append((P_HAWKES, c, ser(K_DECAY, code, 1.0 / p.hawkes_beta, 1.0), 0, 0, 0.0))
     s_prop = ser(K_DECAY, Z_SV, float(p.propagator_tau_s), 1.0)
     c_prop = add("propagator_flow", "contracts",
                  f"exponential-kernel propagator of signed volume, P_i = exp(-dt/tau) P_(i-1) + signed_volume_i, "
                  f"tau = {p.propagator_tau_s:g} s",
                  "Bouchaud, Gefen, Potters & Wyart (2004) propagator; exponential kernel (Obizhaeva & Wang 2013)",
-                 "sum_j exp(-(t_i - t_j)/tau) eps_j v_j", {"propagator_tau_s": p.propagator_tau_s}, scan=True)
+                 "sum_j exp(-(t_i - t_j)/tau) eps_j v_j", {"propagator_tau_s": p.propagator_tau_s},
+                 inputs=("signed_volume",), state=decay_state)
     post.append((P_PLAIN, c_prop, s_prop, 0, 0, 0.0))
     vp = {"vol_taus_s": (tf, tm, ts_), "tick_size": tick}
     s_rv = {}
@@ -364,7 +486,7 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
         c = add(f"realized_vol_{_tau_label(tau)}", "ticks/sqrt(s)",
                 f"sqrt(v), v_i = exp(-dt/tau) v_(i-1) + tick_return_i^2 / tau, tau = {tau:g} s (NaN return -> 0)",
                 "realised volatility (Andersen & Bollerslev 1998), exponentially weighted in time",
-                "sqrt(sum_j exp(-(t_i - t_j)/tau) r_j^2 / tau)", vp, scan=True)
+                "sqrt(sum_j exp(-(t_i - t_j)/tau) r_j^2 / tau)", vp, inputs=("tick_return",), state=decay_state)
         post.append((P_SQRT, c, s_rv[tau], 0, 0, 0.0))
     s_dev = {tau: ser(K_DEV, Z_MID, tau) for tau in (tf, tm, ts_)}
     for tau in (tm, ts_):
@@ -372,22 +494,23 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
                 f"(mid - EMA_tau(mid)) / tick / sqrt(v_tau * tau), tau = {tau:g} s: deviation from the irregular "
                 "EMA over the realised volatility of that horizon; NaN before the first mid or on zero volatility",
                 zm + "; z-score as in Avellaneda & Lee (2010)", "(mid - EMA_tau) / (tick sqrt(v_tau tau))",
-                {**vp, **ema_p}, scan=True)
+                {**vp, **ema_p}, inputs=("mid", "tick_return"), state=f"{zm_state}; {decay_state} of r^2")
         post.append((P_ZSCORE, c, s_dev[tau], s_rv[tau], 0, tau))
     c = add("trend", "dimensionless",
             f"(EMA_fast(mid) - EMA_slow(mid)) / tick / sqrt(v_slow * tau_slow), fast {tf:g} s, slow {ts_:g} s",
             "moving-average crossover over volatility (Moskowitz, Ooi & Pedersen 2012; Baz et al. 2015)",
-            "(EMA_f - EMA_s) / (tick sqrt(v_s tau_s))", {**vp, **ema_p}, scan=True)
+            "(EMA_f - EMA_s) / (tick sqrt(v_s tau_s))", {**vp, **ema_p}, inputs=("mid", "tick_return"),
+            state=f"two {zm_state}; {decay_state} of r^2")
     post.append((P_TREND, c, s_dev[ts_], s_dev[tf], s_rv[ts_], ts_))
     for tau in (t1, t2):
         c = add(f"ema_log_spread_{_tau_label(tau)}", "log ticks",
                 f"EMA of log(spread_ticks) (spread <= 0 skipped), tau = {tau:g} s; {skip}", zm,
-                "EMA_ZM(log spread)", ema_p, scan=True)
+                "EMA_ZM(log spread)", ema_p, inputs=("spread_ticks",), state=zm_state)
         post.append((P_MASKED, c, ser(K_ZM, Z_LOGSPREAD, tau), 0, 0, 0.0))
     for tau, s in zip((t1, t2), rate_series):
         c = add(f"log_trade_rate_{_tau_label(tau)}", "log(1 + trades/s)",
                 f"log(1 + trade_rate_{_tau_label(tau)})", "signed-log transform of the trade-rate EMA",
-                "log1p(lambda)", {"ema_taus_s": (t1, t2)}, scan=True)
+                "log1p(lambda)", {"ema_taus_s": (t1, t2)}, inputs=("trade_count",), state=decay_state)
         post.append((P_LOG1P, c, s, 0, 0, 0.0))
     fd_w = frac_diff_weights(float(p.fracdiff_d), threshold=float(p.fracdiff_threshold))
     fd_col = add("fracdiff_log_mid", "log points",
@@ -396,18 +519,20 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
                  "NaN for the first window-1 rows and while the window reaches before the first mid",
                  "López de Prado (2018), AFML ch. 5, fixed-width window fractional differentiation",
                  "sum_{k<W} w_k log(mid)_{i-k}", {"fracdiff_d": p.fracdiff_d, "fracdiff_threshold":
-                                                  p.fracdiff_threshold, "window": int(fd_w.size)})
+                                                  p.fracdiff_threshold, "window": int(fd_w.size)},
+                 inputs=("mid",), state=f"the {fd_w.size - 1} forward-filled log mids before the row")
     specs[fd_col] = dataclasses.replace(specs[fd_col],
                                         cpu="alphafeat.features.cpu._scan_block (njit, block-wise window sums)",
                                         cuda="alphafeat.cuda.kernels.fracdiff_kernel")
     slog_src = "signed log sign(x) log(1 + |x|)"
     lay[L_SLOG_OFI1] = add("slog_ofi_l01", "log contracts", "sign(ofi_l01) log(1 + |ofi_l01|)", slog_src,
-                           "sign(x) log1p(|x|)")
+                           "sign(x) log1p(|x|)", inputs=("ofi_l01",))
     lay[L_SLOG_SV] = add("slog_signed_volume", "log contracts", "sign(signed_volume) log(1 + |signed_volume|)",
-                         slog_src, "sign(x) log1p(|x|)")
+                         slog_src, "sign(x) log1p(|x|)", inputs=("signed_volume",))
     c = add("slog_propagator_flow", "log contracts", "sign(propagator_flow) log(1 + |propagator_flow|)",
-            slog_src, "sign(x) log1p(|x|)", scan=True)
+            slog_src, "sign(x) log1p(|x|)", inputs=("signed_volume",), state=decay_state)
     post.append((P_SLOG, c, s_prop, 0, 0, 0.0))
+    ext, ext_z = _declared_columns(declared, specs, add, post, ser)
     n_out = len(specs)
     s_ff = ser(K_FFILL, Z_LOGMID, 1.0)
     post.append((P_MASKED, n_out, s_ff, 0, 0, 0.0))  # scratch row: forward-filled log mid
@@ -416,7 +541,7 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
     lay[L_SCRATCH] = n_out
     plan = Plan(
         n_out=n_out,
-        layout=lay,
+        layout=np.concatenate([lay, np.asarray(ext_z, dtype=np.int64)]),
         s_kind=np.array([s[0] for s in series], dtype=np.int64),
         s_code=np.array([s[1] for s in series], dtype=np.int64),
         s_tau=np.array([s[2] for s in series], dtype=np.float64),
@@ -430,20 +555,66 @@ def _build(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
         tick=float(tick),
         hawkes_mu=float(p.hawkes_mu),
         hawkes_alpha=float(p.hawkes_alpha),
+        n_codes=N_CODES + len(ext_z),
+        declared=ext,
     )
     return specs, plan
 
 
-_CACHE: dict[FeatureParams, tuple[list[FeatureSpec], Plan]] = {}
+def _declared_columns(declared, specs, add, post, ser) -> tuple[tuple, list[int]]:
+    """The columns of the declared features (:func:`register`), after the built-in ones: for
+    each, ``(row function, column, source expressions of its inputs)``; and the columns whose
+    row value feeds a recurrence (input code ``N_CODES + e`` reads ``ext_z[e]``)."""
+    rowwise = {sp.name: k for k, sp in enumerate(specs) if not sp.state}  # computed before the declared rows
+    taken = {sp.name for sp in specs}
+    ext, ext_z = [], []
+    for f in declared:
+        if f.name in taken:
+            raise UsageError(f"feature {f.name}", "the name is taken")
+        args = []
+        for name in f.inputs:
+            if name in ROW_INPUTS:
+                args.append(ROW_INPUTS[name])
+            elif name in rowwise:
+                args.append(f"out[{rowwise[name]}, i]")
+            else:
+                raise UsageError(f"feature {f.name}", "unknown input (allowed: a row input such as bid_px_00, "
+                                 "trade_count or dt_s, or a feature without state such as mid)", name)  # fmt: skip
+        st = f.state
+        if st is not None and not (_pos(st.tau_s) and math.isfinite(st.scale)):
+            raise UsageError(f"feature {f.name}", "Decay needs tau_s > 0 and a finite scale", st)
+        state = "" if st is None else f"exponentially decayed sum (tau = {st.tau_s:g} s, scale {st.scale:g})"
+        c = add(f.name, f.unit, f.description or f.formula, f.source, f.formula, dict(f.parameters), f.min_depth,
+                inputs=tuple(f.inputs), state=state)  # fmt: skip
+        fn = f"{getattr(f.row, '__module__', '?')}.{getattr(f.row, '__qualname__', '?')}"
+        specs[c] = dataclasses.replace(specs[c], cpu=f"{fn} (numba.njit in alphafeat.features._declared.row_kernel)"
+                                       + (" + " + specs[c].cpu if st else ""),
+                                       cuda=f"{fn} (cuda.jit device function in alphafeat.features._declared."
+                                       "row_kernel)" + (" + " + specs[c].cuda if st else ""))  # fmt: skip
+        ext.append((f.row, c, tuple(args)))
+        taken.add(f.name)
+        if st is None:
+            rowwise[f.name] = c
+        else:
+            post.append((P_PLAIN, c, ser(K_DECAY, N_CODES + len(ext_z), float(st.tau_s), float(st.scale)), 0, 0, 0.0))
+            ext_z.append(c)
+    return tuple(ext), ext_z
+
+
+_CACHE: dict[tuple, tuple[list[FeatureSpec], Plan]] = {}
 
 
 def _built(p: FeatureParams) -> tuple[list[FeatureSpec], Plan]:
+    declared = tuple(_DECLARED)
+    key = (p, declared)
     try:
-        hit = _CACHE.get(p)
+        hit = _CACHE.get(key)
     except TypeError:  # unhashable field values (lists): build without caching
-        return _build(p)
+        return _build(p, declared)
     if hit is None:
-        hit = _CACHE[p] = _build(p)
+        if len(_CACHE) >= 32:
+            _CACHE.clear()
+        hit = _CACHE[key] = _build(p, declared)
     return hit
 
 
@@ -517,7 +688,7 @@ def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
     book = False
     toks = [t.strip() for t in text.split(",")]
     if not any(toks):
-        raise ValueError("no feature or group given (e.g. default, all, default,book, mid,ofi)")
+        raise UsageError("", "no feature or group given (e.g. default, all, default,book, mid,ofi)")
     for tok in (t for t in toks if t):
         if tok == "all":
             want.update(names)
@@ -533,5 +704,5 @@ def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
             want.add(tok)
         else:
             groups = ", ".join(["default", "all", "book", *FEATURE_GROUPS])
-            raise ValueError(f"unknown feature or group {tok!r}; groups: {groups}; names: `alphafeat features`")
+            raise UsageError("", f"unknown feature or group {tok!r}; groups: {groups}; names: `alphafeat features`")
     return [n for n in names if n in want], book
