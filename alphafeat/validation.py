@@ -28,8 +28,9 @@ from alphafeat.errors import UsageError
 __all__ = [
     "Barrier", "BarrierKind", "Compression", "Device", "Dtype", "HorizonWeighting", "InstrumentMode", "ModeKind",
     "OnError", "Predecoded", "RollRule", "Sample", "SampleKind", "Scale", "StrEnum", "SynthSchema",
-    "validate_barrier", "validate_bool", "validate_date", "validate_enum", "validate_float", "validate_horizon",
-    "validate_horizons", "validate_horizons_s", "validate_instrument_mode", "validate_int", "validate_jobs",
+    "validate_barrier", "validate_bool", "validate_costs", "validate_date", "validate_enum", "validate_float",
+    "validate_horizon", "validate_horizons", "validate_horizons_s", "validate_instrument_mode", "validate_int",
+    "validate_jobs",
     "validate_path", "validate_root", "validate_sample", "validate_scheduler", "validate_schemas",
 ]  # fmt: skip
 
@@ -193,6 +194,19 @@ def validate_horizons_s(value: object, option: str = "horizons_s") -> tuple[floa
     out = tuple(validate_horizon(h, option, integer=False) for h in _items(value, option))
     if len(set(out)) != len(out):
         raise UsageError(option, "expected distinct numbers of seconds > 0", value)
+    return out
+
+
+def validate_costs(value: object, option: str = "--costs", *, hi: float = 10.0) -> tuple[float, ...]:
+    """Cost levels in ticks per contract per side (alphamodel backtest): ``"0,0.0625,0.25"`` or a
+    sequence; each a number in ``[0, hi]``, distinct, at least one."""
+    expected = f"expected distinct numbers of ticks in [0, {hi:g}], comma-separated"
+    try:
+        out = tuple(validate_float(c, option, lo=0.0, hi=hi) for c in _items(value, option))
+    except UsageError:
+        out = ()
+    if not out or len(set(out)) != len(out):
+        raise UsageError(option, expected, value)
     return out
 
 

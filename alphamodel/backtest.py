@@ -49,12 +49,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from alphafeat.errors import AlphafeatError
+from alphafeat.cache import check_folder
 from alphafeat.splits import purged_walk_forward
 from alphamodel.c51 import C51Config, C51Net, NStep, Replay, c51_loss, greedy, project, support, thompson
+from alphamodel.config import check_config, from_dict
 from alphamodel.data import CacheData, Window
 from alphamodel.embed import check_model_inputs, embed_segments
 from alphamodel.env import Market, VecEnv, market_from_arrays
+from alphamodel.errors import CacheError, DataError
 from alphamodel.kelly import kelly_size
 from alphamodel.sharpe import max_drawdown, sharpe, sharpe_stats
 
@@ -63,7 +65,6 @@ log = logging.getLogger(__name__)
 __all__ = ["BacktestConfig", "backtest", "fold_sessions", "DEFAULT_COSTS", "RESULT_COLUMNS"]
 
 DEFAULT_COSTS = (0.0, 0.0625, 0.125, 0.25, 0.5)
-MAX_COST_TICKS = 10.0
 RESULT_COLUMNS = ("strategy", "fold", "cost_ticks", "sharpe", "deflated_sharpe", "win_rate", "trades_per_session",
                   "turnover", "max_drawdown", "pnl_ticks")
 #: USD per tick per contract by product root (CME contract specs); others need tick_value.
@@ -85,6 +86,9 @@ class BacktestConfig:
     threshold : probability margin of the logistic / direction-head rules. reward_scale :
     rewards are divided by it before the C51 support. encoder_epochs, encoder_steps : the
     per-fold encoder when no model is given. tick_value : USD per tick (None: from the root).
+
+    Each key is checked by :data:`alphamodel.config.BACKTEST_RULES` (:meth:`checked`,
+    :meth:`from_dict`, and :func:`backtest` before anything is read).
     """
 
     folds: int | None = None
@@ -109,23 +113,21 @@ class BacktestConfig:
     plots: bool = True
     c51: C51Config = field(default_factory=C51Config)
 
-    def validate(self) -> None:
-        """Raise AlphafeatError naming the option that is out of range."""
-        if not self.costs:
-            raise AlphafeatError("--costs: give at least one cost level")
-        for c in self.costs:
-            if not (math.isfinite(c) and 0 <= c <= MAX_COST_TICKS):
-                raise AlphafeatError(f"--costs: {c} is out of range (ticks per side, 0 to {MAX_COST_TICKS:g})")
-        if self.stride < 1:
-            raise AlphafeatError(f"--stride: must be >= 1 row, got {self.stride}")
-        if self.envs < 1:
-            raise AlphafeatError(f"--envs: must be >= 1, got {self.envs}")
-        if self.folds is not None and self.folds < 2:
-            raise AlphafeatError(f"--folds: at least 2 walk-forward folds, got {self.folds}")
-        if self.embargo < 0:
-            raise AlphafeatError(f"--embargo: must be >= 0 sessions, got {self.embargo}")
-        if not 0 <= self.fee_max <= MAX_COST_TICKS:
-            raise AlphafeatError(f"fee_max: {self.fee_max} out of range [0, {MAX_COST_TICKS:g}]")
+    def checked(self) -> BacktestConfig:
+        """A copy with every key checked and normalised (:func:`alphamodel.config.check_config`).
+
+        Raises
+        ------
+        alphamodel.errors.UsageError
+            Naming the key (``stride``, ``costs``, ``c51.n_atoms``), the value and what is allowed.
+        """
+        return check_config(self, "backtest")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BacktestConfig:
+        """Build from a dict (``c51`` a dict of C51Config keys), each key checked; UsageError
+        naming the key for an unknown key or a bad value."""
+        return from_dict(cls, d, "backtest")
 
 
 def fold_sessions(starts: np.ndarray, ends: np.ndarray, folds: int, embargo: int = 0
@@ -136,18 +138,22 @@ def fold_sessions(starts: np.ndarray, ends: np.ndarray, folds: int, embargo: int
     :func:`purged_walk_forward` (a training session overlapping the test block's span is
     dropped), then the ``embargo`` sessions just before the test block are dropped.
 
-    Raises AlphafeatError when the sessions are too few for ``folds`` (+ embargo).
+    Raises
+    ------
+    alphamodel.errors.DataError
+        The sessions are too few for ``folds`` (+ embargo), or the embargo leaves a fold
+        without training sessions.
     """
     n = len(starts)
     if n < folds + 1 + embargo:
         extra = " plus the embargo" if embargo else ""
-        raise AlphafeatError(f"--folds {folds}: {n} session(s) are too few (need at least {folds + 1 + embargo}: "
-                             f"one training session{extra} before {folds} test blocks)")
+        raise DataError(f"--folds {folds}: {n} session(s) are too few (need at least {folds + 1 + embargo}: "
+                        f"one training session{extra} before {folds} test blocks)")
     out = []
     for tr, te in purged_walk_forward(np.asarray(starts), np.asarray(ends), folds):
         tr = tr[tr < te.min() - embargo]
         if tr.size == 0:
-            raise AlphafeatError(f"--embargo {embargo}: leaves a fold without training sessions")
+            raise DataError(f"--embargo {embargo}: leaves a fold without training sessions")
         out.append((tr, te))
     return out
 
@@ -179,23 +185,20 @@ def _load_market(data: CacheData, cfg: BacktestConfig, device: torch.device) -> 
         cols = seg._keep.column_names
         missing = [c for c in need if c not in cols]
         if missing:
-            raise AlphafeatError(f"{seg.path}: missing column(s) {', '.join(missing)} (the top of book the "
-                                 "backtest fills at; precompute keeps them)")
+            raise CacheError(seg.path, f"missing column(s) {', '.join(missing)} (the top of book the backtest "
+                             "fills at; precompute keeps them)")
         bids.append(_column(data, k, "bid_px_00"))
         asks.append(_column(data, k, "ask_px_00"))
     root = next((p.split("=", 1)[1] for p in data.segments[0].path.parts if p.startswith("root=")), "")
     tick_value = cfg.tick_value or TICK_VALUE.get(root)
     if tick_value is None:
-        raise AlphafeatError(f"{data.root}: no tick value known for root {root!r}; set tick_value in the config")
-    try:
-        market = market_from_arrays(bids, asks, data.tick, tick_value, device)
-    except ValueError as e:
-        raise AlphafeatError(f"{data.root}: {e}") from e
+        raise DataError(f"no tick value known for root {root!r}; set tick_value in the config", data.root)
+    market = market_from_arrays(bids, asks, data.tick, tick_value, device, [s.path for s in data.segments])
     cols0 = data.segments[0]._keep.column_names
     rv_name = next((c for c in ("realized_vol_60s", "realized_vol_10s", "realized_vol_600s") if c in cols0),
                    next((c for c in cols0 if c.startswith("realized_vol_")), None))
     if cfg.kelly and rv_name is None:
-        raise AlphafeatError(f"{data.root}: no realized_vol_* column for the Kelly sizing; pass --no-kelly")
+        raise CacheError(data.root, "no realized_vol_* column for the Kelly sizing; pass --no-kelly")
     ofi_name = "ofi_integrated" if "ofi_integrated" in cols0 else ("ofi_l01" if "ofi_l01" in cols0 else None)
     if "tb_label" not in cols0:
         notes["aux_head"] = "the cache has no tb_label column: the K=3 trade-outcome head is off"
@@ -405,35 +408,39 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
 
     Raises
     ------
-    AlphafeatError
-        Options out of range, a cache without the needed columns, a checkpoint that does not
-        fit the cache, too few sessions for the folds.
+    alphamodel.errors.UsageError
+        A config key out of range (:meth:`BacktestConfig.checked`), before anything is read.
+    alphafeat.errors.InputError
+        A model checkpoint that is missing or does not fit its config (wrong shape).
+    alphamodel.errors.CacheError
+        No cache at ``cache``, a cache without the needed columns; ``out`` a file.
+    alphamodel.errors.DataError
+        Too few sessions for the folds, a stride not below the shortest session, a model that
+        reads features the cache lacks.
     """
-    cfg = cfg or BacktestConfig()
-    cfg.validate()
+    cfg = (cfg or BacktestConfig()).checked()
     t_start = time.perf_counter()
     from alphamodel.train import load_model, resolve_device
 
+    check_folder(out)
     device = resolve_device(cfg.device)
     if device.type == "cpu":
         torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
+    given = load_model(model_dir, str(device)) if model_dir is not None else None
     data = CacheData.open(cache)
     market, rows, notes = _load_market(data, cfg, device)
     n_seg = len(data.segments)
     min_len = min(s.n for s in data.segments)
     if cfg.stride >= min_len:
-        raise AlphafeatError(f"--stride {cfg.stride}: out of range, the shortest session has {min_len} rows "
-                             "(stride must be below it)")
+        raise DataError(f"--stride {cfg.stride}: out of range, the shortest session has {min_len} rows "
+                        "(stride must be below it)", data.root)
     folds_n = cfg.folds or max(2, min(5, n_seg - 1 - cfg.embargo))
     starts = np.array([s.ts[0] for s in data.segments])
     ends = np.array([s.ts[-1] for s in data.segments])
     folds = fold_sessions(starts, ends, folds_n, cfg.embargo)
-    given = None
-    if model_dir is not None:
-        model, norm, meta = load_model(model_dir, str(device))
-        check_model_inputs(data, norm, str(model_dir))
-        given = (model, norm, meta)
+    if given is not None:
+        check_model_inputs(data, given[1], str(model_dir))
         notes["model"] = (f"{model_dir}: one encoder for every fold; the walk-forward is out of sample only if it "
                           "was trained on sessions before the first test session")
     out = Path(out)

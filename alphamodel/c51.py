@@ -18,7 +18,6 @@ discount); the backtest scales rewards by ``1 / reward_scale`` into it.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -53,11 +52,11 @@ class C51Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> C51Config:
-        names = {f.name for f in dataclasses.fields(cls)}
-        bad = set(d) - names
-        if bad:
-            raise ValueError(f"unknown c51 config keys: {sorted(bad)}")
-        return cls(**d)
+        """Build from a dict, each key checked (:func:`alphamodel.config.from_dict`; UsageError
+        naming ``c51.KEY`` for an unknown key or a bad value)."""
+        from alphamodel.config import from_dict
+
+        return from_dict(cls, d, "c51")
 
 
 def support(n_atoms: int, v_min: float, v_max: float, device: torch.device | str = "cpu") -> torch.Tensor:

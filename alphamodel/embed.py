@@ -22,19 +22,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alphafeat.errors import AlphafeatError
 from alphamodel.data import CacheData, Normaliser
+from alphamodel.errors import CacheError, DataError
 from alphamodel.model import AlphaModel
 
 __all__ = ["embed_segments", "check_model_inputs", "write_embeddings"]
 
 
 def check_model_inputs(data: CacheData, norm: Normaliser, where: str) -> None:
-    """Raise AlphafeatError when the model reads features the cache does not have."""
+    """Raise :class:`~alphamodel.errors.DataError` (naming the model ``where`` and the cache)
+    when the model reads features the cache does not have."""
     missing = [n for n in norm.names if n not in data.feature_names]
     if missing:
-        raise AlphafeatError(f"{where}: the model reads feature(s) the cache {data.root} lacks: "
-                             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        raise DataError(f"the model reads feature(s) the cache {data.root} lacks: "
+                        f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", where)
 
 
 @torch.no_grad()
@@ -73,7 +74,16 @@ def write_embeddings(cache: str | os.PathLike[str], model_dir: str | os.PathLike
     The dataset is written under a temporary name and renamed when complete; an existing
     ``out`` is refused (never replaced quietly). Returns the dataset's path.
 
-    Raises AlphafeatError: bad cache or model, features missing, ``out`` exists.
+    Raises
+    ------
+    alphamodel.errors.CacheError
+        ``out`` exists; no cache at ``cache`` (or a bad one).
+    alphafeat.errors.InputError
+        A model checkpoint that is missing or does not fit its config.
+    alphamodel.errors.DataError
+        The model reads features the cache lacks.
+    alphamodel.errors.UsageError
+        An unknown ``device``.
     """
     import pyarrow as pa
 
@@ -82,10 +92,10 @@ def write_embeddings(cache: str | os.PathLike[str], model_dir: str | os.PathLike
     cache = Path(cache)
     out = Path(out) if out else cache.parent / (cache.name + "-embeddings")
     if out.exists():
-        raise AlphafeatError(f"{out}: exists; remove it or pass another --out")
+        raise CacheError(out, "exists; remove it or pass another --out")
     dev = resolve_device(device)
-    data = CacheData.open(cache)
     model, norm, meta = load_model(model_dir, str(dev))
+    data = CacheData.open(cache)
     check_model_inputs(data, norm, str(model_dir))
     tc = meta.get("train", {})
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"

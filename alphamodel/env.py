@@ -33,6 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from alphafeat.validation import validate_int
+from alphamodel.errors import DataError
+
 __all__ = ["Market", "VecEnv", "env_step", "market_from_arrays", "ffill_quotes"]
 
 
@@ -77,17 +80,22 @@ def ffill_quotes(bid: np.ndarray, ask: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def market_from_arrays(bids: list[np.ndarray], asks: list[np.ndarray], tick: float, tick_value: float = 12.5,
-                       device: torch.device | str = "cpu") -> Market:
-    """Build a :class:`Market` from per-segment bid/ask arrays (index points, NaN = empty side).
+                       device: torch.device | str = "cpu", paths: list | None = None) -> Market:
+    """Build a :class:`Market` from per-segment bid/ask arrays (index points, NaN = empty side);
+    ``paths``: the segments' files, to name them in errors.
 
-    Raises ValueError when a segment has no valid quote on one side.
+    Raises
+    ------
+    alphamodel.errors.DataError
+        A segment (its file, or its index in ``bids``) has no valid quote on one side.
     """
     mids, hss, ends, starts = [], [], [], []
     off = 0
     for k, (b, a) in enumerate(zip(bids, asks)):
         b, a = ffill_quotes(b, a)
         if b.size == 0 or not (np.isfinite(b).all() and np.isfinite(a).all()):
-            raise ValueError(f"segment {k}: no valid bid or ask quote")
+            raise DataError("no valid bid or ask quote" if paths else f"segment {k}: no valid bid or ask quote",
+                            paths[k] if paths else None)
         mids.append((a + b) / 2 / tick)
         hss.append(np.maximum(a - b, 0.0) / 2 / tick)
         ends.append(np.full(b.size, off + b.size - 1, np.int64))
@@ -111,8 +119,7 @@ class VecEnv:
     """
 
     def __init__(self, market: Market, n: int, stride: int, compile: bool = False) -> None:
-        if stride < 1:
-            raise ValueError(f"stride must be >= 1, got {stride}")
+        stride = validate_int(stride, "stride", lo=1, what="a number of rows")  # UsageError otherwise
         self.m, self.n, self.stride = market, int(n), int(stride)
         # the step is a pure function of tensors; torch.compile fuses its ~40 elementwise ops
         self.step_fn = torch.compile(env_step, dynamic=False) if compile else env_step

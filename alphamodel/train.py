@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from alphafeat.cache import check_folder
-from alphafeat.errors import DataError, InputError
+from alphafeat.errors import DataError, InputError, UsageError
 from alphafeat.splits import train_val_test_split
 from alphafeat.validation import Device, validate_enum
 from alphamodel.config import check_config, from_dict
 from alphamodel.data import CacheData, Normaliser, Window
-from alphamodel.errors import AlphamodelError
+from alphamodel.errors import AlphamodelError, ConfigError
 from alphamodel.errors import DataError as TrainDataError
 from alphamodel.metrics import auc, base_rate, fit_logistic_baseline
 from alphamodel.model import AlphaModel, ModelConfig, horizon_weights, masked_bce_loss
@@ -215,8 +215,11 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
     Raises
     ------
     InputError
-        When either file is missing or does not match.
+        When either file is missing, cannot be read, or they do not match (a checkpoint of
+        the wrong shape); :class:`~alphamodel.errors.ConfigError` (an InputError) for a bad
+        value in ``config.json``.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     out = Path(out)
@@ -224,16 +227,26 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
     for p in (cfg_path, w_path):
         if not p.is_file():
             raise InputError(p, "missing (not an alphamodel output directory)")
-    meta = json.loads(cfg_path.read_text())
-    model = AlphaModel(ModelConfig.from_dict(meta["model"]))
-    state = load_file(str(w_path), device=device)
+    try:
+        meta = json.loads(cfg_path.read_text())
+        model_cfg, norm = meta["model"], Normaliser.from_dict(meta["normaliser"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(cfg_path, f"not an alphamodel config ({type(e).__name__}: {e})") from e
+    try:
+        model = AlphaModel(ModelConfig.from_dict(model_cfg))
+    except UsageError as e:
+        raise ConfigError(cfg_path, e.option, e.problem) from None
+    try:
+        state = load_file(str(w_path), device=device)
+    except (OSError, SafetensorError) as e:
+        raise InputError(w_path, f"cannot be read as safetensors ({e})") from e
     state.pop("norm.mean", None)
     state.pop("norm.std", None)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
         raise InputError(w_path, f"weights do not match {cfg_path} ({str(e).splitlines()[0]})") from e
-    return model.to(device).eval(), Normaliser.from_dict(meta["normaliser"]), meta
+    return model.to(device).eval(), norm, meta
 
 
 def _plots(out: Path, history: list[dict], horizons: list[int]) -> list[str]:

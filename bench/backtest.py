@@ -26,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from alphafeat.validation import validate_costs
 from alphamodel.backtest import BacktestConfig, backtest
 
 
@@ -62,7 +63,7 @@ def main() -> None:
         t = time.perf_counter()
         precompute(PrecomputeConfig(inputs=[work / "dbn"], out=cache, device="cpu"))
         times["precompute_s"] = time.perf_counter() - t
-    cfg = BacktestConfig(folds=a.folds, embargo=a.embargo, costs=tuple(float(c) for c in a.costs.split(",")),
+    cfg = BacktestConfig(folds=a.folds, embargo=a.embargo, costs=validate_costs(a.costs, "--costs"),
                          stride=a.stride, envs=a.envs, policy_steps=a.policy_steps, fine_tune=a.fine_tune,
                          encoder_epochs=a.encoder_epochs, encoder_steps=a.encoder_steps, device=a.device, seed=a.seed)
     t = time.perf_counter()

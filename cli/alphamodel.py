@@ -21,7 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from alphafeat.errors import AlphafeatError, InputError
-from alphafeat.validation import Device, validate_enum, validate_int, validate_path
+from alphafeat.validation import Device, validate_costs, validate_enum, validate_int, validate_path
+from alphamodel.config import MAX_COST_TICKS
+from alphamodel.errors import AlphamodelError
 from cli import Parser, console, option, run, verbose_parent
 
 
@@ -48,13 +50,15 @@ def _default_cache(out: Path, quiet: bool) -> Path:
 _TRAIN_OPTIONS = ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads")
 
 
-def _train(args: argparse.Namespace) -> int:
+def _need_torch() -> None:
     try:
         import torch  # noqa: F401
     except ImportError as e:
-        raise AlphafeatError(
-            "alphamodel needs PyTorch, which is not installed: pip install -e '.[model]'"
-        ) from e
+        raise AlphamodelError("alphamodel needs PyTorch, which is not installed: pip install -e '.[model]'") from e
+
+
+def _train(args: argparse.Namespace) -> int:
+    _need_torch()
     from alphamodel.config import from_dict, read_config
     from alphamodel.model import ModelConfig
     from alphamodel.train import TrainConfig, train
@@ -86,41 +90,23 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _floats(text: str, option: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise AlphafeatError(f"{option}: expected comma-separated numbers, got {text!r}") from e
+#: ``alphamodel backtest`` options that set a BacktestConfig key of the same name.
+_BACKTEST_OPTIONS = ("folds", "embargo", "costs", "stride", "envs", "policy_steps", "device", "seed")
 
 
 def _backtest(args: argparse.Namespace) -> int:
-    from alphamodel.backtest import BacktestConfig, backtest
-    from alphamodel.c51 import C51Config
+    _need_torch()
+    from alphamodel.backtest import backtest
+    from alphamodel.config import read_backtest_config
 
-    extra: dict = {}
-    if args.config:
-        p = Path(args.config)
-        try:
-            extra = json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise AlphafeatError(f"{p}: cannot read the config ({e})") from e
-        if not isinstance(extra, dict):
-            raise AlphafeatError(f"{p}: the config must be a JSON object of BacktestConfig fields")
-    try:
-        c51 = C51Config.from_dict(extra.pop("c51", {}))
-        cfg = BacktestConfig(c51=c51, **extra)
-    except (TypeError, ValueError) as e:
-        raise AlphafeatError(f"{args.config}: {e}") from e
-    cfg.costs = _floats(args.costs, "--costs") if args.costs is not None else cfg.costs
-    for key in ("folds", "stride", "envs", "device", "seed", "embargo", "policy_steps"):
-        v = getattr(args, key)
-        if v is not None:
-            setattr(cfg, key, v)
-    cfg.fine_tune = cfg.fine_tune or args.fine_tune
-    cfg.kelly = cfg.kelly and not args.no_kelly
-    cfg.validate()
-    out = Path(args.out)
-    cache = Path(args.cache) if args.cache else _default_cache(out, args.quiet)
+    opts = {k: getattr(args, k) for k in _BACKTEST_OPTIONS if getattr(args, k) is not None}
+    if args.fine_tune:
+        opts["fine_tune"] = True
+    if args.no_kelly:
+        opts["kelly"] = False
+    cfg = read_backtest_config(args.config, opts)  # ConfigError names the file and the key
+    out = args.out
+    cache = args.cache or _default_cache(out, args.quiet)
     if not args.quiet and not args.cache:
         from alphamodel.data import CacheData
 
@@ -155,6 +141,7 @@ def _backtest(args: argparse.Namespace) -> int:
 
 
 def _embed(args: argparse.Namespace) -> int:
+    _need_torch()
     from alphamodel.embed import write_embeddings
 
     path = write_embeddings(args.cache, args.model, args.out, args.device)
@@ -186,31 +173,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
 
-    b = sub.add_parser("backtest", help="walk-forward backtest of a C51 trading policy beside baselines")
-    b.add_argument("--cache", help="cache directory (default: build one from the embedded sample under OUT/cache)")
-    b.add_argument("--model", help="an `alphamodel train` output directory (default: train a small encoder per "
-                                   "fold on its training sessions)")
-    b.add_argument("--out", default="out-backtest", help="output directory (default: ./out-backtest)")
-    b.add_argument("--folds", type=int, help="walk-forward folds (default: as many as the sessions allow, 2 to 5)")
-    b.add_argument("--embargo", type=int, help="sessions dropped from training before each test block (default 0)")
-    b.add_argument("--costs", help="fee levels, ticks per contract per side (default 0,0.0625,0.125,0.25,0.5)")
-    b.add_argument("--stride", type=int, help="rows between decisions (default 200)")
-    b.add_argument("--envs", type=int, help="parallel training environments (default 64)")
-    b.add_argument("--policy-steps", dest="policy_steps", type=int, help="C51 training steps per fold (default 400)")
+    device = option(validate_enum, enum=Device)
+    devices = "{" + ",".join(Device) + "}"
+    b = sub.add_parser("backtest", help="walk-forward backtest of a C51 trading policy beside baselines",
+                       parents=[verbose_parent("info logging; tracebacks of errors")])
+    b.add_argument("--cache", type=path,
+                   help="cache directory (default: build one from the embedded sample under OUT/cache)")
+    b.add_argument("--model", type=path, help="an `alphamodel train` output directory (default: train a small "
+                                              "encoder per fold on its training sessions)")
+    b.add_argument("--out", default="out-backtest", type=path, help="output directory (default: ./out-backtest)")
+    b.add_argument("--folds", type=option(validate_int, lo=2, what="a number of walk-forward folds"),
+                   help="walk-forward folds (default: as many as the sessions allow, 2 to 5)")
+    b.add_argument("--embargo", type=option(validate_int, lo=0, what="a number of sessions"),
+                   help="sessions dropped from training before each test block (default 0)")
+    b.add_argument("--costs", type=option(validate_costs, hi=MAX_COST_TICKS),
+                   help="fee levels, ticks per contract per side, each in [0, 10] "
+                        "(default 0,0.0625,0.125,0.25,0.5)")
+    b.add_argument("--stride", type=option(validate_int, lo=1, what="a number of rows"),
+                   help="rows between decisions (default 200)")
+    b.add_argument("--envs", type=size, help="parallel training environments (default 64)")
+    b.add_argument("--policy-steps", dest="policy_steps", type=size, help="C51 training steps per fold (default 400)")
     b.add_argument("--fine-tune", dest="fine_tune", action="store_true",
                    help="also fine-tune the encoder with the C51 loss (strategy c51-finetune)")
     b.add_argument("--no-kelly", dest="no_kelly", action="store_true", help="unit position size")
-    b.add_argument("--device", choices=("auto", "cpu", "cuda"))
-    b.add_argument("--seed", type=int)
-    b.add_argument("--config", help="JSON file of BacktestConfig fields (with 'c51': {...C51Config})")
+    b.add_argument("--device", type=device, metavar=devices)
+    b.add_argument("--seed", type=option(validate_int, lo=0))
+    b.add_argument("--config", type=path, help="JSON file of BacktestConfig keys (with 'c51': {...C51Config keys})")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=_backtest)
 
-    e = sub.add_parser("embed", help="write per-row embeddings of a trained model beside the cache")
-    e.add_argument("cache", help="cache directory")
-    e.add_argument("--model", required=True, help="an `alphamodel train` output directory")
-    e.add_argument("--out", help="output directory (default: CACHE-embeddings beside the cache)")
-    e.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    e = sub.add_parser("embed", help="write per-row embeddings of a trained model beside the cache",
+                       parents=[verbose_parent("info logging; tracebacks of errors")])
+    e.add_argument("cache", type=path, help="cache directory")
+    e.add_argument("--model", required=True, type=path, help="an `alphamodel train` output directory")
+    e.add_argument("--out", type=path, help="output directory (default: CACHE-embeddings beside the cache)")
+    e.add_argument("--device", default=Device.CPU, type=device, metavar=devices)
     e.set_defaults(func=_embed)
     return ap
 

@@ -243,21 +243,26 @@ def _hand_cache(root, sessions=3, n=400, seed=0, drop=()):
     return root
 
 
-def _one_error(capsys, argv):
-    assert cli_main(argv) == 1
+def _one_error(capsys, argv, status=1):
+    assert cli_main(argv) == status
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     return err
 
 
-def test_bad_inputs_one_line_exit_1_nothing_written(tmp_path, capsys):
+def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
+    """Option values out of range are usage errors (exit 2, issue 17; every option's bad values
+    are in tests/test_cli_options.py); what the cache or checkpoint cannot give is exit 1."""
     good = _hand_cache(tmp_path / "good")
     out = tmp_path / "o"
     base = ["backtest", "--cache", str(good), "--out", str(out), "-q"]
-    assert "out of range" in _one_error(capsys, base + ["--costs", "0,-0.5"])
-    assert "out of range" in _one_error(capsys, base + ["--costs", "0,50"])
-    assert "comma-separated" in _one_error(capsys, base + ["--costs", "0,x"])
-    assert "--stride" in _one_error(capsys, base + ["--stride", "0"])
+    usage = 2
+    assert "argument --costs: expected distinct numbers of ticks in [0, 10]" in _one_error(
+        capsys, base + ["--costs", "0,-0.5"], usage)
+    assert "got '0,50'" in _one_error(capsys, base + ["--costs", "0,50"], usage)
+    assert "comma-separated, got '0,x'" in _one_error(capsys, base + ["--costs", "0,x"], usage)
+    assert "argument --stride: expected a number of rows >= 1" in _one_error(capsys, base + ["--stride", "0"], usage)
+    # out of range for this cache's sessions, too few sessions for the folds: data errors
     assert "--stride 400: out of range" in _one_error(capsys, base + ["--stride", "400"])
     assert "too few" in _one_error(capsys, base + ["--folds", "3"])
     nobook = _hand_cache(tmp_path / "nobook", drop=("bid_px_00",))
@@ -332,3 +337,35 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
         assert (out / f"policy_fold{k}.safetensors").is_file()
     assert (out / "policy_config.json").is_file()
     assert not list(out.glob(".partial-*"))
+
+
+# ---- the Python API checks as the CLI does (issue 17's error family) ----------------------------
+def test_python_api_refuses_bad_values_with_the_error_family(tmp_path, capsys):
+    from alphafeat.errors import UsageError
+    from alphamodel.backtest import BacktestConfig, backtest
+    from alphamodel.c51 import C51Config
+    from alphamodel.errors import DataError
+
+    out = tmp_path / "o"
+    for cfg, key in ((BacktestConfig(stride=0), "stride"), (BacktestConfig(costs=(0.0, 11.0)), "costs"),
+                     (BacktestConfig(folds=1), "folds"), (BacktestConfig(device="tpu"), "device"),
+                     (BacktestConfig(c51=C51Config(v_min=1.0, v_max=-1.0)), "c51.v_min")):
+        with pytest.raises(UsageError) as e:
+            backtest(tmp_path / "nocache", out, None, cfg, progress=False)
+        assert e.value.option == key and e.value.exit_code == 2
+    with pytest.raises(UsageError, match=r"c51: unknown key\(s\) atoms"):
+        C51Config.from_dict({"atoms": 51})
+    with pytest.raises(UsageError, match="stride: expected a number of rows >= 1, got 0"):
+        VecEnv(market_from_arrays([BID], [ASK], tick=0.25), 1, 0)
+    with pytest.raises(DataError, match="^/x/s1.arrow: no valid bid or ask quote"):
+        market_from_arrays([BID, BID], [ASK, np.full(5, np.nan)], 0.25, paths=["/x/s0.arrow", "/x/s1.arrow"])
+    assert not out.exists()
+    # a model directory whose config.json is not JSON: one line naming it, exit 1
+    good = _hand_cache(tmp_path / "good", sessions=3, n=100)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"\0" * 16)
+    rc = cli_main(["backtest", "--cache", str(good), "--model", str(tmp_path / "m"), "--out", str(out), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and "config.json: not an alphamodel config" in err, err
+    assert not out.exists()

@@ -26,6 +26,8 @@ SYNTH = ("alphafeat", ["synth", "--start", "2024-01-02", "--out", "{tmp}/synth"]
 FEATURES = ("alphafeat", ["features"])
 INSPECT = ("alphafeat", ["inspect", "{tmp}/nocache"])
 TRAIN = ("alphamodel", ["train", "-q", "--cache", "{tmp}/nocache", "--out", "{tmp}/out"])
+BACKTEST = ("alphamodel", ["backtest", "-q", "--cache", "{tmp}/nocache", "--out", "{tmp}/out"])
+EMBED = ("alphamodel", ["embed", "{tmp}/nocache", "--model", "{tmp}/nomodel"])
 
 CONFIGS = {
     "epochs0": {"train": {"epochs": 0}},
@@ -42,6 +44,18 @@ CONFIGS = {
     "dropout": {"model": {"dropout": 1.5}},
     "top": {"optimiser": {}},
     "list": [1, 2],
+    # alphamodel backtest --config: BacktestConfig keys, "c51" an object of C51Config keys
+    "bt_stride": {"stride": 0},
+    "bt_costs": {"costs": [0, 20]},
+    "bt_folds": {"folds": 1},
+    "bt_fee_max": {"fee_max": -1},
+    "bt_device": {"device": "tpu"},
+    "bt_kelly": {"kelly": "no"},
+    "bt_unknown": {"no_such_key": 1},
+    "bt_atoms": {"c51": {"n_atoms": 1}},
+    "bt_support": {"c51": {"v_min": 5, "v_max": 1}},
+    "bt_c51": {"c51": 3},
+    "bt_c51_key": {"c51": {"atoms": 51}},
 }
 
 # (command, option, extra argv, exit status, words the one error line holds)
@@ -138,6 +152,52 @@ CASES = [
         "unknown": ["no_such_key"], "d_model": ["model.d_model", "big"], "headdim": ["model.headdim", "24"],
         "dropout": ["model.dropout", "1.5"], "top": ["optimiser"], "list": ["JSON object"],
     }.items()
+] + [
+    (BACKTEST, "--cache", [], DATA_ERROR, ["nocache", "no such cache directory"]),
+    (BACKTEST, "--cache", ["--cache", ""], USAGE, ["--cache"]),
+    (BACKTEST, "--model", ["--model", "{tmp}/nomodel"], DATA_ERROR, ["nomodel", "missing"]),
+    (BACKTEST, "--model", ["--model", ""], USAGE, ["--model"]),
+    (BACKTEST, "--out", ["--out", ""], USAGE, ["--out"]),
+    (BACKTEST, "--out", ["--out", "{file}"], DATA_ERROR, ["notes.txt", "is a file"]),
+    (BACKTEST, "--folds", ["--folds", "1"], USAGE, ["'1'", ">= 2"]),
+    (BACKTEST, "--folds", ["--folds", "two"], USAGE, ["two"]),
+    (BACKTEST, "--embargo", ["--embargo", "-1"], USAGE, ["'-1'", ">= 0"]),
+    (BACKTEST, "--costs", ["--costs", "0,-0.5"], USAGE, ["0,-0.5", "[0, 10]"]),
+    (BACKTEST, "--costs", ["--costs", "0,50"], USAGE, ["0,50"]),
+    (BACKTEST, "--costs", ["--costs", "0,x"], USAGE, ["0,x"]),
+    (BACKTEST, "--costs", ["--costs", "0.25,0.25"], USAGE, ["0.25,0.25", "distinct"]),
+    (BACKTEST, "--costs", ["--costs", ""], USAGE, ["''"]),
+    (BACKTEST, "--stride", ["--stride", "0"], USAGE, ["'0'", ">= 1"]),
+    (BACKTEST, "--stride", ["--stride", "1.5"], USAGE, ["1.5"]),
+    (BACKTEST, "--envs", ["--envs", "0"], USAGE, ["'0'"]),
+    (BACKTEST, "--policy-steps", ["--policy-steps", "-1"], USAGE, ["'-1'"]),
+    (BACKTEST, "--fine-tune", ["--fine-tune=1"], USAGE, ["'1'"]),
+    (BACKTEST, "--no-kelly", ["--no-kelly=1"], USAGE, ["'1'"]),
+    (BACKTEST, "--device", ["--device", "gpu"], USAGE, ["gpu", "auto, cpu or cuda"]),
+    (BACKTEST, "--seed", ["--seed", "-1"], USAGE, ["'-1'"]),
+    (BACKTEST, "--quiet", ["--quiet=1"], USAGE, ["'1'"]),
+    (BACKTEST, "--verbose", ["--verbose=1"], USAGE, ["'1'"]),
+    (BACKTEST, "--config", ["--config", "{tmp}/nope.json"], DATA_ERROR, ["nope.json", "cannot read"]),
+    (BACKTEST, "--config", ["--config", "{file}"], DATA_ERROR, ["notes.txt", "cannot read"]),
+    (BACKTEST, "--config", ["--config", ""], USAGE, ["--config"]),
+] + [
+    (BACKTEST, "--config", ["--config", f"{{cfg:{name}}}"], DATA_ERROR, [f"{name}.json", *words])
+    for name, words in {
+        "bt_stride": ["stride: ", "got 0"], "bt_costs": ["costs: ", "0,20"],
+        "bt_folds": ["folds: ", ">= 2"], "bt_fee_max": ["fee_max: ", "-1"], "bt_device": ["device: ", "tpu"],
+        "bt_kelly": ["kelly: ", "'no'"], "bt_unknown": ["no_such_key"], "bt_atoms": ["c51.n_atoms", "got 1"],
+        "bt_support": ["c51.v_min", "v_max=1"], "bt_c51": ["c51: ", "got 3"], "bt_c51_key": ["c51: ", "atoms"],
+        "list": ["JSON object"],
+    }.items()
+] + [
+    (EMBED, "--model", [], DATA_ERROR, ["nomodel", "missing"]),
+    (("alphamodel", ["embed", "", "--model", "{tmp}/nomodel"]), "cache", [], USAGE, ["cache"]),
+    (("alphamodel", ["embed", "{tmp}/nocache"]), "--model", [], USAGE, ["--model", "required"]),
+    (EMBED, "--model", ["--model", ""], USAGE, ["--model"]),
+    (EMBED, "--out", ["--out", ""], USAGE, ["--out"]),
+    (EMBED, "--out", ["--out", "{file}"], DATA_ERROR, ["notes.txt", "exists"]),
+    (EMBED, "--device", ["--device", "tpu"], USAGE, ["tpu"]),
+    (EMBED, "--verbose", ["--verbose=1"], USAGE, ["'1'"]),
 ]  # fmt: skip
 
 
