@@ -47,7 +47,7 @@ def test_default_sample_files_and_size(sample: list[Path]) -> None:
     for p in sample:
         if "mbp-10" in p.name:
             _, a = _read(p)
-            assert 10_000 <= len(a) <= 30_000
+            assert 10_000 <= len(a) <= 45_000
             front = np.bincount(a["instrument_id"]).max()
             assert front >= 3_000
 
@@ -130,7 +130,7 @@ def test_book_consistency(sample: list[Path]) -> None:
         _, a = _read(p)
         assert set(np.unique(a["action"]).tolist()) == {b"A", b"C", b"M", b"T"}
         last = a[((a["flags"] & 0x80) != 0) & (a["bid_px_00"] != UNDEF) & (a["ask_px_00"] != UNDEF)]
-        assert len(last) > 0.5 * len(a)
+        assert len(last) > 0.3 * len(a)  # a mid move cancels a whole queue in one event
         # locked / crossed books are rare (planted at stated rates, see test_rare_cases)
         assert np.mean(last["bid_px_00"] >= last["ask_px_00"]) < 0.002
         for s, sign in (("bid", -1), ("ask", 1)):
@@ -257,10 +257,10 @@ def test_rare_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Crossed pre-open (then uncrossed), locked books, F_BAD_TS_RECV and thin books occur."""
     from alphafeat.book import rebuild_mbo
 
-    monkeypatch.setattr(synth, "P_CROSSED_PREOPEN", 1.0)
-    monkeypatch.setattr(synth, "P_LOCK", 0.01)
-    monkeypatch.setattr(synth, "P_BAD_TS", 0.01)
-    monkeypatch.setattr(synth, "P_REPLENISH", 0.5)
+    monkeypatch.setattr(synth.simulator, "P_CROSSED_PREOPEN", 1.0)
+    monkeypatch.setattr(synth.simulator, "P_LOCK", 0.01)
+    monkeypatch.setattr(synth.simulator, "P_BAD_TS", 0.01)
+    monkeypatch.setattr(synth.simulator, "P_REPLENISH", 0.5)
     paths = synth.generate(
         tmp_path, start=datetime.date(2024, 1, 9), sessions=1, seed=5, schemas=("mbo", "mbp-10"), report=False
     )
@@ -291,8 +291,10 @@ def test_report_and_auc_ceiling(sample: list[Path]) -> None:
     auc = rep["auc_ceiling"]["auc"]
     assert list(auc) == [str(h) for h in synth.AUC_HORIZONS]
     assert all(0.55 < v <= 1.0 for v in auc.values())
+    ci = rep["auc_ceiling"]["interval_95"]
+    assert list(ci) == list(auc) and all(lo <= auc[h] <= hi for h, (lo, hi) in ci.items())
     assert rep["mbp10_records"] == sum(len(_read(p)[1]) for p in sample if "mbp-10" in p.name)
-    assert rep["model"]["ofi_strength_kappa"] == synth.OFI_STRENGTH
+    assert rep["model"]["signal"] == synth.DEFAULT_SIGNAL and rep["model"]["signal_kind"] == "both"
 
 
 def test_soft_auc() -> None:
@@ -326,18 +328,20 @@ def test_prices_continuous_with_carry(sample: list[Path]) -> None:
 
 
 def test_direction_labels_balanced(sample: list[Path]) -> None:
-    """No drift in the planted model: up/down label balance of the leading outright near 1/2."""
+    """No drift beyond the session's own random move: the up share of the leading outright's
+    direction labels departs from 1/2 only in the direction of its net move over the session
+    (the bridge to the close), by little (a quiet session moves about 25 ticks in some 300
+    one-tick moves), and the balance pooled over the sessions is near 1/2."""
     fronts = {"20240306": "ESH4", "20240307": "ESM4", "20240308": "ESM4"}
-    fracs = []
+    fracs, moves = [], []
     for p in sample[::2]:
         mid = _mids(_read(p)[1], IDS[fronts[p.name[10:18]]])
-        row = []
-        for h in (30, 100, 300):
-            d = mid[h:] - mid[:-h]
-            row.append(np.sum(d > 0) / np.sum(d != 0))
-        fracs.append(row)
+        fracs.append([_label_up_fraction(mid, h) for h in (30, 100, 300)])
+        moves.append(mid[-1] - mid[0])
     f = np.array(fracs)
-    assert np.all(np.abs(f[:, 0] - 0.5) < 0.08) and np.all(np.abs(f[:, 1] - 0.5) < 0.12), f
+    assert np.all(np.abs(f - 0.5) < 0.15), f
+    for row, move in zip(f, moves, strict=True):
+        assert np.all((row - 0.5) * np.sign(move) > -0.03), (row, move)
     assert np.all(np.abs(f.mean(0) - 0.5) < 0.1), f
 
 
