@@ -313,6 +313,14 @@ def _mids(a: np.ndarray, iid: int) -> np.ndarray:
     return (r["bid_px_00"].astype(np.float64) + r["ask_px_00"]) / 2e9
 
 
+def _mid_times(a: np.ndarray, iid: int) -> np.ndarray:
+    """ts_recv of the rows of :func:`_mids`."""
+    r = a[
+        (a["instrument_id"] == iid) & ((a["flags"] & 0x80) != 0) & (a["bid_px_00"] != UNDEF) & (a["ask_px_00"] != UNDEF)
+    ]
+    return r["ts_recv"].astype(np.int64)
+
+
 def test_prices_continuous_with_carry(sample: list[Path]) -> None:
     """A contract's next session opens near its close; June above March by the carry basis;
     the spread is the front leg minus the deferred leg."""
@@ -367,12 +375,13 @@ def test_ceiling_estimate_on_known_probabilities() -> None:
 
 
 def test_auc_ceiling_converged() -> None:
-    """Doubling the Monte-Carlo paths moves the model's ceiling by less than 0.015."""
+    """Doubling the Monte-Carlo paths (from the report's, :data:`AUC_PATHS`) moves the model's
+    ceiling by less than 0.015."""
     day = datetime.date(2024, 3, 6)
     sess = synth._simulate_session(day, 7, 1.0, None, 64, None, False)
     run = sess.runs[sess.leader]
-    one = synth.auc_ceiling(run, (30, 100), {30: 256, 100: 128}, seed=1)
-    two = synth.auc_ceiling(run, (30, 100), {30: 512, 100: 256}, seed=2)
+    one = synth.auc_ceiling(run, (30, 100), {h: synth.AUC_PATHS[h] for h in (30, 100)}, seed=1)
+    two = synth.auc_ceiling(run, (30, 100), {h: 2 * synth.AUC_PATHS[h] for h in (30, 100)}, seed=2)
     assert all(0.6 < one[h] < 1.0 for h in one)
     assert all(abs(one[h] - two[h]) < 0.015 for h in one), (one, two)
 
@@ -391,8 +400,8 @@ def test_non_front_outrights_move_with_the_front(sample: list[Path]) -> None:
     (ESM4 before the roll, ESH4 after it) has an up share of its h = 30 and h = 100 labels
     within 0.15 of 1/2 (the previous model, whose thin contracts chased the front's mid: 0.34,
     0.58, 0.17 at h = 30 and 0.25, 0.62, 0.09 at h = 100). Every non-front outright, even ESU4
-    (about 100 rows a session), ends each session within 1 point of the front's move (it
-    barely moved before). Horizons of a thin contract span a large part of the session, so
+    (about 100 rows a session), ends each session within 1 point of the front's move up to its
+    last row (it barely moved before). Horizons of a thin contract span a large part of the session, so
     its balance follows that session's move; ESU4's labels are too few to test one by one."""
     fronts = {"20240306": "ESH4", "20240307": "ESM4", "20240308": "ESM4"}
     ids = {**IDS, "ESU4": 118}
@@ -405,8 +414,10 @@ def test_non_front_outrights_move_with_the_front(sample: list[Path]) -> None:
         for h, band in ((30, 0.15), (100, 0.15)):
             f = _label_up_fraction(mids[busiest], h)
             assert abs(f - 0.5) < band, (p.name, busiest, h, f)
-        move = mids[front][-1] - mids[front][0]
-        for s in others:
+        times = {s: _mid_times(a, ids[s]) for s in (front, *others)}
+        for s in others:  # the front's move up to the other's last row (a thin one stops early)
+            i = np.searchsorted(times[front], times[s][-1], side="right") - 1
+            move = mids[front][i] - mids[front][0]
             assert abs(mids[s][-1] - mids[s][0] - move) < 1.0, (p.name, s, mids[s][-1] - mids[s][0], move)
 
 
