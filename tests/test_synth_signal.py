@@ -131,3 +131,23 @@ def test_signal_options_checked() -> None:
         synth.validate_signal(1.0, "tape")
     s = synth.validate_signal(2, "history")
     assert s.book == 0.0 and s.history == pytest.approx(2 * synth.SIGNAL_HISTORY)
+
+
+def test_stylised_fact_estimators_on_known_processes() -> None:
+    """The report's estimators on samples with known values: the Hill tail index of a Pareto(3)
+    sample, the excess kurtosis of Gaussian (0) and Laplace (3) samples, the power-law exponent
+    of trade signs from Pareto(1.5) metaorders (Lillo & Farmer 2004: gamma = alpha - 1 = 0.5),
+    and the record's keys."""
+    from alphafeat.synth import report
+
+    rng = np.random.default_rng(0)
+    assert abs(report._hill(rng.pareto(3.0, 200_000) + 1.0, 0.01) - 3.0) < 0.3
+    assert abs(report._excess_kurtosis(rng.standard_normal(200_000))) < 0.1
+    assert abs(report._excess_kurtosis(rng.laplace(size=200_000)) - 3.0) < 0.3
+    signs = []
+    while len(signs) < 400_000:  # metaorders of Pareto length, each one sign
+        n = int(min((1.0 - rng.random()) ** (-1 / 1.5), 1e5))
+        signs.extend([1.0 if rng.random() < 0.5 else -1.0] * n)
+    assert abs(report._sign_decay(np.array(signs)) - 0.5) < 0.2
+    rec = report.Fact("x", 1.0, None, 0.0, 2.0, "src", True).record()
+    assert list(rec) == ["name", "generated", "real", "band_low", "band_high", "source", "pass"]
