@@ -161,9 +161,11 @@ def generate(
     schemas : tuple of str
         Any of ``"mbo"``, ``"mbp-10"``, ``"trades"``, ``"definition"``.
     scale : str
-        A key of :data:`SCALES`: ``"quiet"`` (about 20k MBP-10 records per session over all
-        instruments), ``"normal"`` (x10), ``"busy"`` (x100), ``"full"`` (x300, ES-like, about
-        4 M MBP-10 records per session): multiplies every event rate.
+        A key of :data:`SCALES`: ``"quiet"`` (about 35k MBP-10 records per session over all
+        instruments), ``"normal"`` (x10 the events), ``"busy"`` (x100; 2.6 M MBP-10 records on
+        2024-01-09), ``"full"`` (x300, ES-like): multiplies every event rate (records per event
+        fall a little with the scale: the mid moves in fewer of them, see
+        :data:`alphafeat.synth.calendar.P_MOVE_MAX`).
     contracts : tuple of str, optional
         Raw symbols (outrights ``ESM4``, spreads ``ESH4-ESM4``); default: the three nearest
         quarterly outrights and the calendar spreads of neighbours, chosen per session.
