@@ -31,7 +31,10 @@ a piecewise-constant time-of-day profile (:data:`ACTIVITY_PROFILE`, U-shaped ove
 hours 08:30-15:15 CT, which carry about 70 % of the events) times a stochastic activity common
 to all instruments (:func:`activity_segments`: ``exp(x - s^2/2)``, x an Ornstein-Uhlenbeck
 process over 1-minute steps, s.d. :data:`VOL_SD`, time constant :data:`VOL_TAU_MIN` minutes:
-volatility clustering and fat-tailed returns by variance mixing).
+clustered activity); the leading outright's move probability is further multiplied by a
+stochastic volatility (:func:`volatility_multipliers`: ``exp(y - s^2/2)``, y an OU process over
+1-minute steps, s.d. :data:`SV_SD`, time constant :data:`SV_TAU_MIN` minutes; mean 1): fat-tailed,
+clustered minute returns at every scale (Clark 1973; Andersen & Bollerslev 1997).
 
 Roll (volume share)
 -------------------
@@ -63,7 +66,8 @@ size). Event times: a cluster process (burst starts Poisson at the activity rate
   price (below) with the variance a free walk of its moves would have, so for an observer who
   does not know the close the mid is a martingale (the law of a Brownian bridge to a Gaussian
   end point of the walk's variance is the walk's);
-* at a one-tick spread, w.p. ``p_move = min(P_MOVE_MAX, (vol S / tick)^2 / events)`` the mid
+* at a one-tick spread, w.p. ``p_move = min(P_MOVE_MAX, (vol S / tick)^2 / events)`` times the
+  stochastic volatility of the minute the mid
   moves one tick (up w.p. u): the best level against the move goes (its orders cancelled from
   the back but the first, which a marketable order fills w.p. :data:`P_MOVE_TRADE`) and a new
   level opens one tick better on the other side, in one event (``F_LAST`` at its end) — unless
@@ -193,6 +197,8 @@ from alphafeat.synth.simulator import (
     SIGNAL_BOOK,
     SIGNAL_HISTORY,
     SIGNAL_KINDS,
+    SV_SD,
+    SV_TAU_MIN,
     T_DEEP,
     T_LEVEL1,
     VOL_SD,
@@ -201,6 +207,7 @@ from alphafeat.synth.simulator import (
     _simulate_session,
     activity_segments,
     validate_signal,
+    volatility_multipliers,
 )
 from alphafeat.synth.writer import FAST_ZSTD_LEVEL, UNDEF_PRICE, ZSTD_LEVEL
 
@@ -237,6 +244,8 @@ __all__ = [
     "SIGNAL_BOOK",
     "SIGNAL_HISTORY",
     "SIGNAL_KINDS",
+    "SV_SD",
+    "SV_TAU_MIN",
     "T_DEEP",
     "T_LEVEL1",
     "UNDEF_PRICE",
@@ -259,5 +268,6 @@ __all__ = [
     "session_bounds",
     "trade_dates",
     "validate_signal",
+    "volatility_multipliers",
     "volume_share",
 ]

@@ -39,7 +39,7 @@ from alphafeat.synth.calendar import (
 )
 from alphafeat.synth.writer import _MBO_SIZE, _MBP_SIZE, F_LAST, MBO_DTYPE, MBP10_DTYPE, PUBLISHER_ID, UNDEF_PRICE
 
-__all__ = ["SIGNAL_KINDS", "Signal", "activity_segments", "validate_signal"]
+__all__ = ["SIGNAL_KINDS", "Signal", "activity_segments", "validate_signal", "volatility_multipliers"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,11 @@ META_MAX = 2000.0
 #: Ornstein-Uhlenbeck process over 1-minute steps with stationary s.d. VOL_SD and time constant
 #: VOL_TAU_MIN minutes (volatility clustering).
 VOL_SD, VOL_TAU_MIN = 0.35, 45.0
+#: Stochastic volatility: the leader's move probability is multiplied by ``exp(y - SV_SD^2 / 2)``
+#: (mean 1, so the session's variance and the bridge are unchanged on average), y an OU process
+#: over 1-minute steps with s.d. SV_SD and time constant SV_TAU_MIN minutes (fat-tailed,
+#: clustered returns at every scale: Clark 1973, Andersen & Bollerslev 1997).
+SV_SD, SV_TAU_MIN = 0.8, 30.0
 #: Probability that a limit-add event modifies (grows) a resting order instead of adding one,
 #: and that a reduce event shrinks an order ('M') instead of cancelling it.
 P_MODIFY_UP, P_MODIFY_DOWN = 0.15, 0.45
@@ -190,8 +195,9 @@ _QD = 2 * _LS * QMAX  # offset from an order's id to its size
 _NST = _QID + 2 * _QD
 # float-state indices (float64 array ``fst``): the leader's slowly decaying signed flow (the
 # history signal), its bridge target at the close (mid, ticks) and the events left to it, the
-# fill and widening probabilities of the time of day, a follower's fast signed flow
-_FFLOW, _FTGT, _FREM, _FFILL, _FWIDEN, _FFAST = 0, 1, 2, 3, 4, 5
+# fill and widening probabilities of the time of day, a follower's fast signed flow, the
+# stochastic volatility multiplying the leader's move probability
+_FFLOW, _FTGT, _FREM, _FFILL, _FWIDEN, _FFAST, _FVOL = 0, 1, 2, 3, 4, 5, 6
 _NFST = 8
 #: int64 words per MBO / MBP-10 record (the kernel writes whole records as words).
 _MBO_W, _MBP_W = _MBO_SIZE // 8, _MBP_SIZE // 8
@@ -851,7 +857,7 @@ def _step_lead(rng, p, st, fst, om, op):
     elif a - b > 1 and rng.random() < fst[_FFILL]:
         _open_inside(st, om, op, 0 if rng.random() < u else 1, _order_size(rng), tick, lmax)
         code = 1
-    elif a - b == 1 and rng.random() < p[_PMOVE]:
+    elif a - b == 1 and rng.random() < p[_PMOVE] * fst[_FVOL]:
         up = rng.random() < u
         n_moves = 1
         if rng.random() < p[_PJUMP]:
@@ -930,7 +936,8 @@ def _simulate(
     ``cross`` = -1 (no crossed pre-open), 0 (bids cross the ask) or 1 (asks cross the bid).
     The book opens with best bid ``b0`` (ticks); the leading outright's mid is bridged from
     about ``lat0`` to ``lat1`` (ticks) over its events. ``seg_end`` (int64 ns, increasing) and
-    ``seg_fw`` (float64, (n, 2)) give the fill and widening probabilities of the time segments
+    ``seg_fw`` (float64, (n, 3)) give the fill and widening probabilities and the volatility
+    multiplier of the leader's move probability in the time segments
     (an event at or past the last end keeps the last segment's).
     States at the event indices ``sample_at`` (sorted) are copied into ``s_st``, ``s_fst`` for
     the Monte-Carlo AUC ceiling. ``stats`` (int64[8]) receives:
@@ -1016,6 +1023,7 @@ def _simulate(
             gi += 1
         fst[_FFILL] = seg_fw[gi, 0]
         fst[_FWIDEN] = seg_fw[gi, 1]
+        fst[_FVOL] = seg_fw[gi, 2]
         lat = np.int64(80_000 + min(rng.standard_exponential() * 25_000.0, 5_000_000.0))
         rc = max(t + lat, last_rc)
         last_rc = rc
@@ -1105,18 +1113,32 @@ def activity_segments(day: datetime.date, seed: int) -> tuple[np.ndarray, np.nda
     minute = 60_000_000_000
     t0, t1 = session_bounds(day)
     grid = np.arange(t0, t1, minute, dtype=np.int64)
-    phi = math.exp(-1.0 / VOL_TAU_MIN)
-    z = _rng(seed, day, 0, 4).standard_normal(grid.shape[0])
-    x = np.empty(grid.shape[0])
-    acc = VOL_SD * z[0]
-    for i in range(grid.shape[0]):
-        if i:
-            acc = phi * acc + VOL_SD * math.sqrt(1.0 - phi * phi) * z[i]
-        x[i] = acc
+    x = _ou(_rng(seed, day, 0, 4), grid.shape[0], VOL_SD, VOL_TAU_MIN)
     seg = np.clip(np.searchsorted(starts, grid, side="right") - 1, 0, starts.shape[0] - 1)
     inside = (grid >= starts[seg]) & (grid < ends[seg])
     m = np.where(inside, mults[seg], 0.0) * np.exp(x - 0.5 * VOL_SD**2)
     return grid, np.minimum(grid + minute, t1), m, np.where(inside, widen[seg], 1.0)
+
+
+def _ou(rng: np.random.Generator, n: int, sd: float, tau: float) -> np.ndarray:
+    """A stationary Ornstein-Uhlenbeck path of ``n`` unit steps: s.d. ``sd``, time constant
+    ``tau`` steps."""
+    phi = math.exp(-1.0 / tau)
+    z = rng.standard_normal(n)
+    x = np.empty(n)
+    acc = sd * z[0] if n else 0.0
+    for i in range(n):
+        if i:
+            acc = phi * acc + sd * math.sqrt(1.0 - phi * phi) * z[i]
+        x[i] = acc
+    return x
+
+
+def volatility_multipliers(day: datetime.date, seed: int, n: int) -> np.ndarray:
+    """Per one-minute segment of session ``day``, the multiplier ``exp(y - SV_SD^2 / 2)`` of the
+    leading outright's move probability (y: :func:`_ou` with :data:`SV_SD`, :data:`SV_TAU_MIN`,
+    seeded by ``(seed, day)``)."""
+    return np.exp(_ou(_rng(seed, day, 0, 5), n, SV_SD, SV_TAU_MIN) - 0.5 * SV_SD**2)
 
 
 class _Buffers:
@@ -1157,11 +1179,13 @@ class _InstrumentRun:
 @dataclass
 class _Market:
     """What every instrument of a session shares: its bounds (ns), the one-minute activity
-    segments (:func:`activity_segments`) and the planted signal."""
+    segments (:func:`activity_segments`), the leader's volatility multiplier per segment
+    (:func:`volatility_multipliers`) and the planted signal."""
 
     t0: int
     t1: int
     seg: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    vol: np.ndarray
     signal: Signal
 
 
@@ -1222,7 +1246,9 @@ def _simulate_instrument(
         ref = np.zeros(1)
         lat_ev = np.empty(n)
     p = _params(c, mk.signal, FOLLOW_TICKS if follow else 0.0, p_move)
-    seg_fw = np.stack([np.minimum(FILL_MAX, FILL_PER_ACTIVITY * mults), np.minimum(0.9, P_WIDEN * widen)], axis=1)
+    seg_fw = np.stack(
+        [np.minimum(FILL_MAX, FILL_PER_ACTIVITY * mults), np.minimum(0.9, P_WIDEN * widen), mk.vol], axis=1
+    )
     lmax = int(p[_PLMAX])
     rng_x = _rng(seed, day, c.instrument_id, 3)
     cross = -1
@@ -1330,7 +1356,8 @@ def _simulate_session(
     are saved for the Monte-Carlo AUC ceiling; ``bufs``: a buffer pool for the records; without
     ``write_mbo`` MBO records are only counted; ``signal``: the planted predictability."""
     t0, t1 = session_bounds(day)
-    mk = _Market(t0, t1, activity_segments(day, seed), signal)
+    seg = activity_segments(day, seed)
+    mk = _Market(t0, t1, seg, volatility_multipliers(day, seed, seg[0].shape[0]), signal)
     cons = contracts_for(day, contracts)
     s_open, s_close = _index_level(day, seed, scale)
     vol = _session_vol(scale, _level(day))
