@@ -27,11 +27,11 @@ from alphafeat.errors import UsageError
 
 __all__ = [
     "Barrier", "BarrierKind", "Compression", "Device", "Dtype", "HorizonWeighting", "InstrumentMode", "ModeKind",
-    "OnError", "Predecoded", "RollRule", "Sample", "SampleKind", "Scale", "StrEnum", "SynthSchema",
+    "OnError", "Predecoded", "RollRule", "Sample", "SampleKind", "Scale", "SignalKind", "StrEnum", "SynthSchema",
     "validate_barrier", "validate_bool", "validate_costs", "validate_date", "validate_enum", "validate_float",
     "validate_horizon", "validate_horizons", "validate_horizons_s", "validate_instrument_mode", "validate_int",
     "validate_jobs",
-    "validate_path", "validate_root", "validate_sample", "validate_scheduler", "validate_schemas",
+    "validate_path", "validate_root", "validate_sample", "validate_scheduler", "validate_schemas", "validate_signal",
 ]  # fmt: skip
 
 
@@ -61,6 +61,8 @@ Compression = _enum("Compression", "Arrow IPC buffer compression of the cache.",
 Dtype = _enum("Dtype", "Storage of feature columns (computed in float64 either way).", "float32", "float64")
 Predecoded = _enum("Predecoded", "Which segment books are kept for reruns (--predecoded).", "auto", "keep", "none")
 Scale = _enum("Scale", "Activity level of alphafeat synth.", "quiet", "normal", "busy", "full")
+SignalKind = _enum("SignalKind", "Where alphafeat synth plants the leading outright's predictability: the "
+                   "current book, the order flow of the last minutes, or both.", "book", "history", "both")
 SynthSchema = _enum("SynthSchema", "Schemas alphafeat synth writes.", "mbo", "mbp-10", "trades", "definition")
 HorizonWeighting = _enum("HorizonWeighting", "alphamodel's loss weight per horizon: min(1, K/h), or equal.",
                          "window", "equal")  # fmt: skip
@@ -317,6 +319,15 @@ def validate_schemas(value: object, option: str = "--schemas") -> tuple[SynthSch
     if not out or len(set(out)) != len(out):
         raise UsageError(option, f"expected distinct schemas among {_allowed(SynthSchema)}, comma-separated", value)
     return out
+
+
+def validate_signal(value: object, option: str = "--signal") -> float:
+    """Strength of alphafeat synth's planted predictability: a finite number >= 0 (0: a
+    martingale mid, no predictability; 1: the default)."""
+    try:
+        return validate_float(value, option, lo=0.0)
+    except UsageError:
+        raise UsageError(option, "expected a signal strength >= 0 (0: none, 1: the default)", value) from None
 
 
 def validate_root(value: object, option: str = "--root") -> str:

@@ -108,20 +108,7 @@ def _synth(args: argparse.Namespace) -> int:
     from alphafeat.pipeline import DEFAULT_DATA_DIR
 
     if args.report:
-        from alphafeat import synth_report
-
-        real = args.real or Path(__file__).resolve().parents[1] / synth_report.REAL_FILE
-        if not real.is_file():
-            raise InputError(real, "the real ESH4 MBO file is missing; pass --real PATH")
-        rows, notes = synth_report.compare(real, seed=args.seed or 1)
-        t = Table(title=f"synthetic vs real ({real.name}, first hour after the 17:00 CT open; "
-                        f"synthetic scale {notes['scale']:.0f})")
-        for col in ("statistic", "real", "synthetic", "tolerance", "verdict"):
-            t.add_column(col, justify="left" if col == "statistic" else "right")
-        for r in rows:
-            t.add_row(r.name, f"{r.real:.4g}", f"{r.synth:.4g}", r.tolerance, "pass" if r.ok else "FAIL")
-        Console().print(t)
-        return 0
+        return _synth_report(args)
     if args.default:
         out = args.out or DEFAULT_DATA_DIR
         paths = synth.make_default_sample(out)
@@ -134,8 +121,8 @@ def _synth(args: argparse.Namespace) -> int:
             task = progress.add_task("sessions", total=args.sessions)
             paths = synth.generate(
                 out, start=args.start, sessions=args.sessions, seed=args.seed, schemas=args.schemas,
-                scale=args.scale, jobs=args.jobs, zstd_level=args.zstd_level,
-                progress=lambda k: progress.advance(task, k),
+                scale=args.scale, jobs=args.jobs, zstd_level=args.zstd_level, signal=args.signal,
+                signal_kind=args.signal_kind, progress=lambda k: progress.advance(task, k),
             )
     for p in paths:
         print(p)
@@ -143,9 +130,66 @@ def _synth(args: argparse.Namespace) -> int:
     if rep.is_file():
         r = json.loads(rep.read_text())
         print(f"{r['mbp10_records']:,} MBP-10 records (from {r['mbo_records']:,} simulated MBO records); report: {rep}")
+        ci = r["auc_ceiling"].get("interval_95", {})
         print("AUC ceiling per label horizon (snapshots) of "
               f"{r['auc_ceiling']['instrument']} on {r['auc_ceiling']['session']}: "
-              + ", ".join(f"h={h}: {v:.3f}" for h, v in r["auc_ceiling"]["auc"].items()))
+              + ", ".join(f"h={h}: {v:.3f}" + (f" [{ci[h][0]:.3f}, {ci[h][1]:.3f}]" if h in ci else "")
+                          for h, v in r["auc_ceiling"]["auc"].items()))
+    return 0
+
+
+def _synth_report(args: argparse.Namespace) -> int:
+    """``alphafeat synth --report``: stylised facts of the default market beside the real ES files
+    and the literature, and the book's shape beside the real ESH4 hour; the facts are added to
+    ``<out>/synth-report.json`` (``data/`` unless --out) as ``stylised_facts``."""
+    import json
+    import os
+
+    from alphafeat import synth
+    from alphafeat.pipeline import DEFAULT_DATA_DIR
+    from alphafeat.synth import report
+
+    real = args.real or Path(__file__).resolve().parents[1] / report.REAL_FILE
+    if not real.is_file():
+        raise InputError(real, "the real ESH4 MBO file is missing; pass --real PATH")
+    sig = synth.Signal(args.signal, args.signal_kind)
+    scale = max(synth.SCALES[str(args.scale)], synth.SCALES["normal"])
+    with console.status("stylised facts: simulating and measuring sessions at scale "
+                        f"{scale:g} and the AUC ceiling ..."):
+        facts = report.stylised_facts(real, seed=args.seed or 1, signal=sig, scale=scale)
+    t = Table(title=f"stylised facts: generated (scale {scale:g}, signal {sig.strength:g} {sig.kind}) vs real "
+                    f"({real.name}) vs band")
+    for col in ("figure", "generated", "real", "band", "verdict", "source"):
+        t.add_column(col, justify="right" if col in ("generated", "real") else "left")
+    for f in facts:
+        t.add_row(f.name, f"{f.generated:.4g}", "" if f.real is None else f"{f.real:.4g}",
+                  f"{f.band_low:.3g} - {f.band_high:.3g}", "pass" if f.passed else "FAIL", f.source)
+    Console().print(t)
+    rows, notes = report.compare(real, seed=args.seed or 1)
+    t = Table(title=f"book shape, synthetic vs real ({real.name}, first hour after the 17:00 CT open; "
+                    f"synthetic scale {notes['scale']:.0f})")
+    for col in ("statistic", "real", "synthetic", "tolerance", "verdict"):
+        t.add_column(col, justify="left" if col == "statistic" else "right")
+    for r in rows:
+        t.add_row(r.name, f"{r.real:.4g}", f"{r.synth:.4g}", r.tolerance, "pass" if r.ok else "FAIL")
+    Console().print(t)
+    out = args.out or DEFAULT_DATA_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / synth.REPORT_NAME
+    rep = json.loads(path.read_text()) if path.is_file() else {}
+    rep["stylised_facts"] = [f.record() for f in facts]
+    rep["stylised_facts_setup"] = {
+        "sessions": [d.isoformat() for d in report.FACT_DAYS], "scale": scale, "seed": args.seed or 1,
+        "signal": sig.strength, "signal_kind": sig.kind, "real_file": real.name,
+        "instrument": "the leading outright of each session (rebuilt from its MBO records)",
+    }
+    rep["book_shape_vs_real"] = [
+        {"name": r.name, "real": r.real, "generated": r.synth, "tolerance": r.tolerance, "pass": r.ok} for r in rows
+    ]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rep, indent=1) + "\n")
+    os.replace(tmp, path)
+    print(f"report: {path}")
     return 0
 
 
@@ -311,8 +355,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=_JOBS, default=1, help="worker processes, one session each (default 1)")
     s.add_argument("--zstd-level", type=_count(1, hi=22), default=None,
                    help="zstd level 1-22 (default: 12 for quiet, 1 for bigger scales)")
+    s.add_argument("--signal", type=option(val.validate_signal), default=1.0, metavar="STRENGTH",
+                   help="strength of the planted predictability of the leading outright's mid, >= 0 "
+                        "(default 1: ES-like; 0: none, a martingale mid)")
+    s.add_argument("--signal-kind", default=val.SignalKind.BOTH, **_enum(val.SignalKind),
+                   help="book: visible in the current book (queue imbalance); history: only in the order "
+                        "flow of the last minutes; both (default)")
     s.add_argument("--report", action="store_true",
-                   help="print statistics of the generator side by side with the real ESH4 MBO file")
+                   help="stylised facts of the generated market (scale normal or --scale) beside the real ES "
+                        "files and the literature, and the book's shape beside the real ESH4 hour; adds them "
+                        "to <out>/synth-report.json (data/ unless --out)")
     s.add_argument("--real", default=None, type=_PATH, help="the real MBO file for --report "
                    "(default: ../shared/data/real/esh4-glbx-mdp3-20231225.mbo.dbn.zst)")
     s.set_defaults(func=_synth)

@@ -47,7 +47,7 @@ def test_default_sample_files_and_size(sample: list[Path]) -> None:
     for p in sample:
         if "mbp-10" in p.name:
             _, a = _read(p)
-            assert 10_000 <= len(a) <= 30_000
+            assert 10_000 <= len(a) <= 45_000
             front = np.bincount(a["instrument_id"]).max()
             assert front >= 3_000
 
@@ -130,7 +130,7 @@ def test_book_consistency(sample: list[Path]) -> None:
         _, a = _read(p)
         assert set(np.unique(a["action"]).tolist()) == {b"A", b"C", b"M", b"T"}
         last = a[((a["flags"] & 0x80) != 0) & (a["bid_px_00"] != UNDEF) & (a["ask_px_00"] != UNDEF)]
-        assert len(last) > 0.5 * len(a)
+        assert len(last) > 0.3 * len(a)  # a mid move cancels a whole queue in one event
         # locked / crossed books are rare (planted at stated rates, see test_rare_cases)
         assert np.mean(last["bid_px_00"] >= last["ask_px_00"]) < 0.002
         for s, sign in (("bid", -1), ("ask", 1)):
@@ -257,10 +257,10 @@ def test_rare_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Crossed pre-open (then uncrossed), locked books, F_BAD_TS_RECV and thin books occur."""
     from alphafeat.book import rebuild_mbo
 
-    monkeypatch.setattr(synth, "P_CROSSED_PREOPEN", 1.0)
-    monkeypatch.setattr(synth, "P_LOCK", 0.01)
-    monkeypatch.setattr(synth, "P_BAD_TS", 0.01)
-    monkeypatch.setattr(synth, "P_REPLENISH", 0.5)
+    monkeypatch.setattr(synth.simulator, "P_CROSSED_PREOPEN", 1.0)
+    monkeypatch.setattr(synth.simulator, "P_LOCK", 0.01)
+    monkeypatch.setattr(synth.simulator, "P_BAD_TS", 0.01)
+    monkeypatch.setattr(synth.simulator, "P_REPLENISH", 0.5)
     paths = synth.generate(
         tmp_path, start=datetime.date(2024, 1, 9), sessions=1, seed=5, schemas=("mbo", "mbp-10"), report=False
     )
@@ -291,8 +291,10 @@ def test_report_and_auc_ceiling(sample: list[Path]) -> None:
     auc = rep["auc_ceiling"]["auc"]
     assert list(auc) == [str(h) for h in synth.AUC_HORIZONS]
     assert all(0.55 < v <= 1.0 for v in auc.values())
+    ci = rep["auc_ceiling"]["interval_95"]
+    assert list(ci) == list(auc) and all(lo <= auc[h] <= hi for h, (lo, hi) in ci.items())
     assert rep["mbp10_records"] == sum(len(_read(p)[1]) for p in sample if "mbp-10" in p.name)
-    assert rep["model"]["ofi_strength_kappa"] == synth.OFI_STRENGTH
+    assert rep["model"]["signal"] == synth.DEFAULT_SIGNAL and rep["model"]["signal_kind"] == "both"
 
 
 def test_soft_auc() -> None:
@@ -311,6 +313,14 @@ def _mids(a: np.ndarray, iid: int) -> np.ndarray:
     return (r["bid_px_00"].astype(np.float64) + r["ask_px_00"]) / 2e9
 
 
+def _mid_times(a: np.ndarray, iid: int) -> np.ndarray:
+    """ts_recv of the rows of :func:`_mids`."""
+    r = a[
+        (a["instrument_id"] == iid) & ((a["flags"] & 0x80) != 0) & (a["bid_px_00"] != UNDEF) & (a["ask_px_00"] != UNDEF)
+    ]
+    return r["ts_recv"].astype(np.int64)
+
+
 def test_prices_continuous_with_carry(sample: list[Path]) -> None:
     """A contract's next session opens near its close; June above March by the carry basis;
     the spread is the front leg minus the deferred leg."""
@@ -326,18 +336,21 @@ def test_prices_continuous_with_carry(sample: list[Path]) -> None:
 
 
 def test_direction_labels_balanced(sample: list[Path]) -> None:
-    """No drift in the planted model: up/down label balance of the leading outright near 1/2."""
+    """No drift beyond the session's own random move: the up share of the leading outright's
+    direction labels departs from 1/2 only in the direction of its net move over the session
+    (the bridge to the close), by little at 30 snapshots (a quiet session moves about 25 ticks in
+    some 300 one-tick moves; a 300-snapshot window holds about 12 of them, so there the
+    session's drift shows more), and the balance pooled over the sessions is near 1/2."""
     fronts = {"20240306": "ESH4", "20240307": "ESM4", "20240308": "ESM4"}
-    fracs = []
+    fracs, moves = [], []
     for p in sample[::2]:
         mid = _mids(_read(p)[1], IDS[fronts[p.name[10:18]]])
-        row = []
-        for h in (30, 100, 300):
-            d = mid[h:] - mid[:-h]
-            row.append(np.sum(d > 0) / np.sum(d != 0))
-        fracs.append(row)
+        fracs.append([_label_up_fraction(mid, h) for h in (30, 100, 300)])
+        moves.append(mid[-1] - mid[0])
     f = np.array(fracs)
-    assert np.all(np.abs(f[:, 0] - 0.5) < 0.08) and np.all(np.abs(f[:, 1] - 0.5) < 0.12), f
+    assert np.all(np.abs(f[:, 0] - 0.5) < 0.15), f  # longer windows span more of the move
+    for row, move in zip(f, moves, strict=True):
+        assert np.all((row - 0.5) * np.sign(move) > -0.03), (row, move)
     assert np.all(np.abs(f.mean(0) - 0.5) < 0.1), f
 
 
@@ -363,12 +376,13 @@ def test_ceiling_estimate_on_known_probabilities() -> None:
 
 
 def test_auc_ceiling_converged() -> None:
-    """Doubling the Monte-Carlo paths moves the model's ceiling by less than 0.015."""
+    """Doubling the Monte-Carlo paths (from the report's, :data:`AUC_PATHS`) moves the model's
+    ceiling by less than 0.015."""
     day = datetime.date(2024, 3, 6)
     sess = synth._simulate_session(day, 7, 1.0, None, 64, None, False)
     run = sess.runs[sess.leader]
-    one = synth.auc_ceiling(run, (30, 100), {30: 256, 100: 128}, seed=1)
-    two = synth.auc_ceiling(run, (30, 100), {30: 512, 100: 256}, seed=2)
+    one = synth.auc_ceiling(run, (30, 100), {h: synth.AUC_PATHS[h] for h in (30, 100)}, seed=1)
+    two = synth.auc_ceiling(run, (30, 100), {h: 2 * synth.AUC_PATHS[h] for h in (30, 100)}, seed=2)
     assert all(0.6 < one[h] < 1.0 for h in one)
     assert all(abs(one[h] - two[h]) < 0.015 for h in one), (one, two)
 
@@ -387,8 +401,8 @@ def test_non_front_outrights_move_with_the_front(sample: list[Path]) -> None:
     (ESM4 before the roll, ESH4 after it) has an up share of its h = 30 and h = 100 labels
     within 0.15 of 1/2 (the previous model, whose thin contracts chased the front's mid: 0.34,
     0.58, 0.17 at h = 30 and 0.25, 0.62, 0.09 at h = 100). Every non-front outright, even ESU4
-    (about 100 rows a session), ends each session within 1 point of the front's move (it
-    barely moved before). Horizons of a thin contract span a large part of the session, so
+    (about 100 rows a session), ends each session within 1 point of the front's move up to its
+    last row (it barely moved before). Horizons of a thin contract span a large part of the session, so
     its balance follows that session's move; ESU4's labels are too few to test one by one."""
     fronts = {"20240306": "ESH4", "20240307": "ESM4", "20240308": "ESM4"}
     ids = {**IDS, "ESU4": 118}
@@ -401,8 +415,10 @@ def test_non_front_outrights_move_with_the_front(sample: list[Path]) -> None:
         for h, band in ((30, 0.15), (100, 0.15)):
             f = _label_up_fraction(mids[busiest], h)
             assert abs(f - 0.5) < band, (p.name, busiest, h, f)
-        move = mids[front][-1] - mids[front][0]
-        for s in others:
+        times = {s: _mid_times(a, ids[s]) for s in (front, *others)}
+        for s in others:  # the front's move up to the other's last row (a thin one stops early)
+            i = np.searchsorted(times[front], times[s][-1], side="right") - 1
+            move = mids[front][i] - mids[front][0]
             assert abs(mids[s][-1] - mids[s][0] - move) < 1.0, (p.name, s, mids[s][-1] - mids[s][0], move)
 
 
