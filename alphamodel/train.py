@@ -109,10 +109,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def compile_model(model: AlphaModel) -> AlphaModel:
-    """``torch.compile`` each Mamba2 block and the CfC cell in place (the CfC loop stays eager)."""
+    """``torch.compile`` each Mamba2 block in place, and the chunk body of the CfC's fused scan
+    (:meth:`alphamodel.cfc.CfC.compile_scan`; the loop reference compiles its cell)."""
     for blk in model.blocks:
         blk.compile()
-    model.cfc.cell.compile()
+    if model.cfc.impl == "fused":
+        model.cfc.compile_scan()
+    else:
+        model.cfc.cell.compile()
     return model
 
 
