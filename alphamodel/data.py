@@ -188,6 +188,9 @@ class CacheData:
             horizons = [int(h) for h in manifest["params"]["horizons"]]
         except (KeyError, TypeError, ValueError) as e:
             raise AlphafeatError(f"{root / MANIFEST}: no params.horizons in the manifest") from e
+        if not horizons:
+            raise AlphafeatError(f"{root}: the cache holds no labels (params.horizons is empty); "
+                                 "rerun alphafeat precompute with --horizons")
         tick = float(manifest.get("params", {}).get("features", {}).get("tick_size", 0.25))
         parts = manifest.get("partitions") or sorted(
             str(p.relative_to(root)) for p in root.rglob("*.arrow") if not p.name.startswith((".", "_"))
@@ -218,6 +221,13 @@ class CacheData:
                 continue
             names.append(f"{name}-mid" if unit == "index points" and name != "mid" else name)
         self.feature_names = [n for n in names if n != "mid"]
+        if not self.feature_names:
+            raise AlphafeatError(f"{segs[0].path}: no numeric feature column to use as model input")
+        for s in segs[1:]:
+            lost = [c for c in cols if c not in s.cols]
+            if lost:
+                raise AlphafeatError(f"{s.path}: missing input column(s) {', '.join(lost)} "
+                                     f"(present in {segs[0].path.name})")
         self.baseline_names = [n for n in self.feature_names if n.startswith(BASELINE_PATTERNS)]
         log.info("cache %s: %d segments, %d rows, %d input features, horizons %s",
                  root, len(segs), self.n_rows, len(self.feature_names), horizons)
@@ -398,11 +408,15 @@ class CacheData:
             raise AlphafeatError(f"{self.root}: no run of {window} consecutive training rows; use a shorter --window")
         return np.concatenate(segs), np.concatenate(starts)
 
-    def batch(self, windows: list[Window], window: int, norm: Normaliser, score_from: int | None = None) -> Batch:
-        """Gather windows into a left-padded batch of length ``window``.
+    def batch(self, windows: list[Window], window: int, norm: Normaliser, score_from: int | None = None,
+              pad: str = "left") -> Batch:
+        """Gather windows into a padded batch of length ``window``.
 
         ``score_from`` overrides each window's own first scored position (training uses a
-        fixed burn-in).
+        fixed burn-in). ``pad``: ``"left"`` puts a short window's rows at the end (padding
+        first), ``"right"`` at the start (padding after: a carried state continues into the
+        real rows). Padded positions have ``rows == -1`` and are masked out of the model
+        (:meth:`alphamodel.model.AlphaModel.forward`'s ``mask``), so they are neutral.
         """
         B, K, F, H = len(windows), window, len(norm.names), len(self.horizons)
         x = np.zeros((B, K, F), np.float32)
@@ -416,13 +430,15 @@ class CacheData:
         for (seg, length), members in by_seg.items():
             starts = np.array([windows[i].start for i in members], np.int64)
             idx = starts[:, None] + np.arange(length)[None, :]
-            pad = K - length
+            off = K - length if pad == "left" else 0
+            pos = slice(off, off + length)
             sel = np.array(members)
-            x[sel, pad:] = norm(self.raw_features(seg, idx, norm.names))
-            dt[sel, pad:] = self.segments[seg].dt[idx]
-            y[sel, pad:] = self.labels(seg, idx)
-            rows[sel, pad:] = idx + self.offsets[seg]
+            if length:
+                x[sel, pos] = norm(self.raw_features(seg, idx, norm.names))
+                dt[sel, pos] = self.segments[seg].dt[idx]
+                y[sel, pos] = self.labels(seg, idx)
+                rows[sel, pos] = idx + self.offsets[seg]
             for i in members:
                 first = windows[i].score_from if score_from is None else score_from
-                mask[i, pad + first :] = True
+                mask[i, off + first : off + length] = True
         return Batch(x, dt, y, mask, rows)

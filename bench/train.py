@@ -1,11 +1,16 @@
-"""Training throughput of the alphamodel network (Mamba2 -> CfC -> heads), eager and compiled.
+"""Training throughput of the alphamodel network (Mamba2 -> CfC -> heads), before and after.
 
-Measures optimizer steps on random inputs already on the device (the model's own speed, not
-the data loader's): windows/s and tokens/s (= windows/s * K), and peak GPU memory. Prints a
-table and one JSON line.
+Measures optimizer steps (forward + backward + AdamW) of the whole stack on random inputs
+already on the device (the model's own speed, not the data loader's): windows/s and tokens/s
+(= windows/s * K), and peak GPU memory, side by side in one run. Prints a table and one JSON line.
+
+Modes (``--modes``, comma-separated): ``loop`` / ``loop-compile`` — the CfC as a Python loop
+over :class:`CfCCell` (before; ``-compile``: blocks and cell compiled, as on main), ``fused`` /
+``fused-compile`` — the chunked CfC scan (after; ``-compile``: blocks and the scan's chunk body
+compiled). On CUDA: bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
 
     python bench/train.py [--device cuda] [--batch 64] [--window 512] [--d-model 128]
-                          [--layers 4] [--steps 20] [--modes eager,compile]
+                          [--layers 4] [--steps 20] [--modes loop,fused,loop-compile,fused-compile]
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ from alphamodel.train import compile_model
 
 def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
     torch.manual_seed(0)
+    impl, _, how = mode.partition("-")
     cfg = ModelConfig(n_features=args.features, n_horizons=5, d_model=args.d_model, n_layers=args.layers,
-                      d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk, cfc_hidden=args.cfc)
+                      d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk, cfc_hidden=args.cfc,
+                      cfc_impl=impl)
     model = AlphaModel(cfg).to(device)
-    fwd = compile_model(model) if mode == "compile" else model
+    model.cfc.chunk = args.cfc_chunk
+    fwd = compile_model(model) if how == "compile" else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     B, K = args.batch, args.window
     x = torch.randn(B, K, args.features, device=device)
@@ -77,17 +85,21 @@ def main() -> None:
     ap.add_argument("--cfc", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--cfc-chunk", dest="cfc_chunk", type=int, default=16, help="steps per fused CfC chunk")
+    ap.add_argument("--modes", default="loop,fused,loop-compile,fused-compile")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     rows = [run(m, args, device) for m in args.modes.split(",")]
     size = {k: getattr(args, k) for k in ("batch", "window", "features", "d_model", "layers", "d_state",
-                                          "headdim", "chunk", "cfc")}
+                                          "headdim", "chunk", "cfc", "cfc_chunk")}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     print(f"alphamodel training throughput on {name} (torch {torch.__version__}), size {size}")
-    print(f"{'mode':>8} {'windows/s':>11} {'tokens/s':>12} {'step ms':>9} {'warm-up s':>10} {'peak GiB':>9}")
+    print(f"{'mode':>14} {'windows/s':>11} {'tokens/s':>12} {'step ms':>9} {'warm-up s':>10} {'peak GiB':>9}")
     for r in rows:
-        print(f"{r['mode']:>8} {r['windows_per_s']:>11.1f} {r['tokens_per_s']:>12.0f} {r['step_ms']:>9.1f} "
+        print(f"{r['mode']:>14} {r['windows_per_s']:>11.1f} {r['tokens_per_s']:>12.0f} {r['step_ms']:>9.1f} "
               f"{r['warmup_s']:>10.1f} {r['peak_gib'] or float('nan'):>9.2f}")
     print(json.dumps({"device": name, "torch": torch.__version__, "size": size, "results": rows}))
 

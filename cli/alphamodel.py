@@ -82,21 +82,49 @@ def _train(args: argparse.Namespace) -> int:
     cache = Path(args.cache) if args.cache else _default_cache(out, args.quiet)
     s = train(cache, out, mc, tc, progress=not args.quiet)
 
-    t = Table(title=f"alphamodel train -> {s['out']}  (test block, {s['rows']['test']:,} rows)")
-    for col in ("horizon", "labels", "base rate", "AUC model", "AUC logistic (OFI/imbalance)"):
+    print_summary(s)
+    return 0
+
+
+def print_summary(s: dict) -> None:
+    """The pooled test table of a ``summary.json``: the model and each baseline per horizon with
+    95% session-bootstrap intervals, the generator's ceiling, and the lift over the best baseline."""
+    models = []
+    for r in s["evaluation"]:
+        if r["fold"] == "all" and r["model"] not in models:
+            models.append(r["model"])
+    folds = len(s["folds"])
+    t = Table(title=f"alphamodel train -> {s['out']}: test blocks of {folds} walk-forward fold(s) pooled, "
+                    f"{s['rows']['test_pooled']:,} rows; AUC with its 95% session-bootstrap interval")
+    for col in ("horizon", "labels", "up", "model", "AUC", "95% interval", "lift vs best [95%]"):
         t.add_column(col, justify="right")
 
     def f(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.4f}"
+        return "n/a" if x is None else f"{x:.3f}"
 
     for h in s["horizons"]:
-        t.add_row(str(h["horizon"]), f"{h['n_test']:,}", f(h["base_rate_test"]), f(h["auc_model"]),
-                  f(h["auc_logistic"]))
+        first = True
+        for m in models:
+            r = next((r for r in s["evaluation"] if r["fold"] == "all" and r["horizon"] == h["horizon"]
+                      and r["model"] == m), None)
+            if r is None:
+                continue
+            ci = "" if r["auc_ci_low"] is None else f"[{f(r['auc_ci_low'])}, {f(r['auc_ci_high'])}]"
+            lift = ""
+            if m == "alphamodel":
+                lift = ("n/a" if h["lift"] is None else f"{h['lift']:+.3f} [{h['lift_ci_low']:+.3f}, "
+                        f"{h['lift_ci_high']:+.3f}] vs {h['best_baseline']}" if h["lift_ci_low"] is not None
+                        else f"{h['lift']:+.3f} vs {h['best_baseline']}")
+            t.add_row(str(h["horizon"]) if first else "", f"{h['n_test']:,}" if first else "",
+                      f(h["base_rate_test"]) if first else "", m, f(r["auc"]), ci, lift,
+                      end_section=m == models[-1])
+            first = False
     Console().print(t)
-    Console().print(f"best epoch {s['best_epoch']} of {s['epochs_run']}; {s['parameters']:,} parameters; "
-                    f"{s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, auc.png, "
-                    "model.safetensors, config.json written")
-    return 0
+    for w in s.get("warnings", []):
+        Console(stderr=True).print(f"warning: {w}")
+    Console().print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
+                    f"{s['parameters']:,} parameters; {s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, "
+                    "auc.png, model.safetensors, config.json written")
 
 
 def build_parser() -> argparse.ArgumentParser:
