@@ -7,8 +7,8 @@ tested on block ``k + 2`` (expanding window, AFML ch. 12 "walk forward"). Labels
 horizon with :func:`alphafeat.splits.purge` (AFML ch. 7): a training label whose span
 ``[t0, t1_h]`` overlaps the validation or test block is hidden, and so is a validation label
 overlapping the test block (the row stays as input context). The embargo hides, in addition,
-the labels of the last ``embargo`` rows before each later block (serial correlation of the
-features across the boundary). With fewer than 3 sessions the blocks are equal runs of rows.
+the labels of the last ``embargo`` rows that survived purging before each later block (AFML
+7.4.2: serial correlation of the features across the boundary). With fewer than 3 sessions the blocks are equal runs of rows.
 
 Intervals (:func:`bootstrap_auc`): the rows of a block are resampled by group (a session;
 when a block holds fewer than ``min_groups`` sessions, contiguous parts of its sessions, so
@@ -52,6 +52,11 @@ def _units(sessions: np.ndarray, n_blocks: int) -> list[np.ndarray] | None:
     return [np.concatenate([runs[i] for i in c]).astype(np.int64) for c in cuts]
 
 
+def _embargo(kept: np.ndarray, n: int) -> np.ndarray:
+    """Drop the last ``n`` rows that survived purging (they end the block before a later one)."""
+    return kept[: max(0, kept.size - n)]
+
+
 def walk_forward_folds(t0: np.ndarray, t1s: list[np.ndarray], sessions: np.ndarray, folds: int,
                        embargo: int = 0) -> list[Fold]:
     """Expanding-window folds over sessions (see the module docstring).
@@ -86,8 +91,7 @@ def walk_forward_folds(t0: np.ndarray, t1s: list[np.ndarray], sessions: np.ndarr
             tr = purge(purge(train, test, t0, t1), val, t0, t1)
             va = purge(val, test, t0, t1)
             if embargo:
-                tr = tr[tr < val[0] - embargo]
-                va = va[va < test[0] - embargo]
+                tr, va = _embargo(tr, embargo), _embargo(va, embargo)
             keep[tr, j] = keep[va, j] = keep[test, j] = True
         out.append(Fold(k, train, val, test, keep))
     return out

@@ -76,8 +76,8 @@ class TrainConfig:
     that overlap by ``burn_in``).  batch_size, epochs, steps_per_epoch : optimisation length
     (per fold).  lr, weight_decay, warmup_steps, min_lr_frac : AdamW and schedule (cosine decay
     to ``min_lr_frac * lr``).  patience : epochs without validation improvement before stopping.
-    folds : walk-forward folds (sessions in ``folds + 2`` blocks).  embargo : rows before each
-    later block whose labels are hidden too.  n_boot : bootstrap replicates of the intervals.
+    folds : walk-forward folds (sessions in ``folds + 2`` blocks).  embargo : fraction of all
+    rows (AFML's pct_embargo): that many rows before each later block lose their labels too.  n_boot : bootstrap replicates of the intervals.
     baselines : which of :data:`BASELINES` to fit.  horizon_weighting : ``window``
     (w_h = min(1, K/h)) or ``equal``.  seed, device (auto|cpu|cuda), compile (torch.compile
     the blocks and the CfC scan), grad_clip, eval_batch_size (streams scored at once),
@@ -99,7 +99,7 @@ class TrainConfig:
     min_lr_frac: float = 0.05
     patience: int = 4
     folds: int = 3
-    embargo: int = 256
+    embargo: float = 0.01
     n_boot: int = 200
     baselines: tuple[str, ...] = BASELINES
     horizon_weighting: str = "window"
@@ -596,7 +596,7 @@ def train(
                                for k, s in enumerate(data.segments)])
     skey = np.unique(sessions, return_inverse=True)[1].astype(np.int64)
     try:
-        folds = walk_forward_folds(t0, t1s, skey, tc.folds, tc.embargo)
+        folds = walk_forward_folds(t0, t1s, skey, tc.folds, int(tc.embargo * t0.size))
     except ValueError as e:
         raise AlphafeatError(f"{data.root}: {e}") from e
     for fold in folds:
@@ -616,6 +616,10 @@ def train(
                  fold.val.size, fold.test.size, device)
         fr = _fit_fold(data, fold, norm, mc, tc, device, progress)
         rows, probs, y = score_rows(fr.model, data, fold.test, norm, tc, device)
+        bad = int((~np.isfinite(probs)).any(axis=1).sum())
+        if bad:
+            raise AlphafeatError(f"fold {fold.index}: the trained model's scores are not finite on {bad} of "
+                                 f"{len(rows)} test rows (training diverged); no result is reported")
         scores = {"alphamodel": probs.astype(np.float64), **_baseline_scores(data, fold, norm, rows, tc, skipped)}
         fold_recs += _records(fold.index, rows, y, scores, skey, data.horizons, tc)
         for k, v in (("rows", rows), ("y", y), *scores.items()):
