@@ -248,3 +248,102 @@ def test_cli_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "pip install -e '.[model]'" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+# ---- data-dependent bad input: one line, exit 1, before training ----------------------------
+TINY = {"model": {"d_model": 8, "n_layers": 1, "d_state": 4, "headdim": 8, "chunk_size": 8, "cfc_hidden": 4},
+        "train": {"window": 16, "burn_in": 4, "batch_size": 4, "epochs": 1, "steps_per_epoch": 3,
+                  "baselines": ["logistic"], "n_boot": 10, "device": "cpu"}}
+
+
+def _run_cli(tmp_path, root, capsys, **train):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"model": TINY["model"], "train": {**TINY["train"], **train}}))
+    code = cli_main(["train", "--cache", str(root), "--out", str(tmp_path / "o"), "--config", str(cfg), "-q"])
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_cache_without_labels_is_one_line_before_training(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=60)
+    m = json.loads((root / MANIFEST).read_text())
+    m["params"]["horizons"] = []
+    (root / MANIFEST).write_text(json.dumps(m))
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 1 and len(err.splitlines()) == 1 and "holds no labels" in err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_cache_whose_labels_are_all_nan_is_one_line(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=60)
+    for p in root.rglob("*.arrow"):
+        t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
+        for h in HORIZONS:
+            i = t.column_names.index(f"label_h{h}")
+            t = t.set_column(i, f"label_h{h}", pa.array(np.full(t.num_rows, np.nan, np.float32)))
+        with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+            w.write_table(t)
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 1 and len(err.splitlines()) == 1 and "no label value" in err
+
+
+def test_partition_missing_an_input_column_is_one_line(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=60)
+    p = sorted(root.rglob("*.arrow"))[1]
+    t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all().drop_columns(["ofi_l01"])
+    with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t)
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "missing input column(s) ofi_l01" in err and p.name in err
+
+
+def test_loss_going_nan_stops_with_its_step(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=300)
+    code, err = _run_cli(tmp_path, root, capsys, lr=1e30, warmup_steps=0, grad_clip=0.0)
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "loss is nan at step 2" in err and "last finite loss" in err and "at step 1" in err
+
+
+def test_one_class_test_block_is_said_not_silent(tmp_path, capsys):
+    """A horizon whose test block holds one class has no AUC: the summary says so in `warnings`
+    and the command prints it (no NaN hidden in a table)."""
+    root = _write_cache(tmp_path / "c", sessions=3, n=300)
+    p = sorted(root.rglob("*.arrow"))[-1]  # the test session
+    t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
+    i = t.column_names.index("label_h5")
+    t = t.set_column(i, "label_h5", pa.array(np.ones(t.num_rows, np.float32)))
+    with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t)
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert any("horizon 5: no AUC for the model" in w for w in s["warnings"])
+    assert "horizon 5: no AUC for the model" in err.replace("\n", " ")
+    rec = [r for r in s["evaluation"] if r["model"] == "alphamodel" and r["horizon"] == 5]
+    assert rec and all(r["auc"] is None for r in rec)  # null in JSON, never NaN
+
+
+def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_path):
+    from alphamodel.model import ModelConfig
+
+    tc = TrainConfig(window=16, burn_in=4, batch_size=4, epochs=1, steps_per_epoch=3, device="cpu", n_boot=20,
+                     baselines=("base_rate", "logistic", "mlp"))
+    s = train(cache, tmp_path / "o", ModelConfig(**TINY["model"]), tc, progress=False)
+    keys = {"model", "fold", "horizon", "auc", "auc_ci_low", "auc_ci_high", "n", "base_rate"}
+    ev = s["evaluation"]
+    assert all(keys <= set(r) for r in ev)
+    got = {(r["model"], r["fold"], r["horizon"]) for r in ev}
+    for m in ("alphamodel", "base_rate", "logistic", "mlp"):
+        for f in (0, "all"):
+            for h in HORIZONS:
+                assert (m, f, h) in got
+    for r in ev:
+        if r["auc"] is not None and r["auc_ci_low"] is not None:
+            assert r["auc_ci_low"] <= r["auc"] <= r["auc_ci_high"]
+    base = [r for r in ev if r["model"] == "base_rate" and r["fold"] == "all"]
+    assert all(r["auc"] == pytest.approx(0.5) for r in base)  # a constant score: the floor
+    b = s["folds"][0]
+    assert b["test"]["sessions"] == 1 and b["train"]["rows"] == 900 and b["test"][f"positives_h{HORIZONS[0]}"] > 0
+    for h in s["horizons"]:
+        assert h["best_baseline"] in ("logistic", "mlp") and h["lift"] is not None
