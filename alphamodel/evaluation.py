@@ -8,7 +8,8 @@ horizon with :func:`alphafeat.splits.purge` (AFML ch. 7): a training label whose
 ``[t0, t1_h]`` overlaps the validation or test block is hidden, and so is a validation label
 overlapping the test block (the row stays as input context). The embargo hides, in addition,
 the labels of the last ``embargo`` rows that survived purging before each later block (AFML
-7.4.2: serial correlation of the features across the boundary). With fewer than 3 sessions the blocks are equal runs of rows.
+7.4.2: serial correlation of the features across the boundary). With fewer than 3 sessions
+the blocks are equal runs of rows.
 
 Intervals (:func:`bootstrap_auc`): the rows of a block are resampled by group (a session;
 when a block holds fewer than ``min_groups`` sessions, contiguous parts of its sessions, so

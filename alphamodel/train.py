@@ -77,7 +77,8 @@ class TrainConfig:
     (per fold).  lr, weight_decay, warmup_steps, min_lr_frac : AdamW and schedule (cosine decay
     to ``min_lr_frac * lr``).  patience : epochs without validation improvement before stopping.
     folds : walk-forward folds (sessions in ``folds + 2`` blocks).  embargo : fraction of all
-    rows (AFML's pct_embargo): that many rows before each later block lose their labels too.  n_boot : bootstrap replicates of the intervals.
+    rows (AFML's pct_embargo): that many rows before each later block lose their labels too.
+    n_boot : bootstrap replicates of the intervals.
     baselines : which of :data:`BASELINES` to fit.  horizon_weighting : ``window``
     (w_h = min(1, K/h)) or ``equal``.  seed, device (auto|cpu|cuda), compile (torch.compile
     the blocks and the CfC scan), grad_clip, eval_batch_size (streams scored at once),

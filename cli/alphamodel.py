@@ -119,10 +119,11 @@ def print_summary(s: dict) -> None:
                       f(h["base_rate_test"]) if first else "", m, f(r["auc"]), ci, lift,
                       end_section=m == models[-1])
             first = False
-    Console().print(t)
+    con = Console() if Console().is_terminal else Console(width=140)
+    con.print(t)
     for w in s.get("warnings", []):
         Console(stderr=True).print(f"warning: {w}")
-    Console().print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
+    con.print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
                     f"{s['parameters']:,} parameters; {s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, "
                     "auc.png, model.safetensors, config.json written")
 
