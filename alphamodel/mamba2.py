@@ -245,11 +245,11 @@ class Mamba2(nn.Module):
             rep = self.nheads // self.ngroups
             Bh = Bm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
             Ch = Cm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
-            if (self.use_triton and _triton_ssd is not None and u.is_cuda and state is None
-                    and not return_state and scan_dtype == torch.float32):
-                y = _triton_ssd(xh, dt, A, Bm.float().reshape(bsz, L, self.ngroups, self.d_state),
-                                Cm.float().reshape(bsz, L, self.ngroups, self.d_state), self.chunk_size)
-                new_ssm = None
+            if self.use_triton and _triton_ssd is not None and u.is_cuda and scan_dtype == torch.float32:
+                # mamba_ssm's kernel: the same scan (x times dt inside), carried state in and out
+                y, new_ssm = _triton_ssd(xh, dt, A, Bm.float().reshape(bsz, L, self.ngroups, self.d_state),
+                                         Cm.float().reshape(bsz, L, self.ngroups, self.d_state), self.chunk_size,
+                                         initial_states=ssm_state, return_final_states=True)
             else:
                 y, new_ssm = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bh, Ch, self.chunk_size, ssm_state)
             y = y + xh * self.D.to(scan_dtype).unsqueeze(-1)

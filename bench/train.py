@@ -87,8 +87,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--cfc-chunk", dest="cfc_chunk", type=int, default=16, help="steps per fused CfC chunk")
     ap.add_argument("--modes", default="loop,fused,loop-compile,fused-compile")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as alphamodel train)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

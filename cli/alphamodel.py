@@ -1,7 +1,9 @@
 """``alphamodel``: train Mamba2 -> CfC -> multi-horizon heads on an alphafeat cache.
 
 Subcommands
-    train   purged walk-forward training with per-horizon AUCs against baselines
+    train   walk-forward folds over sessions (purged, embargo); per-horizon AUC of the model and of
+            its baselines (base rate, logistic regression, LightGBM, MLP, the generator's
+            ceiling) on the same rows, with session-bootstrap 95% intervals
 
 ``alphamodel train`` with no ``--cache`` builds the cache of the embedded default sample under
 ``OUT/cache`` (if absent) and trains a tiny model on it (a few minutes on 2 CPU cores).
@@ -66,7 +68,7 @@ def _train(args: argparse.Namespace) -> int:
         bad = set(cfg) - {"model", "train"}
         if bad:
             raise AlphafeatError(f"{p}: unknown top-level keys {sorted(bad)} (use 'model' and 'train')")
-    for key in ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads"):
+    for key in ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads", "folds", "context"):
         v = getattr(args, key)
         if v is not None:
             tcfg[key] = v
@@ -145,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", dest="batch_size", type=int)
     p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=int)
     p.add_argument("--threads", type=int, help="CPU threads for torch")
+    p.add_argument("--folds", type=int, help="walk-forward folds over sessions (default 3)")
+    p.add_argument("--context", choices=("stateful", "window"),
+                   help="stateful: carry the state across consecutive windows of a session (default); "
+                        "window: each window starts from zero")
     p.add_argument("--compile", action="store_true", help="torch.compile the Mamba2 blocks and the CfC cell")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
