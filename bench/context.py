@@ -29,7 +29,9 @@ def setting(name: str, base: dict, stateful_window: int) -> dict:
         return dict(base, context="stateful", window=stateful_window, burn_in=min(base.get("burn_in", 16),
                                                                                     stateful_window // 4))
     k = int(name)
-    return dict(base, context="window", window=k, burn_in=k // 4)
+    # the same number of positions per scoring batch for every K (K = 1 would otherwise crawl)
+    eb = max(base.get("eval_batch_size", 128), 16384 // k)
+    return dict(base, context="window", window=k, burn_in=k // 4, eval_batch_size=eb)
 
 
 def main() -> None:
