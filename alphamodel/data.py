@@ -39,10 +39,8 @@ from alphafeat.errors import AlphafeatError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Segment", "CacheData", "Normaliser", "Batch", "BASELINE_PATTERNS"]
+__all__ = ["Segment", "CacheData", "Normaliser", "Batch"]
 
-#: Columns of the logistic baseline: order-flow imbalance per level and queue/depth imbalance.
-BASELINE_PATTERNS = ("ofi_l", "imbalance_")
 _NOT_INPUT_PREFIX = ("label", "t1", "tb_", "barrier", "bid_", "ask_", "ts_", "instrument_id", "raw_symbol")
 _NOT_INPUT_SOURCE = ("DBN", "DBN symbology", "book")
 DT_MAX_S = 3600.0
@@ -155,7 +153,6 @@ class CacheData:
     horizons : list of int, from the manifest ``params.horizons``.
     tick : float, tick size in index points (manifest ``params.features.tick_size``).
     feature_names : list of str, model inputs (see module docstring).
-    baseline_names : list of str, inputs of the logistic baseline (OFI and imbalance columns).
     segments : list of Segment, in time order (first ``ts_recv``).
     offsets : np.ndarray int64 (n_segments + 1,): global row id of each segment's first row.
     label_keep : np.ndarray bool (N, H) or None: labels to keep (see :meth:`set_label_mask`).
@@ -170,7 +167,6 @@ class CacheData:
     horizons: list[int] = field(default_factory=list)
     tick: float = 0.25
     feature_names: list[str] = field(default_factory=list)
-    baseline_names: list[str] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     manifest: dict = field(default_factory=dict)
@@ -228,7 +224,6 @@ class CacheData:
             if lost:
                 raise AlphafeatError(f"{s.path}: missing input column(s) {', '.join(lost)} "
                                      f"(present in {segs[0].path.name})")
-        self.baseline_names = [n for n in self.feature_names if n.startswith(BASELINE_PATTERNS)]
         log.info("cache %s: %d segments, %d rows, %d input features, horizons %s",
                  root, len(segs), self.n_rows, len(self.feature_names), horizons)
         return self
@@ -389,24 +384,6 @@ class CacheData:
                 out.append(Window(seg, s, e, done - s))
                 done = e
         return out
-
-    def train_starts(self, rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-        """All valid training windows: ``(seg, start)`` int64 arrays of windows fully inside runs.
-
-        Raises
-        ------
-        AlphafeatError
-            When no run of training rows is as long as the window.
-        """
-        segs, starts = [], []
-        for seg, a, b in self.runs(rows):
-            if b - a >= window:
-                st = np.arange(a, b - window + 1, dtype=np.int64)
-                segs.append(np.full(st.size, seg, np.int64))
-                starts.append(st)
-        if not starts:
-            raise AlphafeatError(f"{self.root}: no run of {window} consecutive training rows; use a shorter --window")
-        return np.concatenate(segs), np.concatenate(starts)
 
     def batch(self, windows: list[Window], window: int, norm: Normaliser, score_from: int | None = None,
               pad: str = "left") -> Batch:

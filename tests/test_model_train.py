@@ -117,7 +117,6 @@ def test_cache_data_spans_features_windows(cache):
     d = CacheData.open(cache)
     assert d.horizons == HORIZONS and d.n_rows == 2700
     assert d.feature_names == ["microprice-mid", "imbalance_l1", "ofi_l01", "log_dt"]
-    assert d.baseline_names == ["imbalance_l1", "ofi_l01"]
     t0, t1 = d.spans()
     seg = d.segments[1]
     n = seg.n
