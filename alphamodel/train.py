@@ -85,7 +85,9 @@ class TrainConfig:
     eval_piece / eval_warmup (stateful scoring: a run of rows is scored in pieces of
     ``eval_piece`` rows, each preceded by up to ``eval_warmup`` unscored rows of the same
     session whose state it carries; pieces run in parallel), threads (CPU threads; None = 1 on
-    CPU), baseline_max_rows (training rows of each baseline).
+    CPU), loader_threads (threads gathering the next batches from the memory-mapped cache while
+    the model runs; ``loader_threads + 1`` batches are in flight), baseline_max_rows (training
+    rows of each baseline).
     """
 
     window: int = 64
@@ -112,6 +114,7 @@ class TrainConfig:
     eval_piece: int = 2048
     eval_warmup: int = 1024
     threads: int | None = None
+    loader_threads: int = 2
     baseline_max_rows: int = 200_000
 
     @classmethod
@@ -415,13 +418,13 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     # the next batches are gathered from the memory-mapped cache on a thread while the model runs
-    pool = ThreadPoolExecutor(1)
+    pool = ThreadPoolExecutor(max(1, tc.loader_threads))
 
     def plan() -> tuple:
         wins, fresh = streams.next()
         return pool.submit(data.batch, wins, tc.window, norm), fresh
 
-    queue = [plan() for _ in range(2)]
+    queue = [plan() for _ in range(max(1, tc.loader_threads) + 1)]
     state: ModelState | None = None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress, transient=False) as bar, pool:
