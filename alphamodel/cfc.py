@@ -95,7 +95,8 @@ def _steps(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x: torch.Tens
         fgh = torch.addmm(b_fgh, z, w_fgh.t()).to(x.dtype)
         f, g, h = fgh[:, :n], fgh[:, n : 2 * n], fgh[:, 2 * n :]
         gate = torch.sigmoid(-f * (dt[:, t : t + 1] * inv_tau))
-        new = torch.tanh(h) + gate * (torch.tanh(g) - torch.tanh(h))
+        th = torch.tanh(h)
+        new = th + gate * (torch.tanh(g) - th)
         x = torch.where(keep[:, t : t + 1], new, x)
         out.append(x)
     return torch.stack(out, dim=1), x
