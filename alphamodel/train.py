@@ -596,7 +596,7 @@ def train(
     data = CacheData.open(cache)
     H = len(data.horizons)
     t0, t1s = data.spans()
-    sessions = np.concatenate([np.full(s.n, k if not s.session else s.session, dtype=object)
+    sessions = np.concatenate([np.full(s.n, s.session or f"segment {k}", dtype=object)
                                for k, s in enumerate(data.segments)])
     skey = np.unique(sessions, return_inverse=True)[1].astype(np.int64)
     try:
