@@ -346,3 +346,30 @@ def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_
     assert b["test"]["sessions"] == 1 and b["train"]["rows"] == 900 and b["test"][f"positives_h{HORIZONS[0]}"] > 0
     for h in s["horizons"]:
         assert h["best_baseline"] in ("logistic", "mlp") and h["lift"] is not None
+
+
+def test_stateful_scoring_equals_each_run_as_one_sequence(cache):
+    """score_rows (stateful): runs of different lengths batched together, cut in windows of K,
+    right-padded, state carried — the scores of running each run as one long sequence."""
+    from alphamodel.data import Window
+    from alphamodel.model import AlphaModel, ModelConfig
+    from alphamodel.train import score_rows
+
+    d = CacheData.open(cache)
+    torch.manual_seed(0)
+    norm = d.fit_normaliser(np.arange(900))
+    model = AlphaModel(ModelConfig(n_features=len(norm.names), n_horizons=2, **TINY["model"], dropout=0.0)).eval()
+    rows = np.r_[100:900, 900:1400]  # 800 rows of session 0 and 500 of session 1
+    tc = TrainConfig(window=48, context="stateful", eval_piece=10_000, eval_warmup=0, eval_batch_size=2)
+    r, p, _ = score_rows(model, d, rows, norm, tc, torch.device("cpu"))
+    assert r.tolist() == rows.tolist()
+    for seg, a, b in ((0, 100, 900), (1, 0, 500)):
+        bt = d.batch([Window(seg, a, b)], b - a, norm)
+        with torch.no_grad():
+            ref = torch.sigmoid(model(torch.from_numpy(bt.x), torch.from_numpy(bt.dt))).numpy()[0]
+        got = p[np.searchsorted(r, d.offsets[seg] + np.arange(a, b))]
+        assert np.allclose(got, ref, rtol=0, atol=1e-5)
+    # with pieces and a warm-up, a row's score sees the warm-up rows as context (close, not equal)
+    tc2 = TrainConfig(window=48, context="stateful", eval_piece=200, eval_warmup=100, eval_batch_size=3)
+    r2, p2, _ = score_rows(model, d, rows, norm, tc2, torch.device("cpu"))
+    assert r2.tolist() == rows.tolist() and np.isfinite(p2).all()
