@@ -26,12 +26,12 @@ from typing import TypeVar
 from alphafeat.errors import UsageError
 
 __all__ = [
-    "Barrier", "BarrierKind", "Compression", "Device", "Dtype", "HorizonWeighting", "InstrumentMode", "ModeKind",
-    "OnError", "Predecoded", "RollRule", "Sample", "SampleKind", "Scale", "SignalKind", "StrEnum", "SynthSchema",
-    "validate_barrier", "validate_bool", "validate_costs", "validate_date", "validate_enum", "validate_float",
-    "validate_horizon", "validate_horizons", "validate_horizons_s", "validate_instrument_mode", "validate_int",
-    "validate_jobs",
-    "validate_path", "validate_root", "validate_sample", "validate_scheduler", "validate_schemas", "validate_signal",
+    "Baseline", "Barrier", "BarrierKind", "CfcImpl", "Compression", "Context", "Device", "Dtype", "HorizonWeighting",
+    "InstrumentMode", "ModeKind", "OnError", "Predecoded", "RollRule", "Sample", "SampleKind", "Scale", "SignalKind",
+    "StrEnum", "SynthSchema", "validate_barrier", "validate_baselines", "validate_bool", "validate_costs",
+    "validate_date", "validate_enum", "validate_float", "validate_horizon", "validate_horizons", "validate_horizons_s",
+    "validate_instrument_mode", "validate_int", "validate_jobs", "validate_path", "validate_root", "validate_sample",
+    "validate_scheduler", "validate_schemas", "validate_signal",
 ]  # fmt: skip
 
 
@@ -66,6 +66,12 @@ SignalKind = _enum("SignalKind", "Where alphafeat synth plants the leading outri
 SynthSchema = _enum("SynthSchema", "Schemas alphafeat synth writes.", "mbo", "mbp-10", "trades", "definition")
 HorizonWeighting = _enum("HorizonWeighting", "alphamodel's loss weight per horizon: min(1, K/h), or equal.",
                          "window", "equal")  # fmt: skip
+Context = _enum("Context", "alphamodel's context: the state carried across a session's windows, or each window alone.",
+                "stateful", "window")  # fmt: skip
+CfcImpl = _enum("CfcImpl", "alphamodel's CfC scan: the fused chunked scan, or the reference loop over the cell.",
+                "fused", "loop")  # fmt: skip
+Baseline = _enum("Baseline", "Baselines alphamodel train fits beside the model (alphamodel.baselines).",
+                 "base_rate", "logistic", "lightgbm", "mlp")  # fmt: skip
 ModeKind = _enum("ModeKind", "--instrument-mode: every instrument, one id, or the front month of --root.",
                  "all", "id", "front-month")  # fmt: skip
 SampleKind = _enum("SampleKind", "A row per book snapshot, or per volume bar.", "snapshot", "volume")
@@ -196,6 +202,18 @@ def validate_horizons_s(value: object, option: str = "horizons_s") -> tuple[floa
     out = tuple(validate_horizon(h, option, integer=False) for h in _items(value, option))
     if len(set(out)) != len(out):
         raise UsageError(option, "expected distinct numbers of seconds > 0", value)
+    return out
+
+
+def validate_baselines(value: object, option: str = "baselines") -> tuple[str, ...]:
+    """Baselines of ``alphamodel train`` (:class:`Baseline`): ``"logistic,mlp"`` or a sequence of
+    names, distinct; none is allowed (the model alone)."""
+    try:
+        out = tuple(str(validate_enum(b, Baseline, option)) for b in _items(value, option))
+    except UsageError:
+        out = None
+    if out is None or len(set(out)) != len(out):
+        raise UsageError(option, f"expected distinct names of {_allowed(Baseline)}, comma-separated", value)
     return out
 
 

@@ -20,8 +20,9 @@ and evaluated on its test sessions in :class:`alphamodel.env.VecEnv`:
    the C51 loss back-propagated into the Mamba2 -> CfC encoder (windows of the model's length);
 4. evaluation: greedy on the C51 means, Kelly-sized (:mod:`alphamodel.kelly`; ``c51-unit`` is
    the same policy at unit size) and the baselines — ``flat``, ``long``, ``ofi-sign`` (sign of
-   the integrated OFI), ``logistic`` (logistic regression on the OFI / imbalance inputs fitted
-   on the training sessions, long above ``0.5 + threshold``, short below ``0.5 - threshold``),
+   the integrated OFI), ``logistic`` (logistic regression on all the row's input features, as
+   ``alphamodel train``'s baseline, fitted on the training sessions, long above
+   ``0.5 + threshold``, short below ``0.5 - threshold``),
    ``direction-head`` (the encoder's direction head at the horizon nearest the stride, same
    threshold) and ``hindsight`` (the sign of the mid's move over the next stride: look-ahead,
    an upper bound, never a trial) — all in the same environment, costs and stride.
@@ -245,8 +246,9 @@ class _EncoderObs(torch.nn.Module):
         b = self.data.batch(wins, self.window, self.norm)
         dev = self.mean.device
         x, dt = torch.from_numpy(b.x).to(dev), torch.from_numpy(b.dt).to(dev)
-        h = self.model.encode(x)
-        s = self.model.cfc(h, dt)
+        real = torch.from_numpy(b.rows >= 0).to(dev)  # left padding, masked: neutral for the real rows
+        h = self.model.encode(x, mask=real)
+        s = self.model.cfc(h, dt, None, real)
         e = torch.cat([s[:, -1].to(h.dtype), h[:, -1]], -1).float()
         e = (e - self.mean) / self.std
         return torch.cat([e, torch.sign(pos)[:, None], (fee / max(self.fee_max, 1e-9))[:, None]], 1)
@@ -491,19 +493,41 @@ def _fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: Backtest
     manifest["partitions"] = [str(data.segments[s].path.resolve()) for s in train_segs]
     (view / MANIFEST).write_text(json.dumps(manifest))
     enc = tmp / f"encoder_fold{k}"
+    # one walk-forward fold inside the fold's training sessions (for early stopping), no baselines:
+    # only the encoder is needed here
     tc = TrainConfig(epochs=cfg.encoder_epochs, steps_per_epoch=cfg.encoder_steps, device=cfg.device, seed=cfg.seed,
-                     patience=max(2, cfg.encoder_epochs))
-    train(view, enc, ModelConfig(), tc, progress=progress)
+                     patience=max(2, cfg.encoder_epochs), folds=1, baselines=())
+    # the encoder run's own evaluation warnings (its inner fold, a horizon without an AUC there)
+    # are not the backtest's: kept out of the terminal while it trains
+    train_log = logging.getLogger("alphamodel.train")
+    level = train_log.level
+    train_log.setLevel(logging.ERROR)
+    try:
+        train(view, enc, ModelConfig(), tc, progress=progress)
+    finally:
+        train_log.setLevel(level)
     shutil.rmtree(view)
     return load_model(enc, cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _logistic_scores(data: CacheData, tr_rows: np.ndarray, te_rows: np.ndarray, h: int, seed: int,
+                     max_rows: int = 200_000) -> np.ndarray:
+    """Up-probabilities of the logistic baseline (:func:`alphamodel.baselines.fit_logistic`, all
+    input features of the row, as ``alphamodel train``'s) at horizon index ``h`` on ``te_rows``,
+    fitted on at most ``max_rows`` of ``tr_rows`` (NaN with one class)."""
+    from alphamodel.baselines import fit_logistic
+
+    if tr_rows.size > max_rows:
+        tr_rows = np.sort(np.random.default_rng(seed).choice(tr_rows, max_rows, replace=False))
+    norm = data.fit_normaliser(tr_rows, seed=seed)
+    xtr, ytr = data.gather(tr_rows, norm.names)
+    return fit_logistic(norm(xtr), ytr[:, h], norm(data.gather(te_rows, norm.names)[0]), max_rows, seed)
 
 
 def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: BacktestConfig, device: torch.device,
          tmp: Path, notes: dict, progress: bool) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from safetensors.torch import save_file
-
-    from alphamodel.metrics import fit_logistic_baseline
 
     c = cfg.c51
     z = support(c.n_atoms, c.v_min, c.v_max, device)
@@ -572,13 +596,8 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
                                                      gen, bar, task)
                 strategies["c51-finetune"] = functools.partial(pol, ft_net, ft_obs, kelly=cfg.kelly)
             # baselines
-            bnames = data.baseline_names
             lab = np.full(T, np.nan)
-            if bnames:
-                bnorm = data.fit_normaliser(tr_rows, bnames)
-                xtr, ytr = data.gather(tr_rows, bnames)
-                xte, _ = data.gather(te_rows, bnames)
-                lab[te_rows] = fit_logistic_baseline(bnorm(xtr), ytr[:, h_pick], bnorm(xte), 200_000, cfg.seed)
+            lab[te_rows] = _logistic_scores(data, tr_rows, te_rows, h_pick, cfg.seed)
             flat = torch.zeros(T, device=device)
             strategies.update({
                 "flat": _rule(flat), "long": _rule(torch.ones(T, device=device)), "ofi-sign": _rule(ofi_dir),

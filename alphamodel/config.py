@@ -24,8 +24,11 @@ from typing import Any, TypeVar
 
 from alphafeat import errors as af
 from alphafeat.validation import (
+    CfcImpl,
+    Context,
     Device,
     HorizonWeighting,
+    validate_baselines,
     validate_bool,
     validate_costs,
     validate_enum,
@@ -81,18 +84,21 @@ _SIZE = _int(1)
 #: TrainConfig keys and their checks.
 TRAIN_RULES: dict[str, Rule] = {
     "window": _int(1, "a number of snapshots"), "burn_in": _int(0, "a number of snapshots"),
-    "batch_size": _SIZE, "epochs": _SIZE, "steps_per_epoch": _SIZE, "lr": _float(0.0, open_=True),
-    "weight_decay": _float(0.0), "warmup_steps": _int(0), "min_lr_frac": _float(0.0, 1.0), "patience": _SIZE,
-    "val_frac": _float(0.0, 1.0, open_=True), "test_frac": _float(0.0, 1.0, open_=True),
+    "context": _enum(Context), "batch_size": _SIZE, "epochs": _SIZE, "steps_per_epoch": _SIZE,
+    "lr": _float(0.0, open_=True), "weight_decay": _float(0.0), "warmup_steps": _int(0),
+    "min_lr_frac": _float(0.0, 1.0),
+    "patience": _SIZE, "folds": _int(1, "a number of walk-forward folds"), "embargo": _float(0.0, 1.0, hi_open=True),
+    "n_boot": _int(2, "a number of bootstrap replicates"), "baselines": validate_baselines,
     "horizon_weighting": _enum(HorizonWeighting), "seed": _int(0), "device": _enum(Device),
-    "compile": validate_bool, "grad_clip": _float(0.0), "eval_batch_size": _SIZE, "threads": _optional(_SIZE),
-    "baseline_max_rows": _SIZE, "val_max_windows": _optional(_SIZE),
+    "compile": validate_bool, "grad_clip": _float(0.0), "eval_batch_size": _SIZE,
+    "eval_piece": _int(1, "a number of rows"), "eval_warmup": _int(0, "a number of rows"), "threads": _optional(_SIZE),
+    "loader_threads": _int(1, "a number of threads"), "baseline_max_rows": _SIZE,
 }  # fmt: skip
 #: ModelConfig keys and their checks.
 MODEL_RULES: dict[str, Rule] = {
     "n_features": _int(0), "n_horizons": _SIZE, "d_model": _SIZE, "n_layers": _SIZE, "d_state": _SIZE,
     "headdim": _SIZE, "expand": _SIZE, "d_conv": _SIZE, "chunk_size": _SIZE, "cfc_hidden": _SIZE,
-    "dropout": _float(0.0, 1.0),
+    "dropout": _float(0.0, 1.0), "cfc_impl": _enum(CfcImpl),
 }  # fmt: skip
 #: Highest fee level of a backtest, ticks per contract per side.
 MAX_COST_TICKS = 10.0
@@ -150,8 +156,7 @@ def check_config(cfg: T, section: str) -> T:
     alphamodel.errors.UsageError
         Naming the key (``train.epochs``, ``stride``, ``c51.n_atoms``), the value and what is
         allowed; also for keys that do not fit together (``burn_in`` >= ``window``,
-        ``val_frac + test_frac`` >= 1, ``expand * d_model`` not a multiple of ``headdim``,
-        ``v_min`` >= ``v_max``).
+        ``expand * d_model`` not a multiple of ``headdim``, ``v_min`` >= ``v_max``).
     """
     rules = _RULES[section]
     values = {}
@@ -173,9 +178,6 @@ def _check_together(v: dict[str, Any], section: str) -> None:
         if v["burn_in"] >= v["window"]:
             raise UsageError(f"{section}.burn_in", f"expected a number of snapshots in [0, window={v['window']})",
                              v["burn_in"])  # fmt: skip
-        if v["val_frac"] + v["test_frac"] >= 1:
-            raise UsageError(f"{section}.val_frac + test_frac", "expected a sum < 1 (rows must be left to train)",
-                             v["val_frac"] + v["test_frac"])  # fmt: skip
     elif (v["expand"] * v["d_model"]) % v["headdim"]:
         raise UsageError(f"{section}.headdim", f"expected a divisor of expand * d_model = {v['expand'] * v['d_model']}",
                          v["headdim"])  # fmt: skip

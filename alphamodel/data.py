@@ -39,10 +39,8 @@ from alphamodel.errors import CacheError, DataError, UsageError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Segment", "CacheData", "Normaliser", "Batch", "BASELINE_PATTERNS"]
+__all__ = ["Segment", "CacheData", "Normaliser", "Batch"]
 
-#: Columns of the logistic baseline: order-flow imbalance per level and queue/depth imbalance.
-BASELINE_PATTERNS = ("ofi_l", "imbalance_")
 _NOT_INPUT_PREFIX = ("label", "t1", "tb_", "barrier", "bid_", "ask_", "ts_", "instrument_id", "raw_symbol")
 _NOT_INPUT_SOURCE = ("DBN", "DBN symbology", "book")
 DT_MAX_S = 3600.0
@@ -155,7 +153,6 @@ class CacheData:
     horizons : list of int, from the manifest ``params.horizons``.
     tick : float, tick size in index points (manifest ``params.features.tick_size``).
     feature_names : list of str, model inputs (see module docstring).
-    baseline_names : list of str, inputs of the logistic baseline (OFI and imbalance columns).
     segments : list of Segment, in time order (first ``ts_recv``).
     offsets : np.ndarray int64 (n_segments + 1,): global row id of each segment's first row.
     label_keep : np.ndarray bool (N, H) or None: labels to keep (see :meth:`set_label_mask`).
@@ -163,14 +160,16 @@ class CacheData:
     Raises
     ------
     CacheError
-        Missing or bad cache: no manifest, no partition, a missing column, an unreadable file.
+        Missing or bad cache: no manifest, no partition, a missing column (in any partition),
+        no numeric input column, an unreadable file.
+    DataError
+        A cache without labels (``params.horizons`` empty).
     """
 
     root: Path
     horizons: list[int] = field(default_factory=list)
     tick: float = 0.25
     feature_names: list[str] = field(default_factory=list)
-    baseline_names: list[str] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     manifest: dict = field(default_factory=dict)
@@ -188,6 +187,9 @@ class CacheData:
             horizons = [int(h) for h in manifest["params"]["horizons"]]
         except (KeyError, TypeError, ValueError) as e:
             raise CacheError(root / MANIFEST, "no params.horizons in the manifest") from e
+        if not horizons:
+            raise DataError("the cache holds no labels (params.horizons is empty); "
+                            "rerun alphafeat precompute with --horizons", root)
         tick = float(manifest.get("params", {}).get("features", {}).get("tick_size", 0.25))
         parts = manifest.get("partitions") or sorted(
             str(p.relative_to(root)) for p in root.rglob("*.arrow") if not p.name.startswith((".", "_"))
@@ -218,7 +220,13 @@ class CacheData:
                 continue
             names.append(f"{name}-mid" if unit == "index points" and name != "mid" else name)
         self.feature_names = [n for n in names if n != "mid"]
-        self.baseline_names = [n for n in self.feature_names if n.startswith(BASELINE_PATTERNS)]
+        if not self.feature_names:
+            raise CacheError(segs[0].path, "no numeric feature column to use as model input")
+        for s in segs[1:]:
+            lost = [c for c in cols if c not in s.cols]
+            if lost:
+                raise CacheError(s.path, f"missing input column(s) {', '.join(lost)} "
+                                         f"(present in {segs[0].path.name})")
         log.info("cache %s: %d segments, %d rows, %d input features, horizons %s",
                  root, len(segs), self.n_rows, len(self.feature_names), horizons)
         return self
@@ -380,29 +388,15 @@ class CacheData:
                 done = e
         return out
 
-    def train_starts(self, rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-        """All valid training windows: ``(seg, start)`` int64 arrays of windows fully inside runs.
-
-        Raises
-        ------
-        DataError
-            When no run of training rows is as long as the window.
-        """
-        segs, starts = [], []
-        for seg, a, b in self.runs(rows):
-            if b - a >= window:
-                st = np.arange(a, b - window + 1, dtype=np.int64)
-                segs.append(np.full(st.size, seg, np.int64))
-                starts.append(st)
-        if not starts:
-            raise DataError(f"no run of {window} consecutive training rows; use a shorter --window", self.root)
-        return np.concatenate(segs), np.concatenate(starts)
-
-    def batch(self, windows: list[Window], window: int, norm: Normaliser, score_from: int | None = None) -> Batch:
-        """Gather windows into a left-padded batch of length ``window``.
+    def batch(self, windows: list[Window], window: int, norm: Normaliser, score_from: int | None = None,
+              pad: str = "left") -> Batch:
+        """Gather windows into a padded batch of length ``window``.
 
         ``score_from`` overrides each window's own first scored position (training uses a
-        fixed burn-in).
+        fixed burn-in). ``pad``: ``"left"`` puts a short window's rows at the end (padding
+        first), ``"right"`` at the start (padding after: a carried state continues into the
+        real rows). Padded positions have ``rows == -1`` and are masked out of the model
+        (:meth:`alphamodel.model.AlphaModel.forward`'s ``mask``), so they are neutral.
         """
         B, K, F, H = len(windows), window, len(norm.names), len(self.horizons)
         x = np.zeros((B, K, F), np.float32)
@@ -416,13 +410,15 @@ class CacheData:
         for (seg, length), members in by_seg.items():
             starts = np.array([windows[i].start for i in members], np.int64)
             idx = starts[:, None] + np.arange(length)[None, :]
-            pad = K - length
+            off = K - length if pad == "left" else 0
+            pos = slice(off, off + length)
             sel = np.array(members)
-            x[sel, pad:] = norm(self.raw_features(seg, idx, norm.names))
-            dt[sel, pad:] = self.segments[seg].dt[idx]
-            y[sel, pad:] = self.labels(seg, idx)
-            rows[sel, pad:] = idx + self.offsets[seg]
+            if length:
+                x[sel, pos] = norm(self.raw_features(seg, idx, norm.names))
+                dt[sel, pos] = self.segments[seg].dt[idx]
+                y[sel, pos] = self.labels(seg, idx)
+                rows[sel, pos] = idx + self.offsets[seg]
             for i in members:
                 first = windows[i].score_from if score_from is None else score_from
-                mask[i, pad + first :] = True
+                mask[i, off + first : off + length] = True
         return Batch(x, dt, y, mask, rows)

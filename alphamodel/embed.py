@@ -55,8 +55,9 @@ def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: l
         b = data.batch(wins[i : i + batch_size], window, norm)
         x = torch.from_numpy(b.x).to(device)
         dt = torch.from_numpy(b.dt).to(device)
-        h = model.encode(x)
-        s = model.cfc(h, dt)
+        real = torch.from_numpy(b.rows >= 0).to(device)  # padding masked: neutral for the real rows
+        h = model.encode(x, mask=real)
+        s = model.cfc(h, dt, None, real)
         seq = torch.cat([s.to(h.dtype), h], dim=-1)
         p = torch.sigmoid(model.heads(torch.cat([seq, x.to(h.dtype)], dim=-1)).float())
         seq, p = seq.float().cpu().numpy(), p.cpu().numpy()

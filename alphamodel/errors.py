@@ -11,6 +11,7 @@ class                        what is at fault                                   
 :class:`ConfigError`         a value in a ``--config`` file (names file, key)   1
 :class:`CacheError`          the cache (missing, no partition, bad column)      1
 :class:`DataError`           what the cache holds (too few rows for a window)   1
+:class:`TrainingError`       a run that went wrong (the loss became NaN)        1
 ==========================  ==================================================  ===========
 """
 
@@ -20,7 +21,7 @@ import os
 
 from alphafeat import errors as af
 
-__all__ = ["AlphamodelError", "CacheError", "ConfigError", "DataError", "UsageError"]
+__all__ = ["AlphamodelError", "CacheError", "ConfigError", "DataError", "TrainingError", "UsageError"]
 
 
 class AlphamodelError(af.AlphafeatError):
@@ -45,3 +46,8 @@ class CacheError(AlphamodelError, af.CacheError):
 
 class DataError(AlphamodelError, af.DataError):
     """The cache cannot give what training needs (``path`` where known)."""
+
+
+class TrainingError(AlphamodelError):
+    """Training that cannot give a result: the loss or the model's scores not finite (the
+    message names the step and the last finite loss)."""

@@ -170,7 +170,9 @@ class Mamba2(nn.Module):
         Range of the initial step ``softplus(dt_bias)`` (log-uniform), as in ``mamba_ssm``.
 
     Shapes: ``forward(u)`` takes (batch, L, d_model) and returns (batch, L, d_model); with
-    ``return_state=True`` also the final SSM state (batch, H, P, N) in float32.
+    ``return_state=True`` also the final state ``(conv_state, ssm_state)``: the last
+    ``d_conv - 1`` conv inputs (batch, conv_dim, d_conv - 1) and the SSM state (batch, H, P, N)
+    in float32.
     """
 
     def __init__(
@@ -206,31 +208,55 @@ class Mamba2(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def forward(
-        self, u: torch.Tensor, initial_state: torch.Tensor | None = None, return_state: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, u: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None, return_state: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """(batch, L, d_model) -> (batch, L, d_model).
+
+        ``state``: ``(conv_state (batch, conv_dim, d_conv - 1), ssm_state (batch, H, P, N))``, the
+        state after the previous window of the same stream (from ``return_state=True``); with it
+        two consecutive windows give the outputs of one long window (tests/test_model_ssd.py).
+        ``mask`` (batch, L) bool: False positions (padding) are neutral — their conv input is zero
+        (as the conv's own zero padding) and their step ``dt`` is 0 (decay 1, no input), so the
+        state passes through them unchanged and real positions get the outputs they would get
+        without the padding. Padding at the end of a window is neutral for its real positions
+        but not for a carried conv state (the trainer resets a stream whose window ends padded).
+        """
         bsz, L, _ = u.shape
         zxbcdt = self.in_proj(u)
         z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
-        xbc = F.silu(self.conv1d(xbc.transpose(1, 2))[..., :L].transpose(1, 2))
+        if mask is not None:
+            xbc = xbc * mask.unsqueeze(-1).to(xbc.dtype)
+        k = self.conv1d.kernel_size[0] - 1
+        xbc_t = xbc.transpose(1, 2)
+        conv_state, ssm_state = state if state is not None else (None, None)
+        if conv_state is None:
+            conv_state = xbc_t.new_zeros(bsz, self.conv_dim, k)
+        full = torch.cat([conv_state.to(xbc_t.dtype), xbc_t], dim=-1)
+        w, b = self.conv1d.weight, self.conv1d.bias
+        xbc = F.silu(F.conv1d(full, w.to(full.dtype), b.to(full.dtype), groups=self.conv_dim).transpose(1, 2))
+        new_conv = full[..., full.shape[-1] - k:] if k else full[..., :0]
         x, Bm, Cm = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
         with torch.autocast(device_type=u.device.type, enabled=False):
             scan_dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
             dt = F.softplus(dt.to(scan_dtype) + self.dt_bias.to(scan_dtype))  # (b, L, H), float32
+            if mask is not None:
+                dt = dt * mask.unsqueeze(-1).to(scan_dtype)
             A = -torch.exp(self.A_log.to(scan_dtype))  # (H,)
             xh = x.to(scan_dtype).reshape(bsz, L, self.nheads, self.headdim)
             rep = self.nheads // self.ngroups
             Bh = Bm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
             Ch = Cm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
-            if (self.use_triton and _triton_ssd is not None and u.is_cuda and initial_state is None
-                    and not return_state and scan_dtype == torch.float32):
-                y = _triton_ssd(xh, dt, A, Bm.float().reshape(bsz, L, self.ngroups, self.d_state),
-                                Cm.float().reshape(bsz, L, self.ngroups, self.d_state), self.chunk_size)
-                state = None
+            if self.use_triton and _triton_ssd is not None and u.is_cuda and scan_dtype == torch.float32:
+                # mamba_ssm's kernel: the same scan (x times dt inside), carried state in and out
+                y, new_ssm = _triton_ssd(xh, dt, A, Bm.float().reshape(bsz, L, self.ngroups, self.d_state),
+                                         Cm.float().reshape(bsz, L, self.ngroups, self.d_state), self.chunk_size,
+                                         initial_states=ssm_state, return_final_states=True)
             else:
-                y, state = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bh, Ch, self.chunk_size, initial_state)
+                y, new_ssm = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bh, Ch, self.chunk_size, ssm_state)
             y = y + xh * self.D.to(scan_dtype).unsqueeze(-1)
             y = y.reshape(bsz, L, self.d_inner)
         out = self.out_proj(self.norm(y, z))  # under autocast the projection runs in bf16
         if return_state:
-            return out, state
+            return out, (new_conv, new_ssm)
         return out

@@ -1,4 +1,4 @@
-"""Evaluation metrics and the logistic-regression baseline.
+"""Evaluation metrics (the baselines are in :mod:`alphamodel.baselines`).
 
 AUC is the Mann–Whitney U statistic of the positive class divided by ``n_pos * n_neg``
 (Mann & Whitney 1947; Hanley & McNeil 1982), with average ranks for tied scores, i.e. the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["average_ranks", "auc", "base_rate", "fit_logistic_baseline"]
+__all__ = ["average_ranks", "auc", "base_rate"]
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -61,34 +61,3 @@ def base_rate(labels: np.ndarray) -> float:
     labels = np.asarray(labels, dtype=np.float64)
     ok = ~np.isnan(labels)
     return float(labels[ok].mean()) if ok.any() else float("nan")
-
-
-def fit_logistic_baseline(
-    x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, max_rows: int = 200_000, seed: int = 0,
-) -> np.ndarray:
-    """Logistic regression (scikit-learn, L2, C = 1) on one horizon; returns test scores.
-
-    Parameters
-    ----------
-    x_train : np.ndarray, shape (n, F): features (already normalised; NaN is read as 0).
-    y_train : np.ndarray, shape (n,): labels 1/0/NaN (NaN rows are dropped).
-    x_test : np.ndarray, shape (m, F).
-    max_rows : int: at most this many training rows (a seeded random subset) to bound time.
-
-    Returns
-    -------
-    np.ndarray float64 shape (m,): predicted probability of label 1; NaN everywhere when the
-    training labels hold a single class.
-    """
-    from sklearn.linear_model import LogisticRegression
-
-    ok = ~np.isnan(y_train)
-    xt, yt = np.nan_to_num(x_train[ok]), y_train[ok]
-    if len(np.unique(yt)) < 2:
-        return np.full(len(x_test), np.nan)
-    if len(yt) > max_rows:
-        pick = np.random.default_rng(seed).choice(len(yt), max_rows, replace=False)
-        xt, yt = xt[pick], yt[pick]
-    clf = LogisticRegression(C=1.0, max_iter=500)
-    clf.fit(xt, yt.astype(int))
-    return clf.predict_proba(np.nan_to_num(x_test))[:, 1]

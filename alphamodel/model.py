@@ -22,7 +22,7 @@ from alphamodel.cfc import CfC
 from alphamodel.errors import UsageError
 from alphamodel.mamba2 import Mamba2, RMSNormGated
 
-__all__ = ["ModelConfig", "AlphaModel", "masked_bce_loss", "horizon_weights"]
+__all__ = ["ModelConfig", "ModelState", "AlphaModel", "masked_bce_loss", "horizon_weights"]
 
 
 @dataclass
@@ -33,7 +33,8 @@ class ModelConfig:
     n_horizons : number of label horizons H (set from the cache metadata).
     d_model, n_layers : residual width and number of Mamba2 blocks.
     d_state, headdim, expand, d_conv, chunk_size : Mamba2 parameters.
-    cfc_hidden : CfC units.
+    cfc_hidden : CfC units.  cfc_impl : ``"fused"`` (the chunked scan) or ``"loop"`` (the
+        reference loop over :class:`alphamodel.cfc.CfCCell`), see :class:`alphamodel.cfc.CfC`.
     The defaults are the small model of ``alphamodel train`` without ``--cache`` (the embedded
     sample: ~16k training rows, which this model starts to memorise within 40 steps, hence the
     dropout); other caches pass sizes with ``--config`` (examples in ``alphamodel/configs/``).
@@ -53,6 +54,7 @@ class ModelConfig:
     chunk_size: int = 32
     cfc_hidden: int = 32
     dropout: float = 0.3
+    cfc_impl: str = "fused"
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -71,8 +73,32 @@ class _Block(nn.Module):
                             d_conv=cfg.d_conv, chunk_size=cfg.chunk_size)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop(self.mixer(self.norm(x)))
+    def forward(self, x: torch.Tensor, state: tuple | None = None, mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, tuple]:
+        y, new = self.mixer(self.norm(x), state=state, mask=mask, return_state=True)
+        return x + self.drop(y), new
+
+
+@dataclass
+class ModelState:
+    """The recurrent state of :class:`AlphaModel` after a window, per stream (batch row).
+
+    blocks : one ``(conv_state, ssm_state)`` per Mamba2 block (see :meth:`Mamba2.forward`).
+    cfc : (B, cfc_hidden) float32, the CfC state.
+    """
+
+    blocks: list[tuple[torch.Tensor, torch.Tensor]]
+    cfc: torch.Tensor
+
+    def detach(self) -> ModelState:
+        """The same values cut from the graph (truncated back-propagation between windows)."""
+        return ModelState([(c.detach(), s.detach()) for c, s in self.blocks], self.cfc.detach())
+
+    def reset(self, rows: torch.Tensor) -> ModelState:
+        """Zero the state of the streams where ``rows`` (B,) bool is True (a new session starts)."""
+        def z(t: torch.Tensor) -> torch.Tensor:
+            return torch.where(rows.view(-1, *([1] * (t.dim() - 1))), torch.zeros_like(t), t)
+        return ModelState([(z(c), z(s)) for c, s in self.blocks], z(self.cfc))
 
 
 class AlphaModel(nn.Module):
@@ -90,23 +116,40 @@ class AlphaModel(nn.Module):
         self.embed = nn.Linear(cfg.n_features, cfg.d_model)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = RMSNormGated(cfg.d_model)
-        self.cfc = CfC(cfg.d_model, cfg.cfc_hidden)
+        self.cfc = CfC(cfg.d_model, cfg.cfc_hidden, impl=cfg.cfc_impl)
         # heads read the CfC state, the encoder output and (a linear "wide" path) the row's inputs
         self.heads = nn.Linear(cfg.cfc_hidden + cfg.d_model + cfg.n_features, cfg.n_horizons)
         self.drop_seq = nn.Dropout(cfg.dropout)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """The Mamba2 stack: (B, K, F) -> (B, K, d_model)."""
+    def encode(self, x: torch.Tensor, state: ModelState | None = None, mask: torch.Tensor | None = None,
+               return_state: bool = False) -> torch.Tensor | tuple[torch.Tensor, list]:
+        """The Mamba2 stack: (B, K, F) -> (B, K, d_model); with ``return_state`` also each block's
+        ``(conv_state, ssm_state)`` after the window (``state``, ``mask``: as in :meth:`forward`)."""
         h = self.embed(x)
-        for blk in self.blocks:
-            h = blk(h)
-        return self.norm_f(h)
+        states = []
+        for i, blk in enumerate(self.blocks):
+            h, st = blk(h, None if state is None else state.blocks[i], mask)
+            states.append(st)
+        h = self.norm_f(h)
+        return (h, states) if return_state else h
 
-    def forward(self, x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
-        h = self.encode(x)
-        s = self.cfc(h, dt)
+    def forward(self, x: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None = None,
+                state: ModelState | None = None, return_state: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, ModelState]:
+        """Logits (B, K, H) float32 of windows ``x`` (B, K, F) with steps ``dt`` (B, K) seconds.
+
+        ``mask`` (B, K) bool: False positions are padding, neutral for the real ones (their
+        logits are meaningless). ``state``: the :class:`ModelState` after the previous window
+        of each stream (stateful context: consecutive windows equal one long window);
+        ``return_state=True`` also returns the state after this window.
+        """
+        h, blocks = self.encode(x, state, mask, return_state=True)
+        s = self.cfc(h, dt, None if state is None else state.cfc, mask)
         seq = self.drop_seq(torch.cat([s.to(h.dtype), h], dim=-1))
-        return self.heads(torch.cat([seq, x.to(h.dtype)], dim=-1)).float()
+        logits = self.heads(torch.cat([seq, x.to(h.dtype)], dim=-1)).float()
+        if return_state:
+            return logits, ModelState(blocks, s[:, -1].float())
+        return logits
 
 
 def horizon_weights(horizons: Sequence[int], window: int, scheme: str = "window") -> torch.Tensor:

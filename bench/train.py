@@ -1,11 +1,17 @@
-"""Training throughput of the alphamodel network (Mamba2 -> CfC -> heads), eager and compiled.
+"""Training throughput of the alphamodel network (Mamba2 -> CfC -> heads), before and after.
 
-Measures optimizer steps on random inputs already on the device (the model's own speed, not
-the data loader's): windows/s and tokens/s (= windows/s * K), and peak GPU memory. Prints a
-table and one JSON line.
+Measures optimizer steps (forward + backward + AdamW) of the whole stack on random inputs
+already on the device (the model's own speed, not the data loader's): windows/s and tokens/s
+(= windows/s * K), and peak GPU memory, side by side in one run. Prints a table and one JSON line.
+
+Modes (``--modes``, comma-separated): ``loop`` / ``loop-compile`` — the CfC as a Python loop
+over :class:`CfCCell` (before; ``-compile``: blocks and cell compiled, as on main), ``fused`` /
+``fused-compile`` — the chunked CfC scan (after; ``-compile``: blocks and the scan's chunk body
+compiled). On CUDA: bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
 
     python bench/train.py [--device cuda] [--batch 64] [--window 512] [--d-model 128]
-                          [--layers 4] [--steps 20] [--modes eager,compile]
+                          [--layers 4] [--steps 20] [--modes loop,fused,loop-compile,fused-compile]
+                          [--cache DIR]   (adds the batch loader's tokens/s on that cache)
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from alphamodel.train import compile_model
 
 def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
     torch.manual_seed(0)
+    impl, _, how = mode.partition("-")
     cfg = ModelConfig(n_features=args.features, n_horizons=5, d_model=args.d_model, n_layers=args.layers,
-                      d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk, cfc_hidden=args.cfc)
+                      d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk, cfc_hidden=args.cfc,
+                      cfc_impl=impl)
     model = AlphaModel(cfg).to(device)
-    fwd = compile_model(model) if mode == "compile" else model
+    model.cfc.chunk = args.cfc_chunk
+    fwd = compile_model(model) if how == "compile" else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     B, K = args.batch, args.window
     x = torch.randn(B, K, args.features, device=device)
@@ -63,6 +72,39 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
+def loader(args: argparse.Namespace) -> dict:
+    """Tokens/s of the training batches gathered from a memory-mapped cache by
+    ``--loader-threads`` threads (the trainer's ``loader_threads``): whether loading keeps up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from alphamodel.data import CacheData
+    from alphamodel.train import TrainConfig, _Streams
+
+    data = CacheData.open(args.cache)
+    rows = np.arange(data.n_rows, dtype=np.int64)
+    norm = data.fit_normaliser(rows, max_rows=200_000)
+    tc = TrainConfig(window=args.window, batch_size=args.batch)
+    streams = _Streams(data, rows, tc, np.random.default_rng(0), stateful=True)
+    data.batch(streams.next()[0], args.window, norm)
+    pool = ThreadPoolExecutor(args.loader_threads)
+    queue = [pool.submit(data.batch, streams.next()[0], args.window, norm) for _ in range(args.loader_threads + 1)]
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < 5.0:
+        b = queue.pop(0).result()
+        queue.append(pool.submit(data.batch, streams.next()[0], args.window, norm))
+        if args.device == "cuda":
+            torch.from_numpy(b.x).pin_memory().to("cuda", non_blocking=True)
+        n += 1
+    s = time.perf_counter() - t0
+    pool.shutdown(cancel_futures=True)
+    return {"mode": f"loader x{args.loader_threads}", "windows_per_s": n * args.batch / s,
+            "tokens_per_s": n * args.batch * args.window / s,
+            "step_ms": 1000 * s / n, "warmup_s": 0.0, "peak_gib": None, "parameters": 0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -77,17 +119,27 @@ def main() -> None:
     ap.add_argument("--cfc", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--cfc-chunk", dest="cfc_chunk", type=int, default=16, help="steps per fused CfC chunk")
+    ap.add_argument("--modes", default="loop,fused,loop-compile,fused-compile")
+    ap.add_argument("--cache", help="also time the batch loader on this cache (mode 'loader')")
+    ap.add_argument("--loader-threads", dest="loader_threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as alphamodel train)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     rows = [run(m, args, device) for m in args.modes.split(",")]
+    if args.cache:
+        rows.append(loader(args))
     size = {k: getattr(args, k) for k in ("batch", "window", "features", "d_model", "layers", "d_state",
-                                          "headdim", "chunk", "cfc")}
+                                          "headdim", "chunk", "cfc", "cfc_chunk")}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     print(f"alphamodel training throughput on {name} (torch {torch.__version__}), size {size}")
-    print(f"{'mode':>8} {'windows/s':>11} {'tokens/s':>12} {'step ms':>9} {'warm-up s':>10} {'peak GiB':>9}")
+    print(f"{'mode':>14} {'windows/s':>11} {'tokens/s':>12} {'step ms':>9} {'warm-up s':>10} {'peak GiB':>9}")
     for r in rows:
-        print(f"{r['mode']:>8} {r['windows_per_s']:>11.1f} {r['tokens_per_s']:>12.0f} {r['step_ms']:>9.1f} "
+        print(f"{r['mode']:>14} {r['windows_per_s']:>11.1f} {r['tokens_per_s']:>12.0f} {r['step_ms']:>9.1f} "
               f"{r['warmup_s']:>10.1f} {r['peak_gib'] or float('nan'):>9.2f}")
     print(json.dumps({"device": name, "torch": torch.__version__, "size": size, "results": rows}))
 

@@ -1,7 +1,9 @@
 """``alphamodel``: train Mamba2 -> CfC -> multi-horizon heads on an alphafeat cache.
 
 Subcommands
-    train     purged walk-forward training with per-horizon AUCs against baselines
+    train     walk-forward folds over sessions (purged, embargo); per-horizon AUC of the model and
+              of its baselines (base rate, logistic regression, LightGBM, MLP, the generator's
+              ceiling) on the same rows, with session-bootstrap 95% intervals
     backtest  a C51 trading policy on the encoder, walk-forward over sessions, per cost level,
               beside baselines (flat, long, OFI sign, logistic, direction heads)
     embed     per-row embeddings of a trained model, written beside the cache
@@ -21,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from alphafeat.errors import AlphafeatError, InputError
-from alphafeat.validation import Device, validate_costs, validate_enum, validate_int, validate_path
+from alphafeat.validation import Context, Device, validate_costs, validate_enum, validate_int, validate_path
 from alphamodel.config import MAX_COST_TICKS
 from alphamodel.errors import AlphamodelError
 from cli import Parser, console, option, run, verbose_parent
@@ -47,7 +49,8 @@ def _default_cache(out: Path, quiet: bool) -> Path:
 
 
 #: ``alphamodel train`` options that set a TrainConfig key of the same name.
-_TRAIN_OPTIONS = ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads")
+_TRAIN_OPTIONS = ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads", "folds",
+                  "context")
 
 
 def _need_torch() -> None:
@@ -73,21 +76,50 @@ def _train(args: argparse.Namespace) -> int:
     cache = args.cache or _default_cache(args.out, args.quiet)
     s = train(cache, args.out, mc, tc, progress=not args.quiet)
 
-    t = Table(title=f"alphamodel train -> {s['out']}  (test block, {s['rows']['test']:,} rows)")
-    for col in ("horizon", "labels", "base rate", "AUC model", "AUC logistic (OFI/imbalance)"):
+    print_summary(s)
+    return 0
+
+
+def print_summary(s: dict) -> None:
+    """The pooled test table of a ``summary.json``: the model and each baseline per horizon with
+    95% session-bootstrap intervals, the generator's ceiling, and the lift over the best baseline."""
+    models = []
+    for r in s["evaluation"]:
+        if r["fold"] == "all" and r["model"] not in models:
+            models.append(r["model"])
+    folds = len(s["folds"])
+    t = Table(title=f"alphamodel train -> {s['out']}: test blocks of {folds} walk-forward fold(s) pooled, "
+                    f"{s['rows']['test_pooled']:,} rows; AUC with its 95% session-bootstrap interval")
+    for col in ("horizon", "labels", "up", "model", "AUC", "95% interval", "lift vs best [95%]"):
         t.add_column(col, justify="right")
 
     def f(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.4f}"
+        return "n/a" if x is None else f"{x:.3f}"
 
     for h in s["horizons"]:
-        t.add_row(str(h["horizon"]), f"{h['n_test']:,}", f(h["base_rate_test"]), f(h["auc_model"]),
-                  f(h["auc_logistic"]))
-    Console().print(t)
-    Console().print(f"best epoch {s['best_epoch']} of {s['epochs_run']}; {s['parameters']:,} parameters; "
-                    f"{s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, auc.png, "
-                    "model.safetensors, config.json written")
-    return 0
+        first = True
+        for m in models:
+            r = next((r for r in s["evaluation"] if r["fold"] == "all" and r["horizon"] == h["horizon"]
+                      and r["model"] == m), None)
+            if r is None:
+                continue
+            ci = "" if r["auc_ci_low"] is None else f"[{f(r['auc_ci_low'])}, {f(r['auc_ci_high'])}]"
+            lift = ""
+            if m == "alphamodel":
+                lift = ("n/a" if h["lift"] is None else f"{h['lift']:+.3f} [{h['lift_ci_low']:+.3f}, "
+                        f"{h['lift_ci_high']:+.3f}] vs {h['best_baseline']}" if h["lift_ci_low"] is not None
+                        else f"{h['lift']:+.3f} vs {h['best_baseline']}")
+            t.add_row(str(h["horizon"]) if first else "", f"{h['n_test']:,}" if first else "",
+                      f(h["base_rate_test"]) if first else "", m, f(r["auc"]), ci, lift,
+                      end_section=m == models[-1])
+            first = False
+    con = Console() if Console().is_terminal else Console(width=140)
+    con.print(t)
+    for w in s.get("warnings", []):
+        Console(stderr=True).print(f"warning: {w}")
+    con.print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
+                    f"{s['parameters']:,} parameters; {s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, "
+                    "auc.png, model.safetensors, config.json written")
 
 
 #: ``alphamodel backtest`` options that set a BacktestConfig key of the same name.
@@ -169,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", dest="batch_size", type=size)
     p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=size)
     p.add_argument("--threads", type=size, help="CPU threads for torch")
+    p.add_argument("--folds", type=option(validate_int, lo=1, what="a number of walk-forward folds"),
+                   help="walk-forward folds over sessions (default 3)")
+    p.add_argument("--context", type=option(validate_enum, enum=Context), metavar="{" + ",".join(Context) + "}",
+                   help="stateful: carry the state across consecutive windows of a session (default); "
+                        "window: each window starts from zero")
     p.add_argument("--compile", action="store_true", help="torch.compile the Mamba2 blocks and the CfC cell")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)

@@ -117,7 +117,6 @@ def test_cache_data_spans_features_windows(cache):
     d = CacheData.open(cache)
     assert d.horizons == HORIZONS and d.n_rows == 2700
     assert d.feature_names == ["microprice-mid", "imbalance_l1", "ofi_l01", "log_dt"]
-    assert d.baseline_names == ["imbalance_l1", "ofi_l01"]
     t0, t1 = d.spans()
     seg = d.segments[1]
     n = seg.n
@@ -264,6 +263,8 @@ def test_labels_kept_after_purge_counts_labels_not_rows(cache):
         assert kept == int((has & keep[:, j]).sum()) and kept + purged == int(has.sum())
         assert kept < int(keep[:, j].sum())  # rows whose label is NaN (ties, session ends) are no labels
     assert c["labels_purged"]["h5"] == 2 * (5 - 1)  # the last h - 1 training and validation rows; odd h: no tie
+    d.set_label_mask(keep)  # training sets the mask; the counts read the cache's labels as stored
+    assert label_counts(d, keep) == c
 
 
 def test_weight_decay_is_chosen_by_module_type():
@@ -292,17 +293,168 @@ def test_weight_decay_is_chosen_by_module_type():
     assert "extra.weight" not in names and "heads.weight" not in names and "embed.weight" in names
 
 
+def test_every_config_key_has_its_rule():
+    """alphamodel.config holds one rule per key of each config (a key added or removed without
+    its rule fails here, not silently checked by its type alone)."""
+    import dataclasses
+
+    from alphamodel.backtest import BacktestConfig
+    from alphamodel.c51 import C51Config
+    from alphamodel.config import BACKTEST_RULES, C51_RULES, MODEL_RULES, TRAIN_RULES
+    from alphamodel.model import ModelConfig
+
+    for cls, rules in ((TrainConfig, TRAIN_RULES), (ModelConfig, MODEL_RULES), (BacktestConfig, BACKTEST_RULES),
+                       (C51Config, C51_RULES)):
+        assert {f.name for f in dataclasses.fields(cls)} == set(rules), cls.__name__
+
+
 def test_config_values_are_checked_before_anything_is_written(cache, tmp_path):
     from alphafeat.errors import UsageError
     from alphamodel.model import ModelConfig
 
     for bad in ({"epochs": 0}, {"batch_size": 0}, {"epochs": "3"}, {"window": 8, "burn_in": 8},
-                {"horizon_weighting": "log"}, {"device": "gpu"}, {"seed": 1.5}, {"nope": 1}):
+                {"horizon_weighting": "log"}, {"device": "gpu"}, {"seed": 1.5}, {"nope": 1}, {"folds": 0},
+                {"context": "long"}, {"embargo": 1.0}, {"embargo": -0.1}, {"n_boot": 1}, {"baselines": ["xgboost"]},
+                {"baselines": ["mlp", "mlp"]}, {"eval_piece": 0}, {"eval_warmup": -1}, {"loader_threads": 0},
+                {"val_frac": 0.2}):
         with pytest.raises(UsageError, match="train"):
             TrainConfig.from_dict(bad)
     with pytest.raises(UsageError, match="model.headdim"):
         ModelConfig.from_dict({"d_model": 8, "expand": 1, "headdim": 3})
+    with pytest.raises(UsageError, match="model.cfc_impl"):
+        ModelConfig.from_dict({"cfc_impl": "scan"})
+    assert TrainConfig.from_dict({"baselines": "logistic,mlp"}).baselines == ("logistic", "mlp")
+    assert TrainConfig.from_dict({"baselines": []}).baselines == ()
     assert TrainConfig.from_dict({"window": 8}).burn_in == 2  # the default burn-in is fitted to a short window
     with pytest.raises(UsageError, match=r"train\.epochs: expected a whole number >= 1, got 0"):
         train(cache, tmp_path / "o", train_cfg=TrainConfig(epochs=0))  # the Python API checks too
     assert not (tmp_path / "o").exists()
+
+
+# ---- data-dependent bad input: one line, exit 1, before training ----------------------------
+TINY = {"model": {"d_model": 8, "n_layers": 1, "d_state": 4, "headdim": 8, "chunk_size": 8, "cfc_hidden": 4},
+        "train": {"window": 16, "burn_in": 4, "batch_size": 4, "epochs": 1, "steps_per_epoch": 3,
+                  "baselines": ["logistic"], "n_boot": 10, "device": "cpu"}}
+
+
+def _run_cli(tmp_path, root, capsys, **train):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"model": TINY["model"], "train": {**TINY["train"], **train}}))
+    code = cli_main(["train", "--cache", str(root), "--out", str(tmp_path / "o"), "--config", str(cfg), "-q"])
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_cache_without_labels_is_one_line_before_training(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=60)
+    m = json.loads((root / MANIFEST).read_text())
+    m["params"]["horizons"] = []
+    (root / MANIFEST).write_text(json.dumps(m))
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 1 and len(err.splitlines()) == 1 and "holds no labels" in err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_cache_whose_labels_are_all_nan_is_one_line(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=60)
+    for p in root.rglob("*.arrow"):
+        t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
+        for h in HORIZONS:
+            i = t.column_names.index(f"label_h{h}")
+            t = t.set_column(i, f"label_h{h}", pa.array(np.full(t.num_rows, np.nan, np.float32)))
+        with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+            w.write_table(t)
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 1 and len(err.splitlines()) == 1 and "no label value" in err
+
+
+def test_partition_missing_an_input_column_is_one_line(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=60)
+    p = sorted(root.rglob("*.arrow"))[1]
+    t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all().drop_columns(["ofi_l01"])
+    with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t)
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "missing input column(s) ofi_l01" in err and p.name in err
+
+
+def test_loss_going_nan_stops_with_its_step(tmp_path, capsys):
+    root = _write_cache(tmp_path / "c", sessions=3, n=300)
+    code, err = _run_cli(tmp_path, root, capsys, lr=1e30, warmup_steps=0, grad_clip=0.0)
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "loss is nan at step 2" in err and "last finite loss" in err and "at step 1" in err
+
+
+def test_one_class_test_block_is_said_not_silent(tmp_path, capsys):
+    """A horizon whose test block holds one class has no AUC: the summary says so in `warnings`
+    and the command prints it (no NaN hidden in a table)."""
+    root = _write_cache(tmp_path / "c", sessions=3, n=300)
+    p = sorted(root.rglob("*.arrow"))[-1]  # the test session
+    t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
+    i = t.column_names.index("label_h5")
+    t = t.set_column(i, "label_h5", pa.array(np.ones(t.num_rows, np.float32)))
+    with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t)
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert any("horizon 5: no AUC for the model" in w for w in s["warnings"])
+    assert "horizon 5: no AUC for the model" in err.replace("\n", " ")
+    rec = [r for r in s["evaluation"] if r["model"] == "alphamodel" and r["horizon"] == 5]
+    assert rec and all(r["auc"] is None for r in rec)  # null in JSON, never NaN
+
+
+def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_path):
+    from alphamodel.model import ModelConfig
+
+    tc = TrainConfig(window=16, burn_in=4, batch_size=4, epochs=1, steps_per_epoch=3, device="cpu", n_boot=20,
+                     baselines=("base_rate", "logistic", "mlp"))
+    s = train(cache, tmp_path / "o", ModelConfig(**TINY["model"]), tc, progress=False)
+    keys = {"model", "fold", "horizon", "auc", "auc_ci_low", "auc_ci_high", "n", "base_rate"}
+    ev = s["evaluation"]
+    assert all(keys <= set(r) for r in ev)
+    got = {(r["model"], r["fold"], r["horizon"]) for r in ev}
+    for m in ("alphamodel", "base_rate", "logistic", "mlp"):
+        for f in (0, "all"):
+            for h in HORIZONS:
+                assert (m, f, h) in got
+    for r in ev:
+        if r["auc"] is not None and r["auc_ci_low"] is not None:
+            assert r["auc_ci_low"] <= r["auc"] <= r["auc_ci_high"]
+    base = [r for r in ev if r["model"] == "base_rate" and r["fold"] == "all"]
+    assert all(r["auc"] == pytest.approx(0.5) for r in base)  # a constant score: the floor
+    b = s["folds"][0]
+    assert b["test"]["sessions"] == 1 and b["train"]["rows"] == 900 and b["test"][f"positives_h{HORIZONS[0]}"] > 0
+    for h in HORIZONS:  # labels kept after purging and embargo: those the three blocks hold
+        assert b["labels_kept_after_purge"][f"h{h}"] == sum(b[k][f"labels_h{h}"] for k in ("train", "val", "test"))
+        assert b["labels_purged"][f"h{h}"] > 0
+    for h in s["horizons"]:
+        assert h["best_baseline"] in ("logistic", "mlp") and h["lift"] is not None
+
+
+def test_stateful_scoring_equals_each_run_as_one_sequence(cache):
+    """score_rows (stateful): runs of different lengths batched together, cut in windows of K,
+    right-padded, state carried — the scores of running each run as one long sequence."""
+    from alphamodel.data import Window
+    from alphamodel.model import AlphaModel, ModelConfig
+    from alphamodel.train import score_rows
+
+    d = CacheData.open(cache)
+    torch.manual_seed(0)
+    norm = d.fit_normaliser(np.arange(900))
+    model = AlphaModel(ModelConfig(n_features=len(norm.names), n_horizons=2, **TINY["model"], dropout=0.0)).eval()
+    rows = np.r_[100:900, 900:1400]  # 800 rows of session 0 and 500 of session 1
+    tc = TrainConfig(window=48, context="stateful", eval_piece=10_000, eval_warmup=0, eval_batch_size=2)
+    r, p, _ = score_rows(model, d, rows, norm, tc, torch.device("cpu"))
+    assert r.tolist() == rows.tolist()
+    for seg, a, b in ((0, 100, 900), (1, 0, 500)):
+        bt = d.batch([Window(seg, a, b)], b - a, norm)
+        with torch.no_grad():
+            ref = torch.sigmoid(model(torch.from_numpy(bt.x), torch.from_numpy(bt.dt))).numpy()[0]
+        got = p[np.searchsorted(r, d.offsets[seg] + np.arange(a, b))]
+        assert np.allclose(got, ref, rtol=0, atol=1e-5)
+    # with pieces and a warm-up, a row's score sees the warm-up rows as context (close, not equal)
+    tc2 = TrainConfig(window=48, context="stateful", eval_piece=200, eval_warmup=100, eval_batch_size=3)
+    r2, p2, _ = score_rows(model, d, rows, norm, tc2, torch.device("cpu"))
+    assert r2.tolist() == rows.tolist() and np.isfinite(p2).all()
