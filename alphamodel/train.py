@@ -670,6 +670,9 @@ def train(
                                "auc_ci_low": None, "auc_ci_high": None, "n": None, "base_rate": None,
                                "bootstrap_unit": None, "source": ceiling_src})
     warnings = []
+    if len(folds) < tc.folds:
+        warnings.append(f"folds: {tc.folds} asked, {len(folds)} made: {int(skey.max()) + 1 if skey.size else 0} "
+                        f"session(s) give at most that many walk-forward folds (folds + 2 blocks)")
     for r in evaluation:
         if r["model"] == "alphamodel" and r["auc"] is None:
             warnings.append(f"fold {r['fold']} horizon {r['horizon']}: no AUC for the model "

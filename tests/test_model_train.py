@@ -425,6 +425,7 @@ def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_
     base = [r for r in ev if r["model"] == "base_rate" and r["fold"] == "all"]
     assert all(r["auc"] == pytest.approx(0.5) for r in base)  # a constant score: the floor
     b = s["folds"][0]
+    assert len(s["folds"]) == 1 and any(w.startswith(f"folds: {tc.folds} asked, 1 made") for w in s["warnings"])
     assert b["test"]["sessions"] == 1 and b["train"]["rows"] == 900 and b["test"][f"positives_h{HORIZONS[0]}"] > 0
     for h in HORIZONS:  # labels kept after purging and embargo: those the three blocks hold
         assert b["labels_kept_after_purge"][f"h{h}"] == sum(b[k][f"labels_h{h}"] for k in ("train", "val", "test"))
