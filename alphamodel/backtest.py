@@ -15,7 +15,10 @@ and evaluated on its test sessions in :class:`alphamodel.env.VecEnv`:
    network, Thompson exploration, a fee drawn per episode from ``[0, fee_max]`` (cost
    randomisation: one policy for every cost level) and the K = 3 trade-outcome head on
    ``tb_label`` (classes: stop / timeout / profit *of a long entered at the row*, i.e. the
-   triple barrier's -1 / 0 / +1; masked where NaN);
+   triple barrier's -1 / 0 / +1; masked where NaN; its cross-entropy weighted by inverse class
+   frequency on the fold's training rows, :func:`alphamodel.c51.class_weights`, so it cannot win
+   by always saying ``timeout``; ``aux_head`` reports accuracy, balanced accuracy and the
+   majority-class rate);
 3. fine-tune path (``c51-finetune``, ``--fine-tune``): the frozen policy trained further with
    the C51 loss back-propagated into the Mamba2 -> CfC encoder (windows of the model's length);
 4. evaluation: greedy on the C51 means, Kelly-sized (:mod:`alphamodel.kelly`; ``c51-unit`` is
@@ -24,8 +27,13 @@ and evaluated on its test sessions in :class:`alphamodel.env.VecEnv`:
    ``alphamodel train``'s baseline, fitted on the training sessions, long above
    ``0.5 + threshold``, short below ``0.5 - threshold``),
    ``direction-head`` (the encoder's direction head at the horizon nearest the stride, same
-   threshold) and ``hindsight`` (the sign of the mid's move over the next stride: look-ahead,
-   an upper bound, never a trial) — all in the same environment, costs and stride.
+   threshold), ``hindsight`` (the sign of the mid's move over the next stride: look-ahead,
+   an upper bound, never a trial) and, on a generated cache whose sources have the planted
+   signal's sidecar (``alphafeat synth --signal-file``, :mod:`alphafeat.synth.planted`),
+   ``oracle`` / ``oracle-m0.2``: long where the true model's ``p_up`` (the probability that the
+   next mid move is up, known at the row: the last sidecar value at or before the row's
+   ts_recv) exceeds ``1/2 + margin``, short below ``1/2 - margin``, else flat (margins
+   :data:`ORACLE_MARGINS`; not trials either) — all in the same environment, costs and stride.
 
 Per strategy x fold x cost: annualised Sharpe of the daily (per session) PnL, deflated Sharpe
 over the strategies tried at that fold and cost, PSR, win rate, trades and turnover per
@@ -48,11 +56,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from alphafeat.cache import check_folder
+from alphafeat.cache import META_KEY, check_folder
 from alphafeat.splits import purged_walk_forward
-from alphamodel.c51 import C51Config, C51Net, NStep, Replay, c51_loss, greedy, project, support, thompson
+from alphafeat.synth.planted import SIGNAL_SUFFIX, asof, planted_path, read_planted
+from alphamodel.c51 import (
+    C51Config,
+    C51Net,
+    NStep,
+    Replay,
+    aux_loss,
+    balanced_accuracy,
+    c51_loss,
+    class_weights,
+    greedy,
+    project,
+    support,
+    thompson,
+)
 from alphamodel.config import check_config, from_dict
 from alphamodel.data import CacheData, Window
 from alphamodel.embed import check_model_inputs, embed_segments
@@ -63,14 +84,23 @@ from alphamodel.sharpe import max_drawdown, sharpe, sharpe_stats
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BacktestConfig", "backtest", "fold_sessions", "DEFAULT_COSTS", "RESULT_COLUMNS"]
+__all__ = ["BacktestConfig", "backtest", "fold_sessions", "planted_rows", "DEFAULT_COSTS", "ORACLE_MARGINS",
+           "RESULT_COLUMNS"]
 
 DEFAULT_COSTS = (0.0, 0.0625, 0.125, 0.25, 0.5)
 RESULT_COLUMNS = ("strategy", "fold", "cost_ticks", "sharpe", "deflated_sharpe", "win_rate", "trades_per_session",
                   "turnover", "max_drawdown", "pnl_ticks")
 #: USD per tick per contract by product root (CME contract specs); others need tick_value.
 TICK_VALUE = {"ES": 12.5, "MES": 1.25, "NQ": 5.0, "MNQ": 0.5}
-NOT_TRIALS = ("hindsight",)
+#: Probability margins of the ``oracle`` strategies. ``oracle`` (0): the sign of the true drift,
+#: the most expected mid gain per decision before costs. ``oracle-m0.2``: only where the next
+#: mid move's expected gain ``2 (p_up - 1/2)`` ticks is at least 0.4 tick, close to the half
+#: spread (0.5 tick at a one-tick spread) an entry pays; at the default signal strength p_up
+#: lies in [0.235, 0.765], so no margin covers a whole round trip (1 tick) from one move: the
+#: oracle knows the drift of the next move, not of the whole stride, and pays the spread.
+ORACLE_MARGINS = (0.0, 0.2)
+ORACLE_NAMES = tuple("oracle" if m == 0 else f"oracle-m{m:g}" for m in ORACLE_MARGINS)
+NOT_TRIALS = ("hindsight", *ORACLE_NAMES)
 
 
 @dataclass
@@ -214,6 +244,51 @@ def _load_market(data: CacheData, cfg: BacktestConfig, device: torch.device) -> 
     return market, rows, notes
 
 
+def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:
+    """The generator's planted ``p_up`` per cache row (float64 (T,), NaN where unknown) and a
+    note saying where it came from.
+
+    For each segment, the sidecar ``glbx-mdp3-YYYYMMDD.signal.arrow`` of its session is looked
+    up beside the DBN files the partition was computed from (its metadata's ``sources``) and
+    joined as of the row's ts_recv (:func:`alphafeat.synth.planted.asof`: the last value at or
+    before it, never a later one). A segment whose instrument is not the sidecar's (the
+    generator's leading outright, e.g. a roll day where the cache's front month differs) or
+    with no sidecar stays NaN.
+    """
+    out = np.full(data.n_rows, np.nan)
+    found, missing, other = [], [], []
+    for k, seg in enumerate(data.segments):
+        try:
+            meta = json.loads((seg._keep.schema.metadata or {})[META_KEY])
+        except (KeyError, ValueError, AttributeError):
+            meta = {}
+        folders = sorted({str(Path(e["path"]).parent) for e in meta.get("sources", []) if "path" in e})
+        path = next((q for f in folders if (q := planted_path(f, seg.session)).is_file()), None)
+        if path is None:
+            missing.append(seg.session)
+            continue
+        ts, p_up, side = read_planted(path)
+        if meta.get("instrument_id") is not None and side.get("instrument_id") != meta.get("instrument_id"):
+            other.append(seg.session)
+            continue
+        out[data.offsets[k]:data.offsets[k + 1]] = asof(seg.ts, ts, p_up)
+        found.append(seg.session)
+    if not found:
+        note = (f"not available: no planted-signal sidecar (glbx-mdp3-YYYYMMDD.{SIGNAL_SUFFIX}, written by "
+                "`alphafeat synth --signal-file`) beside the cache's sources; 'hindsight' (sign of the mid's move "
+                "over the next stride, look-ahead) is reported as an upper bound instead")
+    else:
+        note = (f"p_up of the generator's true model (bridge to the close excluded: no trader knows it) joined as "
+                f"of ts_recv for {len(found)} of {len(data.segments)} segments; long above 1/2 + margin, short "
+                f"below 1/2 - margin, margins {list(ORACLE_MARGINS)} ({', '.join(ORACLE_NAMES)}); an upper "
+                "reference, not a trial")
+        if missing:
+            note += f"; no sidecar for {', '.join(missing)} (flat there)"
+        if other:
+            note += f"; sidecar of another instrument than the cache's front month on {', '.join(other)} (flat there)"
+    return out, note
+
+
 # ---- policy inputs ----------------------------------------------------------------------------
 @dataclass
 class _Obs:
@@ -264,6 +339,7 @@ class _Learner:
     opt: torch.optim.Optimizer
     tb_class: torch.Tensor  # (T,) int64, -1 where undefined
     cfg: BacktestConfig
+    aux_w: torch.Tensor | None = None  # (3,) inverse class frequency on the fold's training rows
     target_obs: object = None
     steps: int = 0
     losses: list = field(default_factory=list)
@@ -278,10 +354,8 @@ class _Learner:
             p_star = p_next[torch.arange(len(a_star), device=a_star.device), a_star]
             m = project(p_star, batch["reward"], batch["disc"], self.z)
         loss = c51_loss(logits, batch["action"], m)
-        y = self.tb_class[batch["s_row"]]
-        ok = y >= 0
-        if ok.any() and c.aux_weight > 0:
-            loss = loss + c.aux_weight * F.cross_entropy(aux[ok].float(), y[ok])
+        if c.aux_weight > 0:
+            loss = loss + c.aux_weight * aux_loss(aux, self.tb_class[batch["s_row"]], self.aux_w)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for g in self.opt.param_groups for p in g["params"]]
@@ -538,6 +612,10 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
     mid, end = market.mid, market.end
     ahead = torch.minimum(torch.arange(T, device=device) + cfg.stride, end)
     hindsight = torch.sign(mid[ahead] - mid)
+    p_up, notes["oracle"] = planted_rows(data)
+    oracle = {name: torch.as_tensor(_threshold_dir(np.nan_to_num(p_up, nan=0.5), m), dtype=torch.float32,
+                                    device=device)
+              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if np.isfinite(p_up).any() else {}
     ofi_dir = torch.as_tensor(np.sign(np.nan_to_num(rows.ofi)), dtype=torch.float32, device=device)
     h_pick = int(np.argmin([abs(h - cfg.stride) for h in data.horizons]))
     results, fold_info, aux_info = [], [], []
@@ -581,7 +659,9 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             # C51 on the frozen embeddings
             torch.manual_seed(cfg.seed + k)
             net = C51Net(D + 2, 3, c.n_atoms, c.hidden).to(device)
-            learner = _Learner(net, copy.deepcopy(net), obs, z, torch.optim.Adam(net.parameters(), lr=c.lr), tb, cfg)
+            aux_w = class_weights(tb[tr_t])  # inverse class frequency on this fold's training rows
+            learner = _Learner(net, copy.deepcopy(net), obs, z, torch.optim.Adam(net.parameters(), lr=c.lr), tb, cfg,
+                               aux_w)
             pool = torch.as_tensor(np.concatenate([np.arange(data.offsets[s], data.offsets[s + 1] - 1) for s in tr_s]),
                                    device=device)
             task = bar.add_task(f"fold {k + 1}/{len(folds)} c51", total=n_steps)
@@ -606,6 +686,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
                 "direction-head": _rule(torch.as_tensor(_threshold_dir(phead, cfg.threshold), dtype=torch.float32,
                                                         device=device)),
                 "hindsight": _rule(hindsight)})
+            strategies.update({name: _rule(d) for name, d in oracle.items()})
             ev = _evaluate(strategies, market, te_s, tuple(cfg.costs), cfg)
             # metrics with the deflated Sharpe over the strategies tried at this fold x cost
             for cost in cfg.costs:
@@ -642,16 +723,13 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
         "checkpoints": [f"policy_fold{k}.safetensors" for k in range(len(folds))]}), indent=1))
     plots = _plots(tmp, curves, cfg) if cfg.plots else []
     return {"results": results, "aggregate": _aggregate(results), "folds": fold_info, "aux_head": aux_info,
-            "plots": plots, "notes": {**notes, **_standing_notes(cfg)}, "config": _cfg_dict(cfg),
+            "plots": plots, "notes": {**_standing_notes(cfg), **notes}, "config": _cfg_dict(cfg),
             "columns": list(RESULT_COLUMNS), "tick_value_usd": market.tick_value,
             "direction_horizon": data.horizons[h_pick]}
 
 
 def _standing_notes(cfg: BacktestConfig) -> dict:
     return {
-        "oracle": "not available: the generator (alphafeat.synth) does not write its planted signal (S, the latent "
-                  "fair value R) into the cache; 'hindsight' (sign of the mid's move over the next stride, look-ahead) "
-                  "is reported as an upper bound instead",
         "sharpe": "annualised Sharpe of daily (per-session) PnL x sqrt(252); NaN (null) with fewer than 2 test "
                   "sessions in a fold",
         "deflated_sharpe": "Bailey & Lopez de Prado 2014 over the strategies tried at the fold and cost "
@@ -685,7 +763,8 @@ def _aggregate(results: list[dict]) -> list[dict]:
 @torch.no_grad()
 def _aux_report(learner: _Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, te_rows: np.ndarray,
                 cfg: BacktestConfig, device: torch.device, k: int) -> dict:
-    """Class balance (training rows), test accuracy at decision rows beside the majority rate."""
+    """Class balance and loss weights (training rows), test accuracy and balanced accuracy
+    (mean per-class recall) at decision rows beside the majority rate."""
     y_tr = tb[torch.as_tensor(tr_rows, device=device)]
     y_tr = y_tr[y_tr >= 0]
     dec = torch.as_tensor(te_rows[:: cfg.stride], device=device)
@@ -699,7 +778,9 @@ def _aux_report(learner: _Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, t
     majority = int(bal.argmax())
     return {"fold": k, "available": True, "classes": ["stop (-1)", "timeout (0)", "profit (+1)"],
             "train_balance": bal.tolist(), "test_decisions": int(ok.sum()),
+            "loss_weights": learner.aux_w.tolist() if learner.aux_w is not None else None,
             "test_accuracy": float((pred == y[ok]).float().mean()),
+            "test_balanced_accuracy": balanced_accuracy(pred, y[ok]),
             "test_majority_rate": float((y[ok] == majority).float().mean()),
             "test_predicted_balance": (torch.bincount(pred, minlength=3).float() / pred.numel()).tolist()}
 
@@ -716,7 +797,8 @@ def _fine_tune(learner: _Learner, model, norm, data: CacheData, window: int, mu:
     before = {n: p.detach().clone() for n, p in enc.named_parameters()}
     opt = torch.optim.Adam([{"params": net.parameters(), "lr": cfg.c51.lr},
                             {"params": enc.parameters(), "lr": cfg.c51.lr * 0.2}])
-    ft = _Learner(net, copy.deepcopy(net), obs, learner.z, opt, learner.tb_class, cfg, target_obs=copy.deepcopy(obs))
+    ft = _Learner(net, copy.deepcopy(net), obs, learner.z, opt, learner.tb_class, cfg, learner.aux_w,
+                  target_obs=copy.deepcopy(obs))
     _train_policy(ft, market, pool, min(cfg.envs, 16), cfg.finetune_steps, gen, bar, task)
     grads_finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in enc.parameters())
     change = float(sum((p.detach() - before[n]).abs().sum() for n, p in enc.named_parameters()))

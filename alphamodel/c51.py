@@ -9,7 +9,9 @@ discount); the backtest scales rewards by ``1 / reward_scale`` into it.
   support (Algorithm 1 of the paper), vectorised; an atom that lands exactly on a support point
   (``l == u``) keeps its whole mass there (the classic floor/ceil bug drops it);
   :func:`project_slow` is a per-sample, per-atom loop written from Algorithm 1, for tests.
-* :class:`C51Net` — MLP -> (B, A, n_atoms) logits, plus a K = 3 auxiliary head (trade outcome).
+* :class:`C51Net` — MLP -> (B, A, n_atoms) logits, plus a K = 3 auxiliary head (trade outcome),
+  trained with :func:`aux_loss` (cross-entropy weighted by :func:`class_weights`, inverse class
+  frequency) and scored by :func:`balanced_accuracy`.
 * :func:`thompson` — one sample from each action's distribution, argmax over actions;
   :func:`greedy` — argmax of the means.
 * :class:`Replay` — a uniform ring buffer of n-step transitions stored as tensors;
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["C51Config", "support", "project", "project_slow", "C51Net", "thompson", "greedy", "Replay", "NStep",
-           "c51_loss"]
+           "c51_loss", "class_weights", "aux_loss", "balanced_accuracy"]
 
 
 @dataclass
@@ -149,6 +151,37 @@ def c51_loss(logits: torch.Tensor, action: torch.Tensor, target: torch.Tensor) -
     """Cross-entropy between the projected target (B, n) and the chosen action's distribution."""
     logp = F.log_softmax(logits.float(), -1).gather(1, action.view(-1, 1, 1).expand(-1, 1, logits.shape[-1]))
     return -(target * logp.squeeze(1)).sum(-1).mean()
+
+
+def class_weights(y: torch.Tensor, k: int = 3) -> torch.Tensor:
+    """Inverse-frequency class weights ``w_c = n / (k n_c)`` of the labels ``y`` (int64, values
+    in ``[0, k)``; negatives = undefined, ignored); a class absent from ``y`` gets weight 0.
+    (The "balanced" weighting of King & Zeng 2001 / scikit-learn's ``class_weight``: each class
+    then carries the same total weight ``n / k``.) Returns float32 (k,); all ones when ``y`` has
+    no defined label."""
+    y = y[y >= 0]
+    if y.numel() == 0:
+        return torch.ones(k, device=y.device)
+    n_c = torch.bincount(y, minlength=k).float()
+    return torch.where(n_c > 0, y.numel() / (k * n_c.clamp_min(1.0)), torch.zeros_like(n_c))
+
+
+def aux_loss(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Class-weighted cross-entropy of the K=3 head: logits (B, k), y (B,) int64 with negatives
+    masked out, weights (k,) from :func:`class_weights` (None: unweighted). The weighted mean
+    ``sum w_y l / sum w_y`` (``torch.nn.functional.cross_entropy``); 0 when no label is defined."""
+    ok = y >= 0
+    if not ok.any():
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[ok].float(), y[ok], weight=weights)
+
+
+def balanced_accuracy(pred: torch.Tensor, y: torch.Tensor, k: int = 3) -> float:
+    """Mean over the classes present in ``y`` of the recall ``P(pred = c | y = c)`` (Brodersen
+    et al. 2010); a majority-class predictor scores ``1 / (classes present)``. NaN if ``y`` is
+    empty."""
+    rec = [float((pred[y == c] == c).float().mean()) for c in range(k) if bool((y == c).any())]
+    return sum(rec) / len(rec) if rec else float("nan")
 
 
 class Replay:

@@ -7,8 +7,9 @@ the C51 policy, baselines, every cost level) and prints the aggregate table (mea
 across folds per strategy and cost), the per-fold Sharpe table and one JSON line with the
 tidy results. ``--cache`` skips the generation. Times are wall seconds of each public call.
 
-The generator's planted signal is not written into the cache, so no oracle policy can be
-scored; ``hindsight`` (look-ahead sign of the next stride's move) is the upper bound shown.
+The generator writes its planted signal beside the DBN files (``signal_file=True``), so the
+table has the ``oracle`` strategies (the true model's p_up, no look-ahead) beside ``hindsight``
+(look-ahead sign of the next stride's move, a looser upper bound).
 
     python bench/backtest.py [--sessions 22] [--folds 4] [--device cuda] [--work DIR]
     python bench/backtest.py --cache DIR [--folds 4] ...
@@ -58,7 +59,7 @@ def main() -> None:
 
         t = time.perf_counter()
         synth.generate(work / "dbn", start=datetime.date(2024, 1, 8), sessions=a.sessions, seed=a.seed,
-                       scale=a.scale, report=False)
+                       scale=a.scale, report=False, signal_file=True)
         times["generate_s"] = time.perf_counter() - t
         t = time.perf_counter()
         precompute(PrecomputeConfig(inputs=[work / "dbn"], out=cache, device="cpu"))
@@ -93,8 +94,10 @@ def main() -> None:
     con.print(per)
     for x in s["aux_head"]:
         if x.get("available"):
-            con.print(f"fold {x['fold']}: trade-outcome head accuracy {x['test_accuracy']:.3f} vs majority "
-                      f"{x['test_majority_rate']:.3f}")
+            con.print(f"fold {x['fold']}: trade-outcome head accuracy {x['test_accuracy']:.3f}, balanced "
+                      f"{x['test_balanced_accuracy']:.3f}, majority rate {x['test_majority_rate']:.3f}, predicted "
+                      f"balance {', '.join(f'{v:.2f}' for v in x['test_predicted_balance'])}")
+    con.print(f"oracle: {s['notes']['oracle']}")
     print(json.dumps({"bench": "backtest", "cache": str(cache), "sessions": len({d for f in s["folds"]
                       for d in f["train_sessions"] + f["test_sessions"]}), "times": times, "device": s["device"],
                       "config": s["config"], "results": s["results"]}))

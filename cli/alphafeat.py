@@ -122,7 +122,8 @@ def _synth(args: argparse.Namespace) -> int:
             paths = synth.generate(
                 out, start=args.start, sessions=args.sessions, seed=args.seed, schemas=args.schemas,
                 scale=args.scale, jobs=args.jobs, zstd_level=args.zstd_level, signal=args.signal,
-                signal_kind=args.signal_kind, progress=lambda k: progress.advance(task, k),
+                signal_kind=args.signal_kind, signal_file=args.signal_file,
+                progress=lambda k: progress.advance(task, k),
             )
     for p in paths:
         print(p)
@@ -361,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--signal-kind", default=val.SignalKind.BOTH, **_enum(val.SignalKind),
                    help="book: visible in the current book (queue imbalance); history: only in the order "
                         "flow of the last minutes; both (default)")
+    s.add_argument("--signal-file", action="store_true",
+                   help="also write each session's planted signal of the front month (ts_recv, p_up per book "
+                        "event) as glbx-mdp3-YYYYMMDD.signal.arrow: alphamodel backtest's oracle reads it")
     s.add_argument("--report", action="store_true",
                    help="stylised facts of the generated market (scale normal or --scale) beside the real ES "
                         "files and the literature, and the book's shape beside the real ESH4 hour; adds them "

@@ -164,8 +164,9 @@ def _backtest(args: argparse.Namespace) -> int:
     Console(width=max(Console().width, 150)).print(t)
     for a in s["aux_head"]:
         if a.get("available"):
-            Console().print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f} vs majority "
-                            f"rate {a['test_majority_rate']:.3f} ({a['test_decisions']} test decisions; train "
+            Console().print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "
+                            f"{a['test_balanced_accuracy']:.3f}, vs majority rate {a['test_majority_rate']:.3f} "
+                            f"({a['test_decisions']} test decisions; train "
                             f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
     Console().print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
                     "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])

@@ -13,7 +13,18 @@ import pytest
 import torch
 
 from alphafeat.cache import FORMAT_VERSION, MANIFEST
-from alphamodel.c51 import C51Net, NStep, project, project_slow, support, thompson
+from alphafeat.synth.planted import asof
+from alphamodel.c51 import (
+    C51Net,
+    NStep,
+    aux_loss,
+    balanced_accuracy,
+    class_weights,
+    project,
+    project_slow,
+    support,
+    thompson,
+)
 from alphamodel.env import VecEnv, market_from_arrays
 from alphamodel.kelly import kelly_size
 from alphamodel.sharpe import expected_max_sharpe, max_drawdown, psr, sharpe, sharpe_stats
@@ -332,6 +343,10 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
         assert max(f["train_sessions"]) < min(f["test_sessions"])
         assert f["fine_tune"]["grads_finite"] and f["fine_tune"]["encoder_abs_change"] > 0
     assert all(a["available"] for a in s["aux_head"])
+    for a in s["aux_head"]:
+        assert 0 <= a["test_balanced_accuracy"] <= 1 and len(a["loss_weights"]) == 3
+    assert s["notes"]["oracle"].startswith("not available")  # data/ has no planted-signal sidecar
+    assert not strategies & {"oracle", "oracle-m0.2"}
     assert len(s["plots"]) == 4 and all((out / p).is_file() for p in s["plots"])
     for k in range(2):
         assert (out / f"policy_fold{k}.safetensors").is_file()
@@ -369,3 +384,89 @@ def test_python_api_refuses_bad_values_with_the_error_family(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 1 and len(err.splitlines()) == 1 and "config.json: not an alphamodel config" in err, err
     assert not out.exists()
+
+
+# ---- the K=3 trade-outcome head: inverse class frequency -------------------------------------
+def test_aux_class_weights_balanced_accuracy_and_weighted_loss():
+    y = torch.tensor([0, 1, 1, 1, 1, 1, 1, 2, -1, -1])  # 8 defined: 1 stop, 6 timeouts, 1 profit
+    w = class_weights(y)
+    assert w.tolist() == pytest.approx([8 / 3, 8 / 18, 8 / 3])  # n / (k n_c)
+    n_c = torch.tensor([1.0, 6.0, 1.0])
+    assert (w * n_c).tolist() == pytest.approx([8 / 3] * 3)  # every class carries n / k
+    assert class_weights(torch.tensor([1, 1, 2])).tolist() == pytest.approx([0.0, 0.5, 1.0])  # absent: 0
+    assert class_weights(torch.tensor([-1, -1])).tolist() == [1.0, 1.0, 1.0]
+    majority = torch.ones(8, dtype=torch.long)
+    assert balanced_accuracy(majority, y[y >= 0]) == pytest.approx(1 / 3)
+    assert float((majority == y[y >= 0]).float().mean()) == pytest.approx(0.75)
+    assert balanced_accuracy(torch.tensor([0, 1, 0, 1, 1, 1, 1, 2]), y[y >= 0]) == pytest.approx((1 + 5 / 6 + 1) / 3)
+    logits = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
+    ok = y >= 0
+    nll = -torch.log_softmax(logits[ok], -1)[torch.arange(8), y[ok]]
+    ref = (w[y[ok]] * nll).sum() / w[y[ok]].sum()
+    assert float(aux_loss(logits, y, w)) == pytest.approx(float(ref), rel=1e-6)
+    assert float(aux_loss(logits, y)) == pytest.approx(float(nll.mean()), rel=1e-6)
+
+
+# ---- the oracle on generated markets -----------------------------------------------------------
+def test_asof_join_never_looks_ahead():
+    ts = np.array([10, 20, 20, 35], np.int64)  # two values stamped at 20: the later one wins
+    v = np.array([0.6, 0.4, 0.7, 0.55])
+    rows = np.array([5, 10, 19, 20, 34, 35, 100], np.int64)
+    got = asof(rows, ts, v)
+    assert np.isnan(got[0])
+    assert got[1:].tolist() == [0.6, 0.6, 0.7, 0.7, 0.55, 0.55]
+    rng = np.random.default_rng(0)
+    ts = np.sort(rng.integers(0, 1000, 300))
+    rows = np.sort(rng.integers(0, 1000, 200))
+    v = rng.random(300)
+    base = asof(rows, ts, v)
+    for r, b in zip(rows, base):  # slow reference: the last value stamped at or before the row
+        prior = np.flatnonzero(ts <= r)
+        assert (np.isnan(b) and prior.size == 0) or b == v[prior[-1]]
+    cut = 500  # values stamped after a row's time cannot change it
+    v2 = np.where(ts > cut, -1.0, v)
+    assert np.array_equal(asof(rows, ts, v2)[rows <= cut], base[rows <= cut], equal_nan=True)
+
+
+def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
+    """Two generated quiet sessions with their sidecars: planted_rows joins every row as of its
+    ts_recv; the oracle's mean reward per decision at zero cost (no fee, no spread: a zero-spread
+    copy of the market) is positive, and p_up ranks the next mid move (AUC > 0.55)."""
+    import datetime
+
+    from alphafeat import synth
+    from alphafeat.pipeline import PrecomputeConfig, precompute
+    from alphafeat.synth.planted import planted_path, read_planted
+    from alphamodel.backtest import _column, planted_rows
+    from alphamodel.data import CacheData
+
+    day = datetime.date(2024, 1, 9)
+    synth.generate(tmp_path / "dbn", start=day, sessions=2, seed=2, report=False, signal_file=True)
+    precompute(PrecomputeConfig(inputs=[tmp_path / "dbn"], out=tmp_path / "cache", device="cpu"))
+    data = CacheData.open(tmp_path / "cache")
+    p, note = planted_rows(data)
+    assert "for 2 of 2 segments" in note and np.isfinite(p).mean() > 0.99  # NaN only before the first event
+    seg = data.segments[0]
+    ts, pu, _ = read_planted(planted_path(tmp_path / "dbn", seg.session))
+    for i in np.linspace(0, seg.n - 1, 50).astype(int):
+        j = np.flatnonzero(ts <= seg.ts[i])
+        assert p[i] == pu[j[-1]] if j.size else np.isnan(p[i])
+    mids = [(_column(data, k, "bid_px_00") + _column(data, k, "ask_px_00")) / 2 for k in range(len(data.segments))]
+    market = market_from_arrays(mids, mids, data.tick, 12.5, "cpu")  # zero spread: no crossing cost
+    n = len(data.segments)
+    direction = torch.as_tensor(np.sign(np.nan_to_num(p - 0.5)), dtype=torch.float32)
+    env = VecEnv(market, n, 5)
+    env.reset(torch.ones(n, dtype=torch.bool), market.seg_start.clone(), torch.zeros(n))
+    rewards, fin = [], torch.zeros(n, dtype=torch.bool)
+    while not fin.all():
+        r, done = env.step(torch.where(fin, 0.0, direction[env.t]))
+        rewards.append(r[~fin])
+        fin |= done
+    assert float(torch.cat(rewards).mean()) > 0
+    mid = market.mid.numpy()
+    moves = np.flatnonzero(np.diff(mid) != 0)  # the mid moves between rows m and m + 1
+    moves = moves[np.isfinite(p[moves]) & np.isfinite(mid[moves + 1]) & (market.end.numpy()[moves] > moves)]
+    from sklearn.metrics import roc_auc_score
+
+    up = mid[moves + 1] > mid[moves]
+    assert roc_auc_score(up, p[moves]) > 0.55  # p_up known at row m

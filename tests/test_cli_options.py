@@ -127,6 +127,7 @@ CASES = [
     (SYNTH, "--signal", ["--signal", "nan"], USAGE, ["nan"]),
     (SYNTH, "--signal-kind", ["--signal-kind", "tape"], USAGE, ["tape", "book, history or both"]),
     (SYNTH, "--report", ["--report=1"], USAGE, ["'1'"]),
+    (SYNTH, "--signal-file", ["--signal-file=1"], USAGE, ["'1'"]),
     (SYNTH, "--real", ["--report", "--real", "{tmp}/nope.dbn.zst"], DATA_ERROR, ["nope.dbn.zst", "missing"]),
     (SYNTH, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
     (FEATURES, "--json", ["--json=1"], USAGE, ["'1'"]),

@@ -154,3 +154,27 @@ def test_stylised_fact_estimators_on_known_processes() -> None:
     assert abs(report._sign_decay(np.array(signs)) - 0.5) < 0.2
     rec = report.Fact("x", 1.0, None, 0.0, 2.0, "src", True).record()
     assert list(rec) == ["name", "generated", "real", "band_low", "band_high", "source", "pass"]
+
+
+def test_signal_file_same_bytes_and_dbn_unchanged(tmp_path) -> None:
+    """The planted-signal sidecar is seeded like the DBN files (same seed, same bytes) and asking
+    for it leaves the DBN files' bytes as they are; it holds one non-decreasing ts_recv and p_up
+    per book event of the front month, p_up within the model's range."""
+    from alphafeat.synth.planted import planted_path, read_planted
+
+    day = datetime.date(2024, 1, 9)
+    kw = dict(start=day, sessions=1, seed=3, report=False)
+    a = synth.generate(tmp_path / "a", signal_file=True, **kw)
+    b = synth.generate(tmp_path / "b", signal_file=True, **kw)
+    c = synth.generate(tmp_path / "c", **kw)
+    for pa_, pb, pc in zip(a, b, c):
+        assert pa_.read_bytes() == pb.read_bytes() == pc.read_bytes()
+    side = planted_path(tmp_path / "a", day.isoformat())
+    assert side.read_bytes() == planted_path(tmp_path / "b", day.isoformat()).read_bytes()
+    assert not planted_path(tmp_path / "c", day.isoformat()).exists()
+    ts, p, meta = read_planted(side)
+    assert meta["raw_symbol"] == "ESH4" and meta["session"] == day.isoformat()
+    assert len(ts) > 1000 and np.all(np.diff(ts) >= 0)
+    sig = synth.Signal()
+    half = 0.5 * (sig.book + sig.history)  # 1/2 clip(s_B I + s_H tanh(.)) with |I|, |tanh| <= 1
+    assert p.min() >= 0.5 - half - 1e-12 and p.max() <= 0.5 + half + 1e-12 and p.std() > 0.01

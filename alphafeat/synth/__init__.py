@@ -66,6 +66,9 @@ size). Event times: a cluster process (burst starts Poisson at the activity rate
   price (below) with the variance a free walk of its moves would have, so for an observer who
   does not know the close the mid is a martingale (the law of a Brownian bridge to a Gaussian
   end point of the walk's variance is the walk's);
+* ``generate(..., signal_file=True)`` (``--signal-file``) writes ``u`` less the bridge, known
+  after each event of the leading outright, as a sidecar beside the DBN files
+  (:mod:`alphafeat.synth.planted`: ts_recv, p_up), for ``alphamodel backtest``'s oracle;
 * at a one-tick spread, w.p. ``p_move = min(P_MOVE_MAX, (vol S / tick)^2 / events)`` times the
   stochastic volatility of the minute the mid
   moves one tick (up w.p. u): the best level against the move goes (its orders cancelled from

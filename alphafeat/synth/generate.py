@@ -15,6 +15,7 @@ import numpy as np
 
 from alphafeat.synth.calendar import SCALES, _level, _session_vol, contracts_for, session_bounds, trade_dates
 from alphafeat.synth.ceiling import AUC_HORIZONS, AUC_PATHS, AUC_STATES, auc_ceiling
+from alphafeat.synth.planted import planted_path, write_planted
 from alphafeat.synth.simulator import (
     P_BAD_TS,
     P_CROSSED_PREOPEN,
@@ -76,8 +77,10 @@ def _session_job(
     level: int,
     mc: tuple[tuple[int, ...], int, dict[int, int]] | None,
     signal: Signal = Signal(),  # noqa: B008 (frozen dataclass)
+    signal_file: bool = False,
 ) -> dict[str, Any]:
-    """Simulate and write one session; returns the paths and a summary (JSON-able)."""
+    """Simulate and write one session (and its planted-signal sidecar with ``signal_file``);
+    returns the paths and a summary (JSON-able)."""
     t0, t1 = session_bounds(day)
     sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal)
     stem = f"glbx-mdp3-{day:%Y%m%d}"
@@ -105,6 +108,16 @@ def _session_job(
             _write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
         counts[schema] = int(n)
     paths = [str(out / f"{stem}.{schema}.dbn.zst") for schema in schemas]
+    lead = sess.runs.get(sess.leader)
+    side: str | None = None
+    if signal_file and lead is not None and lead.planted is not None:
+        lc = next(c for c in sess.contracts if c.symbol == sess.leader)
+        side = str(planted_path(out, day.isoformat()))
+        write_planted(Path(side), lead.planted[0], lead.planted[1], {
+            "instrument_id": lc.instrument_id, "raw_symbol": lc.symbol, "session": day.isoformat(),
+            "signal": signal.strength, "signal_kind": signal.kind,
+            "formula": "p_up = 1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1) after each event, bridge excluded "
+                       f"(s_B={signal.book}, s_H={signal.history})"})
     counts = {schema: counts[schema] for schema in schemas}  # in the order of ``schemas``
     inst = {}
     c_ids = {c.symbol: c.instrument_id for c in sess.contracts}
@@ -130,6 +143,8 @@ def _session_job(
         "leader": sess.leader,
         "instruments": inst,
     }
+    if side:
+        res["signal_file"] = side
     if mc:
         ci: dict[str, list[float]] = {}
         res["auc_ceiling"] = auc_ceiling(sess.runs[sess.leader], mc[0], mc[2], seed, interval=ci)
@@ -153,6 +168,7 @@ def generate(
     summary: list[dict[str, Any]] | None = None,
     signal: float = 1.0,
     signal_kind: str = "both",
+    signal_file: bool = False,
 ) -> list[Path]:
     """Write synthetic ES.FUT DBN v3 files, one per trading session and schema.
 
@@ -194,6 +210,11 @@ def generate(
         1 the default (see :mod:`alphafeat.synth`), 0 none (a martingale mid).
     signal_kind : str
         ``"book"``, ``"history"`` or ``"both"`` (:class:`alphafeat.synth.Signal`).
+    signal_file : bool
+        Also write each session's planted-signal sidecar ``glbx-mdp3-YYYYMMDD.signal.arrow``
+        (:mod:`alphafeat.synth.planted`: ts_recv and p_up of the front month per book event;
+        what ``alphamodel backtest``'s ``oracle`` trades on). The DBN files are the same bytes
+        with or without it; it is not among the returned paths.
 
     Returns
     -------
@@ -221,7 +242,8 @@ def generate(
     days = trade_dates(start, sessions)
     mc = (AUC_HORIZONS, AUC_STATES, AUC_PATHS)
     tasks = [
-        (d, seed, SCALES[scale], contracts, tuple(schemas), out, level, mc if (report and i == 0) else None, sig)
+        (d, seed, SCALES[scale], contracts, tuple(schemas), out, level, mc if (report and i == 0) else None, sig,
+         bool(signal_file))
         for i, d in enumerate(days)
     ]
     results: list[dict[str, Any]] = []

@@ -829,6 +829,17 @@ def _deplete(rng, p, st, fst, om, op, s):
 
 
 @numba.njit(cache=True)
+def _planted(p, st, flow):
+    """The planted signal ``s_B I + s_H tanh(F / H0)`` of the leader's next mid move without
+    the bridge (I: level-1 queue imbalance of the book ``st``, F: the decayed signed flow
+    ``flow``); the up-move probability is ``1/2 + 1/2 clip(signal + bridge, -1, 1)``."""
+    l0b = st[_LSZ] if st[_INB] > 0 else 0
+    l0a = st[_LSZ + _LS] if st[_INA] > 0 else 0
+    imb = (l0b - l0a) / max(1, l0b + l0a)
+    return p[_PSB] * imb + p[_PSH] * math.tanh(flow / p[_PH0])
+
+
+@numba.njit(cache=True)
 def _step_lead(rng, p, st, fst, om, op):
     """One event of the leading outright (see :mod:`alphafeat.synth`): its mid moves only in
     move events (probability ``p[_PMOVE]``), up with probability ``u`` = 1/2 plus the planted
@@ -838,10 +849,7 @@ def _step_lead(rng, p, st, fst, om, op):
     b = st[_IB]
     a = st[_IA]
     fst[_FFLOW] *= p[_PHDECAY]
-    l0b = st[_LSZ] if st[_INB] > 0 else 0
-    l0a = st[_LSZ + _LS] if st[_INA] > 0 else 0
-    imb = (l0b - l0a) / max(1, l0b + l0a)
-    sig = p[_PSB] * imb + p[_PSH] * math.tanh(fst[_FFLOW] / p[_PH0])
+    sig = _planted(p, st, fst[_FFLOW])
     r = fst[_FREM]
     if r >= 1.0:  # bridge: the expected move per mid move that reaches the close's target
         sig += (fst[_FTGT] - 0.5 * (a + b)) / max(1.0, p[_PMOVE] * r)
@@ -923,6 +931,8 @@ def _simulate(
     s_fst,
     stats,
     lat_out,
+    pup_out,
+    rc_out,
 ):
     """Run one instrument's session: opening snapshot, optional crossed pre-open and its
     uncrossing trade, then one :func:`_step` per event time.
@@ -940,7 +950,10 @@ def _simulate(
     the Monte-Carlo AUC ceiling. ``stats`` (int64[8]) receives:
     events, locks, bad-ts events, trade events, MBP-10 rows with F_LAST, those of them with an
     UNDEF level 10 on either side (thin book), volume and number of the MBP-10 'T' records.
-    ``lat_out`` (empty, or one per event) receives the mid (ticks) after each event.
+    ``lat_out`` (empty, or one per event) receives the mid (ticks) after each event, and then
+    ``pup_out`` the planted up-move probability of the next mid move known after the event
+    (:func:`_planted` on the book after it, the flow decayed once more as the next event does;
+    no bridge) and ``rc_out`` the event's ts_recv (ns).
     Returns (n_mbo, n_mbp), or (-1, -1) when a buffer is too small.
     """
     tick = np.int64(p[_PTICK])
@@ -1034,6 +1047,8 @@ def _simulate(
         code = _step(rng, p, ref, ref_t0, st, fst, om, op)
         if keep_lat:
             lat_out[e] = 0.5 * (st[_IB] + st[_IA])
+            pup_out[e] = 0.5 + 0.5 * min(max(_planted(p, st, fst[_FFLOW] * p[_PHDECAY]), -1.0), 1.0)
+            rc_out[e] = rc
         _mark_last(st, c0, c1, om, op)
         stats[0] += 1
         if code == 3:
@@ -1171,6 +1186,8 @@ class _InstrumentRun:
     saved: tuple[np.ndarray, ...] | None
     params: np.ndarray
     latent: np.ndarray | None = None  # leading outright: its mid (ticks), 1 s grid
+    # leading outright, per book event: ts_recv (int64 ns) and the planted p_up after it (float64)
+    planted: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -1236,12 +1253,16 @@ def _simulate_instrument(
     b0 = int(math.floor(lat0 - 0.5))  # the opening mid b0 + 0.5 within half a tick of fair
     n = times.shape[0]
     lat_ev = np.zeros(0)
+    pup_ev = np.zeros(0)
+    rc_ev = np.zeros(0, np.int64)
     lead = ref is None
     p_move = 0.0
     if lead:
         p_move = min(P_MOVE_MAX, (vol * abs(lat0)) ** 2 / max(n, 1))
         ref = np.zeros(1)
         lat_ev = np.empty(n)
+        pup_ev = np.empty(n)
+        rc_ev = np.empty(n, np.int64)
     p = _params(c, mk.signal, FOLLOW_TICKS if follow else 0.0, p_move)
     seg_fw = np.stack(
         [np.minimum(FILL_MAX, FILL_PER_ACTIVITY * mults), np.minimum(0.9, P_WIDEN * widen), mk.vol], axis=1
@@ -1301,6 +1322,8 @@ def _simulate_instrument(
             s_fst,
             stats,
             lat_ev,
+            pup_ev,
+            rc_ev,
         )
         logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
         if nm >= 0:
@@ -1316,7 +1339,8 @@ def _simulate_instrument(
         i = np.searchsorted(times, grid, side="right") - 1
         mid0 = b0 + 0.5
         latent = np.where(i >= 0, lat_ev[np.maximum(i, 0)] if n else mid0, mid0)
-    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent)
+    planted = (rc_ev, pup_ev) if lead else None
+    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted)
 
 
 @dataclass
