@@ -84,8 +84,8 @@ from alphamodel.sharpe import max_drawdown, sharpe, sharpe_stats
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BacktestConfig", "backtest", "fold_sessions", "planted_rows", "DEFAULT_COSTS", "ORACLE_MARGINS",
-           "RESULT_COLUMNS"]
+__all__ = ["BacktestConfig", "backtest", "check_fold_count", "fold_sessions", "planted_rows", "DEFAULT_COSTS",
+           "ORACLE_MARGINS", "RESULT_COLUMNS"]
 
 DEFAULT_COSTS = (0.0, 0.0625, 0.125, 0.25, 0.5)
 RESULT_COLUMNS = ("strategy", "fold", "cost_ticks", "sharpe", "deflated_sharpe", "win_rate", "trades_per_session",
@@ -161,6 +161,21 @@ class BacktestConfig:
         return from_dict(cls, d, "backtest")
 
 
+def check_fold_count(n: int, folds: int, embargo: int = 0) -> None:
+    """Refuse ``folds`` walk-forward folds over ``n`` sessions when they are too few (one
+    training session, plus ``embargo`` sessions, before ``folds`` test blocks).
+
+    Raises
+    ------
+    alphamodel.errors.DataError
+        ``n < folds + 1 + embargo``.
+    """
+    if n < folds + 1 + embargo:
+        extra = " plus the embargo" if embargo else ""
+        raise DataError(f"--folds {folds}: {n} session(s) are too few (need at least {folds + 1 + embargo}: "
+                        f"one training session{extra} before {folds} test blocks)")
+
+
 def fold_sessions(starts: np.ndarray, ends: np.ndarray, folds: int, embargo: int = 0
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Walk-forward folds over sessions: ``[(train, test)]`` int64 session indices.
@@ -175,11 +190,7 @@ def fold_sessions(starts: np.ndarray, ends: np.ndarray, folds: int, embargo: int
         The sessions are too few for ``folds`` (+ embargo), or the embargo leaves a fold
         without training sessions.
     """
-    n = len(starts)
-    if n < folds + 1 + embargo:
-        extra = " plus the embargo" if embargo else ""
-        raise DataError(f"--folds {folds}: {n} session(s) are too few (need at least {folds + 1 + embargo}: "
-                        f"one training session{extra} before {folds} test blocks)")
+    check_fold_count(len(starts), folds, embargo)
     out = []
     for tr, te in purged_walk_forward(np.asarray(starts), np.asarray(ends), folds):
         tr = tr[tr < te.min() - embargo]

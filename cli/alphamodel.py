@@ -138,6 +138,14 @@ def _backtest(args: argparse.Namespace) -> int:
         opts["kelly"] = False
     cfg = read_backtest_config(args.config, opts)  # ConfigError names the file and the key
     out = args.out
+    if not args.cache and cfg.folds:  # refused before the embedded sample's cache is built
+        from alphafeat.pipeline import DEFAULT_DATA_DIR
+        from alphafeat.plan import make_plan
+        from alphamodel.backtest import check_fold_count
+
+        if DEFAULT_DATA_DIR.is_dir():
+            check_fold_count(len({seg.session for seg in make_plan([DEFAULT_DATA_DIR]).segments}), cfg.folds,
+                             cfg.embargo)
     cache = args.cache or _default_cache(out, args.quiet)
     if not args.quiet and not args.cache:
         from alphamodel.data import CacheData

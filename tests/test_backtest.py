@@ -276,6 +276,9 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
     # out of range for this cache's sessions, too few sessions for the folds: data errors
     assert "--stride 400: out of range" in _one_error(capsys, base + ["--stride", "400"])
     assert "too few" in _one_error(capsys, base + ["--folds", "3"])
+    # on the embedded sample (no --cache): refused before its cache is built in OUT
+    assert "--folds 9: 3 session(s) are too few" in _one_error(capsys, ["backtest", "--out", str(out), "--folds", "9"])
+    assert not out.exists()
     nobook = _hand_cache(tmp_path / "nobook", drop=("bid_px_00",))
     assert "missing column(s) bid_px_00" in _one_error(capsys, ["backtest", "--cache", str(nobook), "--out",
                                                                 str(out), "-q"])
