@@ -246,6 +246,8 @@ def _load_market(data: CacheData, cfg: BacktestConfig, device: torch.device) -> 
         notes["aux_head"] = "the cache has no tb_label column: the K=3 trade-outcome head is off"
     notes["kelly_volatility"] = rv_name
     notes["ofi_sign_column"] = ofi_name
+    if ofi_name is None:
+        notes["ofi_sign"] = "the cache has no ofi_integrated / ofi_l01 column: the ofi-sign baseline is left out"
     n = [s.n for s in data.segments]
     cat = lambda name: np.concatenate([  # noqa: E731
         c if (c := _column(data, k, name)) is not None else np.full(n[k], np.nan) for k in range(len(n))]) \
@@ -691,7 +693,8 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             lab[te_rows] = _logistic_scores(data, tr_rows, te_rows, h_pick, cfg.seed)
             flat = torch.zeros(T, device=device)
             strategies.update({
-                "flat": _rule(flat), "long": _rule(torch.ones(T, device=device)), "ofi-sign": _rule(ofi_dir),
+                "flat": _rule(flat), "long": _rule(torch.ones(T, device=device)),
+                **({"ofi-sign": _rule(ofi_dir)} if notes["ofi_sign_column"] else {}),
                 "logistic": _rule(torch.as_tensor(_threshold_dir(np.nan_to_num(lab, nan=0.5), cfg.threshold),
                                                   dtype=torch.float32, device=device)),
                 "direction-head": _rule(torch.as_tensor(_threshold_dir(phead, cfg.threshold), dtype=torch.float32,

@@ -178,6 +178,8 @@ def _backtest(args: argparse.Namespace) -> int:
                             f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
     Console().print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
                     "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
+    if "ofi_sign" in s["notes"]:
+        Console().print(s["notes"]["ofi_sign"])
     return 0
 
 
