@@ -110,7 +110,7 @@ def test_history_signal_needs_memory() -> None:
     for kind in ("history", "book"):
         now, hist = [], []
         for d in DAYS[:8]:
-            x, sv, y = _book_rows(d, synth.Signal(8.0 if kind == "history" else 1.0, kind), 3.0, h)
+            x, sv, y = _book_rows(d, synth.Signal(16.0 if kind == "history" else 1.0, kind), 3.0, h)
             c = np.concatenate([[0.0], np.cumsum(sv)])
             i = np.arange(1, c.size)
             lags = [c[i] - c[np.maximum(i - n, 0)] for n in (100, 300, 1000)]

@@ -50,7 +50,7 @@ SIGNAL_KINDS = tuple(k.value for k in SignalKind)
 SIGNAL_BOOK = 0.5
 #: Weight of the slow signed-flow term at strength 1 (F: signed traded volume decayed by
 #: ``exp(-1 / HISTORY_EVENTS)`` per book event, about the last minutes of trading).
-SIGNAL_HISTORY = 0.03
+SIGNAL_HISTORY = 0.015
 #: Events over which the history signal's signed flow decays (e-folding), and its scale H0
 #: (contracts).
 HISTORY_EVENTS, HISTORY_SCALE = 600.0, 100.0
