@@ -10,18 +10,36 @@ traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from alphafeat.errors import AlphafeatError, UsageError
 
 #: Progress bars, logs and errors go to stderr; tables to stdout.
 console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def progress_bar(disable: bool = False) -> Iterator[Progress]:
+    """A progress bar on stderr that stays on screen when the job ends and is cleared when it
+    fails, so that a failed run's stderr is its one error line."""
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=False, disable=disable)  # fmt: skip
+    bar.start()
+    try:
+        yield bar
+    except BaseException:
+        bar.live.transient = True
+        bar.live.stop()  # not bar.stop(): it adds a blank line on a non-terminal stderr
+        raise
+    bar.stop()
 
 
 class Parser(argparse.ArgumentParser):

@@ -15,12 +15,11 @@ import logging
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from alphafeat import validation as val
 from alphafeat.errors import InputError, UsageError
-from cli import Parser, console, option, run, verbose_parent
+from cli import Parser, console, option, progress_bar, run, verbose_parent
 
 _PATH = option(val.validate_path)
 _JOBS = option(val.validate_jobs)
@@ -65,10 +64,7 @@ def _precompute(args: argparse.Namespace) -> int:
     if args.horizons is not None:
         cfg.horizons = args.horizons
     make_job(cfg, "cpu")  # every option checked before the progress bar starts: a bad one is one line
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=False, disable=args.quiet,
-    ) as progress:
+    with progress_bar(disable=args.quiet) as progress:
         s = precompute(cfg, progress=progress)
 
     out = Console()
@@ -116,8 +112,7 @@ def _synth(args: argparse.Namespace) -> int:
         if not args.out or not args.start:
             raise UsageError("--start and --out", "required (or --default / --report)")
         out = args.out
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=False) as progress:
+        with progress_bar() as progress:
             task = progress.add_task("sessions", total=args.sessions)
             paths = synth.generate(
                 out, start=args.start, sessions=args.sessions, seed=args.seed, schemas=args.schemas,

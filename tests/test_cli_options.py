@@ -288,3 +288,13 @@ def test_verbose_adds_the_traceback(tmp_path, capsys):
     assert alphafeat_main(argv) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error:")
+
+
+def test_a_data_error_leaves_only_its_line(tmp_path, capsys):
+    """The progress bar (on stderr) is cleared when the run fails: stderr is the error's one line."""
+    bad = tmp_path / "bad.dbn"
+    bad.write_bytes(b'{"a": 1}')
+    rc = alphafeat_main(["precompute", "--input", str(bad), "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and err.startswith("error: ") and "not a DBN file" in err, err
+    assert not (tmp_path / "c").exists()
