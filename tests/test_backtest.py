@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hand_cache import write_hand_cache
 
-from alphafeat.cache import FORMAT_VERSION, MANIFEST
 from alphafeat.synth.planted import asof
 from alphamodel.c51 import (
     C51Net,
@@ -226,7 +226,7 @@ def test_fine_tune_changes_the_encoder_with_finite_grads(tmp_path):
 # ---- a hand-made cache for the bad inputs ----------------------------------------------------------
 def _hand_cache(root, sessions=3, n=400, seed=0, drop=()):
     rng = np.random.default_rng(seed)
-    parts = []
+    tables = []
     for s in range(sessions):
         mid = 5000 + 0.25 * np.concatenate([[0.0], np.cumsum(rng.choice([-1.0, 1.0], n - 1))])
         ts = (np.datetime64(f"2024-03-0{s + 4}T14:00:00", "ns").astype(np.int64)
@@ -240,18 +240,11 @@ def _hand_cache(root, sessions=3, n=400, seed=0, drop=()):
             cols[f"label_h{h}"] = pa.array(rng.choice([0.0, 1.0], n).astype(np.float32))
         for c in drop:
             cols.pop(c)
-        rel = f"root=ES/session=2024-03-0{s + 4}/ESH4.arrow"
-        (root / rel).parent.mkdir(parents=True)
-        with pa.OSFile(str(root / rel), "wb") as f, pa.ipc.new_file(f, pa.table(cols).schema) as w:
-            w.write_table(pa.table(cols))
-        parts.append(rel)
+        tables.append(cols)
     columns = [{"name": "mid", "unit": "index points", "source": "standard"},
                {"name": "bid_px_00", "unit": "index points", "source": "book"},
                {"name": "ask_px_00", "unit": "index points", "source": "book"}]
-    manifest = {"format_version": FORMAT_VERSION, "params": {"horizons": [2, 5], "features": {"tick_size": 0.25}},
-                "columns": columns, "partitions": parts}
-    (root / MANIFEST).write_text(json.dumps(manifest))
-    return root
+    return write_hand_cache(root, tables, columns, [2, 5])
 
 
 def _one_error(capsys, argv, status=1):

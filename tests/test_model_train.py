@@ -9,9 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hand_cache import write_hand_cache
 from scipy.stats import mannwhitneyu, rankdata
 
-from alphafeat.cache import FORMAT_VERSION, MANIFEST
+from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError
 from alphamodel.data import CacheData
 from alphamodel.metrics import auc, average_ranks, base_rate
@@ -70,7 +71,7 @@ def test_auc_matches_scipy_mannwhitney_with_ties():
 def _write_cache(root, sessions=3, n=900, seed=0):
     """mid moves one tick per row; direction at t+1 is up with prob 0.5 + 0.4 * imbalance[t]."""
     rng = np.random.default_rng(seed)
-    parts = []
+    tables = []
     for s in range(sessions):
         imb = rng.uniform(-1, 1, n)
         step = np.where(rng.random(n) < 0.5 + 0.4 * imb, 1.0, -1.0)
@@ -90,11 +91,7 @@ def _write_cache(root, sessions=3, n=900, seed=0):
             d = mid[h:] - mid[:-h]
             y[: n - h] = np.where(d > 0, 1.0, np.where(d < 0, 0.0, np.nan))
             cols[f"label_h{h}"] = pa.array(y)
-        rel = f"root=ES/session=2024-03-0{s + 4}/ESH4.arrow"
-        (root / rel).parent.mkdir(parents=True)
-        with pa.OSFile(str(root / rel), "wb") as f, pa.ipc.new_file(f, pa.table(cols).schema) as w:
-            w.write_table(pa.table(cols))
-        parts.append(rel)
+        tables.append(cols)
     columns = [{"name": "mid", "unit": "index points", "source": "standard"},
                {"name": "microprice", "unit": "index points", "source": "Stoikov"},
                {"name": "imbalance_l1", "unit": "", "source": ""},
@@ -102,10 +99,7 @@ def _write_cache(root, sessions=3, n=900, seed=0):
                {"name": "log_dt", "unit": "log seconds", "source": ""}]
     columns += [{"name": f"label_h{h}", "unit": "1 up / 0 down / NaN", "source": "alphafeat.labels"}
                 for h in HORIZONS]
-    manifest = {"format_version": FORMAT_VERSION, "params": {"horizons": HORIZONS, "features": {"tick_size": 0.25}},
-                "columns": columns, "partitions": parts}
-    (root / MANIFEST).write_text(json.dumps(manifest))
-    return root
+    return write_hand_cache(root, tables, columns, HORIZONS)
 
 
 @pytest.fixture(scope="module")
