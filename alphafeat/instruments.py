@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 from databento.common.symbology import InstrumentMap
 
+from alphafeat.types import UNDEF_TIMESTAMP
 from alphafeat.validation import InstrumentMode, RollRule, validate_enum  # noqa: F401 (InstrumentMode: re-exported)
 
 CHICAGO = ZoneInfo("America/Chicago")
@@ -59,7 +60,6 @@ MONTH_CODES = "FGHJKMNQUVXZ"
 SESSION_END_HOUR_CT = 16
 
 _NS = 1_000_000_000
-_UNDEF_TS = 2**64 - 1
 
 
 #: Databento continuous symbol ``ROOT.{c,n,v}.RANK`` (calendar, open interest, volume rank).
@@ -86,8 +86,9 @@ class _MappingMsg:
         self.stype_in_symbol = bytes(rec["stype_in_symbol"]).rstrip(b"\x00").decode()
         self.stype_out_symbol = bytes(rec["stype_out_symbol"]).rstrip(b"\x00").decode()
         # live data leaves start_ts / end_ts undefined (2**64 - 1): open-ended, never a Timestamp
-        self.pretty_start_ts = pd.Timestamp.min if self.start_ts == _UNDEF_TS else pd.Timestamp(self.start_ts, tz="UTC")
-        self.pretty_end_ts = pd.Timestamp.max if self.end_ts == _UNDEF_TS else pd.Timestamp(self.end_ts, tz="UTC")
+        undef = UNDEF_TIMESTAMP
+        self.pretty_start_ts = pd.Timestamp.min if self.start_ts == undef else pd.Timestamp(self.start_ts, tz="UTC")
+        self.pretty_end_ts = pd.Timestamp.max if self.end_ts == undef else pd.Timestamp(self.end_ts, tz="UTC")
 
 
 def insert_symbol_mappings(imap: InstrumentMap, records: np.ndarray) -> None:

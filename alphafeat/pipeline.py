@@ -37,7 +37,7 @@ import pyarrow.compute  # noqa: F401 (pa.compute)
 import alphafeat
 from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
-from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, write_partition
+from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out
 from alphafeat.errors import AlphafeatError, DataError, InputError, UsageError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
 from alphafeat.features.registry import select_features
@@ -558,11 +558,6 @@ def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, floa
     cols.mark_complete(k)
     del feats
     return cols.table(seconds)
-
-
-def write_table(path: Path, table: pa.Table, metadata: dict, compression: str = "none") -> None:
-    """:func:`alphafeat.cache.write_partition` (a refused write: one line, no partial file)."""
-    write_partition(path, table, metadata, compression)
 
 
 def _partition_metadata(common: dict, seg: Segment, schedule: list[dict], sources: list[tuple[int, dict]]) -> dict:

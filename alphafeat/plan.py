@@ -40,6 +40,7 @@ from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, o
 from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
     CONTINUOUS_RE,
+    MONTH_CODES,
     Choice,
     InstrumentMode,
     Symbology,
@@ -49,6 +50,7 @@ from alphafeat.instruments import (
     session_dates,
     session_end_ns,
 )
+from alphafeat.types import UNDEF_TIMESTAMP
 from alphafeat.validation import (
     ModeKind,
     OnError,
@@ -66,8 +68,7 @@ log = logging.getLogger(__name__)
 
 _TRADES, _DEFINITION, _SYMBOL_MAPPING = 0x00, 0x13, 0x16
 _BOOK_RTYPES = {SCHEMA_RTYPES[s] for s in BOOK_SCHEMAS}
-_UNDEF_TS = 2**64 - 1
-_ROOT_RE = re.compile(r"^(.+?)[FGHJKMNQUVXZ]\d{1,2}(?:-.*)?$")
+_ROOT_RE = re.compile(rf"^(.+?)[{MONTH_CODES}]\d{{1,2}}(?:-.*)?$")
 #: Version of the survey records kept on disk; bump to invalidate them.
 SURVEY_VERSION = 2
 
@@ -181,7 +182,7 @@ def root_of(symbol: str) -> str:
 def _file_range(f: DBNFile) -> tuple[int, int | None]:
     start = int(f.metadata.start)
     end = getattr(f.metadata, "end", None)
-    end = None if end is None or int(end) in (0, _UNDEF_TS) else int(end)
+    end = None if end is None or int(end) in (0, UNDEF_TIMESTAMP) else int(end)
     return start, end
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from alphafeat import book as bk
+from alphafeat.cache import write_partition
 from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner
 from alphafeat.errors import InputError
 from alphafeat.plan import Segment
@@ -471,7 +472,7 @@ def _map_segment(
     seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None, keep: bool, res: SegmentResult
 ) -> None:
     """The body of :func:`run_segment`; fills ``res``."""
-    from alphafeat.pipeline import SegmentColumns, segment_table, write_table
+    from alphafeat.pipeline import SegmentColumns, segment_table
 
     t0 = time.perf_counter()
     for p in seg.book_files + seg.trade_files:
@@ -528,7 +529,7 @@ def _map_segment(
             k = res.complete_from
             res.complete_ts = int(table.column("ts_recv")[k].value) if k < table.num_rows else None
     t1 = time.perf_counter()
-    write_table(Path(staging) / seg.relpath, table, meta, job.compression)
+    write_partition(Path(staging) / seg.relpath, table, meta, job.compression)
     res.rows = table.num_rows
     res.seconds["write"] = time.perf_counter() - t1
 

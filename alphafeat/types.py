@@ -11,6 +11,8 @@ LEVELS = 10
 
 #: Databento's null price (``i64::MAX``) marking an empty level, in 1e-9 fixed point.
 UNDEF_PRICE = np.int64(2**63 - 1)
+#: Databento's null timestamp (``u64::MAX``), e.g. a symbol mapping's open end in live data.
+UNDEF_TIMESTAMP = 2**64 - 1
 
 #: Fixed-point scale of DBN prices: 1 index point = 1e9 units. Prices are converted by
 #: dividing by it (``x / 1e9`` is the double nearest the exact value, so 5000.25 stays exact;
