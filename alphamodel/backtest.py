@@ -84,8 +84,8 @@ from alphamodel.sharpe import max_drawdown, sharpe, sharpe_stats
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BacktestConfig", "backtest", "check_fold_count", "fold_sessions", "planted_rows", "DEFAULT_COSTS",
-           "ORACLE_MARGINS", "RESULT_COLUMNS"]
+__all__ = ["BacktestConfig", "backtest", "check_fold_count", "default_folds", "fold_sessions", "planted_rows",
+           "DEFAULT_COSTS", "ORACLE_MARGINS", "RESULT_COLUMNS"]
 
 DEFAULT_COSTS = (0.0, 0.0625, 0.125, 0.25, 0.5)
 RESULT_COLUMNS = ("strategy", "fold", "cost_ticks", "sharpe", "deflated_sharpe", "win_rate", "trades_per_session",
@@ -159,6 +159,12 @@ class BacktestConfig:
         """Build from a dict (``c51`` a dict of C51Config keys), each key checked; UsageError
         naming the key for an unknown key or a bad value."""
         return from_dict(cls, d, "backtest")
+
+
+def default_folds(n: int, embargo: int = 0) -> int:
+    """Walk-forward folds over ``n`` sessions when ``folds`` is not given: as many as the
+    sessions allow after one training session and the embargo, between 2 and 5."""
+    return max(2, min(5, n - 1 - embargo))
 
 
 def check_fold_count(n: int, folds: int, embargo: int = 0) -> None:
@@ -524,7 +530,7 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
     if cfg.stride >= min_len:
         raise DataError(f"--stride {cfg.stride}: out of range, the shortest session has {min_len} rows "
                         "(stride must be below it)", data.root)
-    folds_n = cfg.folds or max(2, min(5, n_seg - 1 - cfg.embargo))
+    folds_n = cfg.folds or default_folds(n_seg, cfg.embargo)
     starts = np.array([s.ts[0] for s in data.segments])
     ends = np.array([s.ts[-1] for s in data.segments])
     folds = fold_sessions(starts, ends, folds_n, cfg.embargo)
@@ -568,7 +574,8 @@ def _clean(x):
     return x
 
 
-def _fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestConfig, tmp: Path, progress: bool):
+def _fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestConfig, tmp: Path, progress: bool,
+                  device: torch.device):
     """Train a small encoder on the fold's training sessions only (a view of the cache)."""
     from alphafeat.cache import MANIFEST
     from alphamodel.model import ModelConfig
@@ -594,7 +601,7 @@ def _fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: Backtest
     finally:
         train_log.setLevel(level)
     shutil.rmtree(view)
-    return load_model(enc, cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    return load_model(enc, str(device))
 
 
 def _logistic_scores(data: CacheData, tr_rows: np.ndarray, te_rows: np.ndarray, h: int, seed: int,
@@ -639,7 +646,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
                   disable=not progress, transient=False) as bar:
         for k, (tr_s, te_s) in enumerate(folds):
             # encoder and embeddings of the fold's sessions
-            model, norm, meta = given if given is not None else _fold_encoder(data, tr_s, k, cfg, tmp, progress)
+            model, norm, meta = given if given is not None else _fold_encoder(data, tr_s, k, cfg, tmp, progress, device)
             tcm = meta.get("train", {})
             window, burn = int(tcm.get("window", 64)), int(tcm.get("burn_in", 16))
             segs = sorted(set(tr_s.tolist()) | set(te_s.tolist()))

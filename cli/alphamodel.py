@@ -148,10 +148,11 @@ def _backtest(args: argparse.Namespace) -> int:
                              cfg.embargo)
     cache = args.cache or _default_cache(out, args.quiet)
     if not args.quiet and not args.cache:
-        from alphamodel.data import CacheData
+        from alphafeat.cache import read_manifest
+        from alphamodel.backtest import default_folds
 
-        n = len(CacheData.open(cache).segments)
-        k = cfg.folds or max(2, min(5, n - 1 - cfg.embargo))
+        n = len(read_manifest(cache)["partitions"])
+        k = cfg.folds or default_folds(n, cfg.embargo)
         console.print(f"embedded default sample: {n} sessions -> {k} walk-forward folds "
                       f"(expanding window, at least 2; the first session only trains)")
     s = backtest(cache, out, args.model, cfg, progress=not args.quiet)
