@@ -10,6 +10,14 @@ Subcommands
 
 from __future__ import annotations
 
+import os
+
+# numpy's and scipy's OpenBLAS (scipy loaded by numba) each start a thread per core that spins
+# for a while: ~3 CPU-seconds per process on a 16-core host, in every worker. The pipeline does
+# no linear algebra, so one BLAS thread (before numpy is imported; a value set by the user wins;
+# worker processes inherit it).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import logging
 from pathlib import Path
