@@ -2,14 +2,21 @@
 
 Every figure comes from running the public command line (``python -m cli.alphafeat
 precompute``) in a fresh process, as a user would; peak memory is the largest sum of the
-resident set sizes of the command and all its children, sampled every 20 ms with psutil.
+resident set sizes of the command and all its children, sampled every 20 ms with psutil; CPU
+seconds are user + system time of the command and its children (``getrusage``). The command runs
+with Python's default of writing bytecode (``PYTHONDONTWRITEBYTECODE`` is removed from its
+environment, as a user's shell does not set it); the first, warm-up run writes it.
 
 Rows (``--cases``, comma-separated; default all that the input allows):
 
 * ``zstd``: ``zstd -d`` of the book files to /dev/null, one file, then all of them ``--jobs``
-  at a time (``xargs -P``); the yardstick of the speed goals.
+  at a time (``xargs -P``); the yardstick of the speed goals. Also ``zstd -d`` writing its output
+  file (what the command does by default) into the scratch folder, the same file system as the
+  cache, one file and ``--jobs`` at a time: writing costs what it costs the cache.
 * ``cold1`` / ``coldN`` / ``coldN1``: one session, then every session with ``--jobs``, then every
-  session with ``--jobs 1``, from scratch (no cache, nothing kept).
+  session with ``--jobs 1``, from scratch (no cache, nothing kept). ``--repeat K`` runs ``zstd``,
+  ``cold1`` and ``coldN`` K times each, interleaved, and reports the median with min and max
+  (hosts whose fresh memory is costly to touch vary run to run).
 * ``warm``: a rerun with other horizons after a run that kept its books (``--predecoded keep``);
   ``same``: a rerun with nothing changed.
 * ``bytes``: bytes per row of the default cache, of ``--features all`` and of each compression.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -46,10 +54,20 @@ EXTRA: list[str] = []
 CASES = ("zstd", "cold1", "coldN", "coldN1", "warm", "same", "bytes", "dask", "pandas")
 
 
-def run_measured(cmd: list[str], env: dict | None = None) -> dict:
-    """Run ``cmd``; wall seconds and the peak of the summed RSS of its process tree."""
+#: The environment of measured commands: Python writes (and so reuses) bytecode, as by default.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _child_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_measured(cmd: list[str]) -> dict:
+    """Run ``cmd``; wall seconds, CPU seconds and the peak of the summed RSS of its process tree."""
+    c0 = _child_cpu()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=PROJECT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, cwd=PROJECT)
     peak = [0]
     done = threading.Event()
 
@@ -77,7 +95,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
     th.join()
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{out.decode()[-3000:]}")
-    return {"seconds": round(wall, 3), "peak_rss_gb": round(peak[0] / 1e9, 3)}
+    return {"seconds": round(wall, 3), "cpu_s": round(_child_cpu() - c0, 3), "peak_rss_gb": round(peak[0] / 1e9, 3)}
 
 
 def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
@@ -94,12 +112,15 @@ def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
     return res
 
 
-def zstd_time(files: list[Path], jobs: int) -> float:
-    """Seconds of ``zstd -d -c FILE > /dev/null``, ``jobs`` files at a time."""
+def zstd_time(files: list[Path], jobs: int, to: Path | None = None) -> dict:
+    """Wall and CPU seconds of ``zstd -d -c FILE > /dev/null`` (or, with ``to``, of ``zstd -d
+    FILE -o to/NAME``, the output deleted after), ``jobs`` files at a time."""
+    c0 = _child_cpu() + time.process_time()  # the python-zstandard fallback runs here
     t0 = time.perf_counter()
     if shutil.which("zstd"):
+        dest = "> /dev/null" if to is None else f"> {to}/$(basename F).dbn"
         subprocess.run(f"printf '%s\\n' {' '.join(map(str, files))} | xargs -P {jobs} -I F sh -c "
-                       "'zstd -q -d -c F > /dev/null'", shell=True, check=True)  # fmt: skip
+                       f"'zstd -q -d -c F {dest}'", shell=True, check=True)  # fmt: skip
     else:  # no zstd binary: python-zstandard, the same library the reader uses
         from concurrent.futures import ThreadPoolExecutor
 
@@ -112,7 +133,11 @@ def zstd_time(files: list[Path], jobs: int) -> float:
 
         with ThreadPoolExecutor(jobs) as ex:
             list(ex.map(one, files))
-    return round(time.perf_counter() - t0, 3)
+    res = {"seconds": round(time.perf_counter() - t0, 3), "cpu_s": round(_child_cpu() + time.process_time() - c0, 3)}
+    if to is not None:
+        for f in to.glob("*.dbn"):
+            f.unlink()
+    return res
 
 
 def sessions(inp: Path) -> dict[str, list[Path]]:
@@ -167,6 +192,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--extra", default="--device cpu",
                     help="options added to every precompute run (default '--device cpu')")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of zstd, cold1 and coldN each (median reported)")
     ap.add_argument("--scratch", type=Path, default=None, help="where caches are written (default: a temp folder)")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--pandas-worker", nargs=3, help=argparse.SUPPRESS)
@@ -198,19 +224,33 @@ def main() -> None:
         return d
 
     try:
-        if "zstd" in cases:
-            res["zstd_1"] = zstd_time(books[:1], 1)
-            res["zstd_N"] = zstd_time(books, args.jobs)
-            rows += [("zstd -d, first book file", res["zstd_1"], "", ""),
-                     (f"zstd -d, {len(books)} book files, {args.jobs} at a time", res["zstd_N"], "", "")]
         if "cold1" in cases:
             precompute(first, fresh("warmup"), "--predecoded", "none")  # numba's cache filled, page cache warm
-            r = res["cold1"] = precompute(first, fresh("c1"), "--predecoded", "none")
-            rows.append(("precompute, 1 session, cold", r["seconds"], r["peak_rss_gb"], r["rows"]))
-        if "coldN" in cases:
-            r = res["coldN"] = precompute(every, fresh("cN"), "--predecoded", "none", "--jobs", str(args.jobs))
-            rows.append((f"precompute, {len(days)} sessions, cold, --jobs {args.jobs}", r["seconds"],
-                         r["peak_rss_gb"], r["rows"]))  # fmt: skip
+        reps: dict[str, list[dict]] = {}
+        for _ in range(max(1, args.repeat)):  # interleaved, so that a slow spell of the host hits every case
+            if "zstd" in cases:
+                reps.setdefault("zstd_1", []).append(zstd_time(books[:1], 1))
+                reps.setdefault("zstd_N", []).append(zstd_time(books, args.jobs))
+                reps.setdefault("zstd_file_1", []).append(zstd_time(books[:1], 1, scratch))
+                reps.setdefault("zstd_file_N", []).append(zstd_time(books, args.jobs, scratch))
+            if "cold1" in cases:
+                reps.setdefault("cold1", []).append(precompute(first, fresh("c1"), "--predecoded", "none"))
+            if "coldN" in cases:
+                reps.setdefault("coldN", []).append(
+                    precompute(every, fresh("cN"), "--predecoded", "none", "--jobs", str(args.jobs)))
+        names = {"zstd_1": "zstd -d > /dev/null, first book file",
+                 "zstd_N": f"zstd -d > /dev/null, {len(books)} book files, {args.jobs} at a time",
+                 "zstd_file_1": "zstd -d to a file, first book file",
+                 "zstd_file_N": f"zstd -d to files, {len(books)} book files, {args.jobs} at a time",
+                 "cold1": "precompute, 1 session, cold",
+                 "coldN": f"precompute, {len(days)} sessions, cold, --jobs {args.jobs}"}  # fmt: skip
+        for key, runs in reps.items():
+            runs = sorted(runs, key=lambda r: r["seconds"])
+            r = res[key] = dict(runs[len(runs) // 2])
+            if len(runs) > 1:
+                r.update(runs=len(runs), min_s=runs[0]["seconds"], max_s=runs[-1]["seconds"])
+            spread = f" (median of {len(runs)}: {runs[0]['seconds']}-{runs[-1]['seconds']})" if len(runs) > 1 else ""
+            rows.append((names[key] + spread, r["seconds"], r.get("peak_rss_gb", ""), r.get("rows", "")))
         if "coldN1" in cases:
             r = res["coldN_jobs1"] = precompute(every, fresh("cN1"), "--predecoded", "none")
             rows.append((f"precompute, {len(days)} sessions, cold, --jobs 1", r["seconds"], r["peak_rss_gb"],
@@ -244,10 +284,12 @@ def main() -> None:
                          r["peak_rss_gb"], ""))  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if "zstd_1" in res and "cold1" in res:
-        res["cold1_over_zstd"] = round(res["cold1"]["seconds"] / res["zstd_1"], 2)
-    if "zstd_N" in res and "coldN" in res:
-        res["coldN_over_zstd"] = round(res["coldN"]["seconds"] / res["zstd_N"], 2)
+    for n in ("1", "N"):
+        if f"zstd_{n}" in res and f"cold{n}" in res:
+            ours = res[f"cold{n}"]
+            res[f"cold{n}_over_zstd"] = round(ours["seconds"] / res[f"zstd_{n}"]["seconds"], 2)
+            res[f"cold{n}_over_zstd_file"] = round(ours["seconds"] / res[f"zstd_file_{n}"]["seconds"], 2)
+            res[f"cold{n}_cpu_over_zstd_cpu"] = round(ours["cpu_s"] / max(res[f"zstd_{n}"]["cpu_s"], 1e-9), 2)
     if "cold1" in res and "coldN_jobs1" in res:
         res["rss_N_over_1"] = round(res["coldN_jobs1"]["peak_rss_gb"] / res["cold1"]["peak_rss_gb"], 2)
     if "keep" in res and "warm" in res:
