@@ -341,9 +341,7 @@ class _EncoderObs(torch.nn.Module):
         dev = self.mean.device
         x, dt = torch.from_numpy(b.x).to(dev), torch.from_numpy(b.dt).to(dev)
         real = torch.from_numpy(b.rows >= 0).to(dev)  # left padding, masked: neutral for the real rows
-        h = self.model.encode(x, mask=real)
-        s = self.model.cfc(h, dt, None, real)
-        e = torch.cat([s[:, -1].to(h.dtype), h[:, -1]], -1).float()
+        e = self.model.embedding(x, dt, real)[0][:, -1].float()
         e = (e - self.mean) / self.std
         return torch.cat([e, torch.sign(pos)[:, None], (fee / max(self.fee_max, 1e-9))[:, None]], 1)
 
