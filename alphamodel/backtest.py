@@ -606,14 +606,12 @@ def _logistic_scores(data: CacheData, tr_rows: np.ndarray, te_rows: np.ndarray, 
                      max_rows: int = 200_000) -> np.ndarray:
     """Up-probabilities of the logistic baseline (:func:`alphamodel.baselines.fit_logistic`, all
     input features of the row, as ``alphamodel train``'s) at horizon index ``h`` on ``te_rows``,
-    fitted on at most ``max_rows`` of ``tr_rows`` (NaN with one class)."""
-    from alphamodel.baselines import fit_logistic
+    fitted on at most ``max_rows`` of ``tr_rows`` (NaN with one class); its inputs
+    (:func:`alphamodel.baselines.baseline_inputs`) normalised by a fit on those rows."""
+    from alphamodel.baselines import baseline_inputs, fit_logistic
 
-    if tr_rows.size > max_rows:
-        tr_rows = np.sort(np.random.default_rng(seed).choice(tr_rows, max_rows, replace=False))
-    norm = data.fit_normaliser(tr_rows, seed=seed)
-    xtr, ytr = data.gather(tr_rows, norm.names)
-    return fit_logistic(norm(xtr), ytr[:, h], norm(data.gather(te_rows, norm.names)[0]), max_rows, seed)
+    xtr, ytr, xte = baseline_inputs(data, tr_rows, te_rows, max_rows, seed)
+    return fit_logistic(xtr, ytr[:, h], xte, max_rows, seed)
 
 
 def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: BacktestConfig, device: torch.device,

@@ -512,12 +512,7 @@ def _baseline_scores(data: CacheData, fold: Fold, norm: Normaliser, test_rows: n
                      skipped: dict[str, str]) -> dict[str, np.ndarray]:
     """Scores (M, H) of each baseline on ``test_rows``, fitted on the fold's training rows."""
     H = len(data.horizons)
-    tr = fold.train
-    if tr.size > tc.baseline_max_rows:
-        tr = np.sort(np.random.default_rng(tc.seed).choice(tr, tc.baseline_max_rows, replace=False))
-    x_tr, y_tr = data.gather(tr, norm.names)
-    x_tr = norm(x_tr)
-    x_te = norm(data.gather(test_rows, norm.names)[0])
+    x_tr, y_tr, x_te = bl.baseline_inputs(data, fold.train, test_rows, tc.baseline_max_rows, tc.seed, norm)
     out: dict[str, np.ndarray] = {}
     for name in tc.baselines:
         t = time.perf_counter()
