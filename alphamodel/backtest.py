@@ -660,8 +660,8 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
                 a, b = data.offsets[s], data.offsets[s + 1]
                 emb[a:b] = torch.from_numpy(e).to(device)
                 phead[a:b] = p[:, h_pick]
-            tr_rows = np.concatenate([np.arange(data.offsets[s], data.offsets[s + 1]) for s in tr_s])
-            te_rows = np.concatenate([np.arange(data.offsets[s], data.offsets[s + 1]) for s in te_s])
+            tr_rows = data.segment_rows(tr_s)
+            te_rows = data.segment_rows(te_s)
             assert tr_rows.max() < te_rows.min()
             tr_t = torch.as_tensor(tr_rows, device=device)
             mu, sd = emb[tr_t].mean(0), emb[tr_t].std(0).clamp_min(1e-6)
@@ -678,8 +678,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             aux_w = class_weights(tb[tr_t])  # inverse class frequency on this fold's training rows
             learner = _Learner(net, copy.deepcopy(net), obs, z, torch.optim.Adam(net.parameters(), lr=c.lr), tb, cfg,
                                aux_w)
-            pool = torch.as_tensor(np.concatenate([np.arange(data.offsets[s], data.offsets[s + 1] - 1) for s in tr_s]),
-                                   device=device)
+            pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
             task = bar.add_task(f"fold {k + 1}/{len(folds)} c51", total=n_steps)
             _train_policy(learner, market, pool, cfg.envs, cfg.policy_steps, gen, bar, task)
             pol = functools.partial(_c51_targets, z=z, rv=rv, cfg=cfg, horizon_s=horizon_s)

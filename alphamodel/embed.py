@@ -47,7 +47,7 @@ def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: l
     Returns ``{seg: (emb (n, D) float32, probs (n, H) float32)}``.
     """
     model.eval()
-    rows = np.concatenate([np.arange(data.offsets[k], data.offsets[k + 1]) for k in segs])
+    rows = data.segment_rows(segs)
     wins = data.eval_windows(rows, window, burn_in)
     out = {k: (np.zeros((data.segments[k].n, model.cfg.cfc_hidden + model.cfg.d_model), np.float32),
                np.zeros((data.segments[k].n, model.cfg.n_horizons), np.float32)) for k in segs}
