@@ -162,15 +162,8 @@ def direction_labels_seconds(
     return out
 
 
-@numba.njit(cache=True)
-def _triple_barrier(price, upper, lower, h, ts, out_y, out_t1, out_k):
-    """The row code on every row: the reference of :func:`_triple_barrier_blocked`."""
-    for t in range(price.shape[0]):
-        _R.triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t)
-
-
 #: Rows per block of the CPU triple barrier's block extrema.
-TB_BLOCK = 64
+TB_BLOCK = _R.TB_BLOCK
 
 
 @numba.njit(cache=True, nogil=True)
@@ -197,61 +190,30 @@ def _tb_rows(price, upper, lower, h, ts, out_y, out_t1, out_k, bmax, bmin, a, b)
     Rows are done last to first. A row whose price and widths equal the next row's reuses that
     row's outcome (its own first step moves the price by 0, which touches nothing, and every
     later step is one the next row saw): its touch if within its own vertical barrier, else a
-    timeout at ``t + h`` (NaN past the end). Other rows search forward, whole blocks skipped
-    where their extrema touch no barrier. The same outcome as the row code, row by row."""
+    timeout at ``t + h`` (NaN past the end). Other rows search forward with the row code's
+    search (:func:`alphafeat.features._rows.barrier_touch`), whole blocks skipped where their
+    extrema touch no barrier. The same outcome as the row code, row by row."""
     n = price.shape[0]
-    B = TB_BLOCK
     for t in range(b - 1, a - 1, -1):
         if not _R.barrier_start(price, upper, lower, out_y, out_t1, out_k, t):
             continue
-        p0 = price[t]
-        up = upper[t]
-        dn = lower[t]
-        if t + 1 < b and price[t + 1] == p0 and upper[t + 1] == up and lower[t + 1] == dn:
+        if t + 1 < b and price[t + 1] == price[t] and upper[t + 1] == upper[t] and lower[t + 1] == lower[t]:
             j = out_k[t + 1]
             y = out_y[t + 1]
-            if (y == 1.0 or y == -1.0) and j <= t + h:
-                out_y[t] = y
-                out_t1[t] = out_t1[t + 1]
-                out_k[t] = j
-            elif t + h <= n - 1:
-                out_y[t] = 0.0
-                out_t1[t] = ts[t + h]
-                out_k[t] = t + h
-            continue
-        end = min(t + h, n - 1)
-        j = t + 1
-        hit = False
-        while j <= end:
-            if j % B == 0 and j + B - 1 <= end:
-                k = j // B
-                if bmax[k] - p0 < up and bmin[k] - p0 > -dn:
-                    j += B
-                    continue
-            d = price[j] - p0
-            if d >= up:
-                out_y[t] = 1.0
-                hit = True
-            elif d <= -dn:
-                out_y[t] = -1.0
-                hit = True
-            if hit:
-                out_t1[t] = ts[j]
-                out_k[t] = j
-                break
-            j += 1
-        if not hit and t + h <= n - 1:
-            out_y[t] = 0.0
-            out_t1[t] = ts[t + h]
-            out_k[t] = t + h
+            if not ((y == 1.0 or y == -1.0) and j <= t + h):
+                j = -1  # no touch within this row's window: a timeout (unknown past the end)
+        else:
+            j, y = _R.barrier_touch(price, upper, lower, h, t, bmax, bmin, True)
+        _R.barrier_outcome(ts, out_y, out_t1, out_k, t, h, n, j, y)
 
 
 def _triple_barrier_blocked(price, upper, lower, h, ts, out_y, out_t1, out_k):  # noqa: ANN001
-    """:func:`_triple_barrier` with whole blocks of ``TB_BLOCK`` rows skipped where their
-    extrema touch no barrier. Exact: ``x -> x - p0`` is monotone in floating point, so
-    ``max(x) - p0 < up`` means every ``x - p0 < up`` (NaN prices never touch; they are left
-    out of the extrema); a row like the next reuses its outcome (:func:`_tb_rows`). Identical
-    results; a search costs ~h/TB_BLOCK + 2 TB_BLOCK steps at most, and most rows need none."""
+    """The row code (:func:`alphafeat.features._rows.triple_barrier_row`) on every row, with
+    whole blocks of ``TB_BLOCK`` rows skipped where their extrema touch no barrier. Exact:
+    ``x -> x - p0`` is monotone in floating point, so ``max(x) - p0 < up`` means every
+    ``x - p0 < up`` (NaN prices never touch; they are left out of the extrema); a row like
+    the next reuses its outcome (:func:`_tb_rows`). Identical results; a search costs
+    ~h/TB_BLOCK + 2 TB_BLOCK steps at most, and most rows need none."""
     n = price.shape[0]
     nb = (n + TB_BLOCK - 1) // TB_BLOCK
     bmax, bmin = np.full(nb, -np.inf), np.full(nb, np.inf)

@@ -341,9 +341,7 @@ class _EncoderObs(torch.nn.Module):
         dev = self.mean.device
         x, dt = torch.from_numpy(b.x).to(dev), torch.from_numpy(b.dt).to(dev)
         real = torch.from_numpy(b.rows >= 0).to(dev)  # left padding, masked: neutral for the real rows
-        h = self.model.encode(x, mask=real)
-        s = self.model.cfc(h, dt, None, real)
-        e = torch.cat([s[:, -1].to(h.dtype), h[:, -1]], -1).float()
+        e = self.model.embedding(x, dt, real)[0][:, -1].float()
         e = (e - self.mean) / self.std
         return torch.cat([e, torch.sign(pos)[:, None], (fee / max(self.fee_max, 1e-9))[:, None]], 1)
 
@@ -608,14 +606,12 @@ def _logistic_scores(data: CacheData, tr_rows: np.ndarray, te_rows: np.ndarray, 
                      max_rows: int = 200_000) -> np.ndarray:
     """Up-probabilities of the logistic baseline (:func:`alphamodel.baselines.fit_logistic`, all
     input features of the row, as ``alphamodel train``'s) at horizon index ``h`` on ``te_rows``,
-    fitted on at most ``max_rows`` of ``tr_rows`` (NaN with one class)."""
-    from alphamodel.baselines import fit_logistic
+    fitted on at most ``max_rows`` of ``tr_rows`` (NaN with one class); its inputs
+    (:func:`alphamodel.baselines.baseline_inputs`) normalised by a fit on those rows."""
+    from alphamodel.baselines import baseline_inputs, fit_logistic
 
-    if tr_rows.size > max_rows:
-        tr_rows = np.sort(np.random.default_rng(seed).choice(tr_rows, max_rows, replace=False))
-    norm = data.fit_normaliser(tr_rows, seed=seed)
-    xtr, ytr = data.gather(tr_rows, norm.names)
-    return fit_logistic(norm(xtr), ytr[:, h], norm(data.gather(te_rows, norm.names)[0]), max_rows, seed)
+    xtr, ytr, xte = baseline_inputs(data, tr_rows, te_rows, max_rows, seed)
+    return fit_logistic(xtr, ytr[:, h], xte, max_rows, seed)
 
 
 def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: BacktestConfig, device: torch.device,
@@ -664,8 +660,8 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
                 a, b = data.offsets[s], data.offsets[s + 1]
                 emb[a:b] = torch.from_numpy(e).to(device)
                 phead[a:b] = p[:, h_pick]
-            tr_rows = np.concatenate([np.arange(data.offsets[s], data.offsets[s + 1]) for s in tr_s])
-            te_rows = np.concatenate([np.arange(data.offsets[s], data.offsets[s + 1]) for s in te_s])
+            tr_rows = data.segment_rows(tr_s)
+            te_rows = data.segment_rows(te_s)
             assert tr_rows.max() < te_rows.min()
             tr_t = torch.as_tensor(tr_rows, device=device)
             mu, sd = emb[tr_t].mean(0), emb[tr_t].std(0).clamp_min(1e-6)
@@ -682,8 +678,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             aux_w = class_weights(tb[tr_t])  # inverse class frequency on this fold's training rows
             learner = _Learner(net, copy.deepcopy(net), obs, z, torch.optim.Adam(net.parameters(), lr=c.lr), tb, cfg,
                                aux_w)
-            pool = torch.as_tensor(np.concatenate([np.arange(data.offsets[s], data.offsets[s + 1] - 1) for s in tr_s]),
-                                   device=device)
+            pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
             task = bar.add_task(f"fold {k + 1}/{len(folds)} c51", total=n_steps)
             _train_policy(learner, market, pool, cfg.envs, cfg.policy_steps, gen, bar, task)
             pol = functools.partial(_c51_targets, z=z, rv=rv, cfg=cfg, horizon_s=horizon_s)

@@ -19,12 +19,30 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from alphamodel.data import CacheData, Normaliser
+
 log = logging.getLogger(__name__)
 
-__all__ = ["fit_logistic", "fit_lightgbm", "fit_mlp", "generator_ceiling", "lightgbm_missing"]
+__all__ = ["baseline_inputs", "fit_logistic", "fit_lightgbm", "fit_mlp", "generator_ceiling", "lightgbm_missing"]
+
+
+def baseline_inputs(data: CacheData, train_rows: np.ndarray, test_rows: np.ndarray, max_rows: int, seed: int,
+                    norm: Normaliser | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The baselines' inputs: ``(x_train (n, F) float32, y_train (n, H) float32 with NaN,
+    x_test (m, F) float32)``, features normalised, of at most ``max_rows`` of the sorted global
+    ``train_rows`` (a sorted random subset drawn with ``seed``) and of ``test_rows``. ``norm``:
+    the model's normaliser; None fits one on the chosen training rows (``seed``)."""
+    if train_rows.size > max_rows:
+        train_rows = np.sort(np.random.default_rng(seed).choice(train_rows, max_rows, replace=False))
+    if norm is None:
+        norm = data.fit_normaliser(train_rows, seed=seed)
+    x_tr, y_tr = data.gather(train_rows, norm.names)
+    return norm(x_tr), y_tr, norm(data.gather(test_rows, norm.names)[0])
 
 
 def _subset(x: np.ndarray, y: np.ndarray, max_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -204,20 +204,24 @@ def from_dict(cls: type[T], d: dict, section: str) -> T:
     return check_config(cfg, section)
 
 
-def read_config(path: str | os.PathLike[str], train: dict | None = None) -> tuple[Any, Any]:
+def read_config(path: str | os.PathLike[str] | None, train: dict | None = None) -> tuple[Any, Any]:
     """``(ModelConfig, TrainConfig)`` from a JSON file ``{"model": {...}, "train": {...}}``
-    (either may be left out), with ``train`` (checked values, e.g. from the command line)
-    laid over the file's ``train``.
+    (either may be left out; None for no file: the defaults), with ``train`` (checked values,
+    e.g. from the command line) laid over the file's ``train``.
 
     Raises
     ------
     alphamodel.errors.ConfigError
         The file cannot be read or is not such an object, or a key or value is bad: one line
         naming the file and the key (``train.epochs``).
+    alphamodel.errors.UsageError
+        Without a file, a bad value in ``train``.
     """
     from alphamodel.model import ModelConfig
     from alphamodel.train import TrainConfig
 
+    if path is None:
+        return ModelConfig(), from_dict(TrainConfig, dict(train or {}), "train")
     p = Path(path)
     doc = _read_object(p, "with 'model' and/or 'train'")
     bad = sorted(set(doc) - {"model", "train"})

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -324,6 +325,11 @@ class CacheData:
         rows = np.sort(np.asarray(rows, np.int64))
         cut = np.searchsorted(rows, self.offsets)
         return [rows[cut[k] : cut[k + 1]] - self.offsets[k] for k in range(len(self.segments))]
+
+    def segment_rows(self, segs: Iterable[int], drop_last: int = 0) -> np.ndarray:
+        """Global row ids, int64, of the segments ``segs`` (in that order), each segment's last
+        ``drop_last`` rows left out (``1``: the rows that have a next row)."""
+        return np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1] - drop_last) for s in segs])
 
     def gather(self, rows: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Raw features (M, F) float64 and labels (M, H) float32 of sorted global ``rows``."""

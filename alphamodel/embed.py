@@ -47,7 +47,7 @@ def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: l
     Returns ``{seg: (emb (n, D) float32, probs (n, H) float32)}``.
     """
     model.eval()
-    rows = np.concatenate([np.arange(data.offsets[k], data.offsets[k + 1]) for k in segs])
+    rows = data.segment_rows(segs)
     wins = data.eval_windows(rows, window, burn_in)
     out = {k: (np.zeros((data.segments[k].n, model.cfg.cfc_hidden + model.cfg.d_model), np.float32),
                np.zeros((data.segments[k].n, model.cfg.n_horizons), np.float32)) for k in segs}
@@ -56,10 +56,8 @@ def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: l
         x = torch.from_numpy(b.x).to(device)
         dt = torch.from_numpy(b.dt).to(device)
         real = torch.from_numpy(b.rows >= 0).to(device)  # padding masked: neutral for the real rows
-        h = model.encode(x, mask=real)
-        s = model.cfc(h, dt, None, real)
-        seq = torch.cat([s.to(h.dtype), h], dim=-1)
-        p = torch.sigmoid(model.heads(torch.cat([seq, x.to(h.dtype)], dim=-1)).float())
+        seq, _ = model.embedding(x, dt, real)
+        p = torch.sigmoid(model.heads(torch.cat([seq, x.to(seq.dtype)], dim=-1)).float())
         seq, p = seq.float().cpu().numpy(), p.cpu().numpy()
         for w, m, r, e, q in zip(wins[i : i + batch_size], b.mask, b.rows, seq, p):
             local = r[m] - data.offsets[w.seg]

@@ -143,13 +143,25 @@ class AlphaModel(nn.Module):
         of each stream (stateful context: consecutive windows equal one long window);
         ``return_state=True`` also returns the state after this window.
         """
+        seq, after = self.embedding(x, dt, mask, state)
+        logits = self.heads(torch.cat([self.drop_seq(seq), x.to(seq.dtype)], dim=-1)).float()
+        if return_state:
+            return logits, after
+        return logits
+
+    def embedding(self, x: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None = None,
+                  state: ModelState | None = None) -> tuple[torch.Tensor, ModelState]:
+        """What the heads read besides the row's own inputs: ``concat(CfC state, Mamba2 output)``
+        at every position, and the :class:`ModelState` after the window.
+
+        ``x`` (B, K, F) float32 normalised features, ``dt`` (B, K) float32 seconds since the
+        previous row; ``mask`` and ``state`` as in :meth:`forward`. Returns the embedding
+        (B, K, cfc_hidden + d_model) in the encoder's dtype (float32, or bfloat16 under autocast;
+        no dropout) and the state. (Named ``embedding``: ``embed`` is the input projection.)
+        """
         h, blocks = self.encode(x, state, mask, return_state=True)
         s = self.cfc(h, dt, None if state is None else state.cfc, mask)
-        seq = self.drop_seq(torch.cat([s.to(h.dtype), h], dim=-1))
-        logits = self.heads(torch.cat([seq, x.to(h.dtype)], dim=-1)).float()
-        if return_state:
-            return logits, ModelState(blocks, s[:, -1].float())
-        return logits
+        return torch.cat([s.to(h.dtype), h], dim=-1), ModelState(blocks, s[:, -1].float())
 
 
 def horizon_weights(horizons: Sequence[int], window: int, scheme: str = "window") -> torch.Tensor:

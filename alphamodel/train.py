@@ -42,8 +42,7 @@ import numpy as np
 import torch
 
 from alphafeat.cache import check_folder
-from alphafeat.errors import DataError, InputError, UsageError
-from alphafeat.splits import train_val_test_split
+from alphafeat.errors import InputError, UsageError
 from alphafeat.validation import Baseline, Device, validate_enum
 from alphamodel import baselines as bl
 from alphamodel.config import check_config, from_dict
@@ -65,7 +64,7 @@ from alphamodel.optim import param_groups
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainConfig", "train", "load_model", "resolve_device", "purged_blocks", "compile_model",
+__all__ = ["TrainConfig", "train", "load_model", "resolve_device", "compile_model",
            "score_rows", "BASELINES"]
 
 #: Baselines fitted beside the model (see :mod:`alphamodel.baselines`; declared as
@@ -160,28 +159,6 @@ def compile_model(model: AlphaModel) -> AlphaModel:
     else:
         model.cfc.cell.compile()
     return model
-
-
-def purged_blocks(data: CacheData, val_frac: float, test_frac: float
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One walk-forward split of rows (not sessions) and the per-horizon label mask.
-
-    Returns ``(train, val, test, keep)``: int64 row ids of each block (time order) and a bool
-    (N, H) mask of the labels that survive purging (AFML ch. 7, via
-    :func:`alphafeat.splits.train_val_test_split` on each horizon's spans).
-    """
-    t0, t1s = data.spans()
-    order = np.argsort(t0, kind="stable")
-    t0s = t0[order]
-    try:
-        b_tr, b_va, b_te = train_val_test_split(t0s, t0s, val_frac, test_frac)
-    except DataError as e:
-        raise TrainDataError(e.problem, data.root) from None
-    keep = np.zeros((t0.size, len(t1s)), bool)
-    for j, t1 in enumerate(t1s):
-        tr, va, te = train_val_test_split(t0s, t1[order], val_frac, test_frac)
-        keep[order[np.concatenate([tr, va, te])], j] = True
-    return np.sort(order[b_tr]), np.sort(order[b_va]), np.sort(order[b_te]), keep
 
 
 def label_counts(data: CacheData, keep: np.ndarray) -> dict[str, dict[str, int]]:
@@ -512,12 +489,7 @@ def _baseline_scores(data: CacheData, fold: Fold, norm: Normaliser, test_rows: n
                      skipped: dict[str, str]) -> dict[str, np.ndarray]:
     """Scores (M, H) of each baseline on ``test_rows``, fitted on the fold's training rows."""
     H = len(data.horizons)
-    tr = fold.train
-    if tr.size > tc.baseline_max_rows:
-        tr = np.sort(np.random.default_rng(tc.seed).choice(tr, tc.baseline_max_rows, replace=False))
-    x_tr, y_tr = data.gather(tr, norm.names)
-    x_tr = norm(x_tr)
-    x_te = norm(data.gather(test_rows, norm.names)[0])
+    x_tr, y_tr, x_te = bl.baseline_inputs(data, fold.train, test_rows, tc.baseline_max_rows, tc.seed, norm)
     out: dict[str, np.ndarray] = {}
     for name in tc.baselines:
         t = time.perf_counter()

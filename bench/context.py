@@ -17,21 +17,26 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
-from alphamodel.model import ModelConfig
-from alphamodel.train import TrainConfig, train
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from evaluate import train_options  # noqa: E402
+
+from alphamodel.config import read_config  # noqa: E402
+from alphamodel.train import TrainConfig, train  # noqa: E402
 
 
-def setting(name: str, base: dict, stateful_window: int) -> dict:
+def setting(name: str, base: TrainConfig, stateful_window: int) -> dict:
+    """The ``train`` keys of one context setting, laid over the configured ``base``."""
     if name == "stateful":
-        return dict(base, context="stateful", window=stateful_window, burn_in=min(base.get("burn_in", 16),
-                                                                                    stateful_window // 4))
+        return dict(context="stateful", window=stateful_window, burn_in=min(base.burn_in, stateful_window // 4))
     k = int(name)
     # the same number of positions per scoring batch for every K (K = 1 would otherwise crawl)
-    eb = max(base.get("eval_batch_size", 128), 16384 // k)
-    return dict(base, context="window", window=k, burn_in=k // 4, eval_batch_size=eb)
+    eb = max(base.eval_batch_size, 16384 // k)
+    return dict(context="window", window=k, burn_in=k // 4, eval_batch_size=eb)
 
 
 def main() -> None:
@@ -45,22 +50,16 @@ def main() -> None:
     ap.add_argument("--work", default="bench-context")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    cfg = json.loads(Path(args.config).read_text()) if args.config else {}
-    base = dict(cfg.get("train", {}), device=args.device)
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        try:
-            base[k] = json.loads(v)
-        except ValueError:
-            base[k] = v
+    options = train_options(args.device, args.set)
+    base = read_config(args.config, options)[1]
     results, ref = [], {}
     for i, name in enumerate(args.contexts.split(",")):
-        tc = setting(name, base, args.stateful_window)
+        change = setting(name, base, args.stateful_window)
         if i:
-            tc["baselines"] = []
+            change["baselines"] = []
+        mc, tc = read_config(args.config, {**options, **change})
         t0 = time.perf_counter()
-        s = train(args.cache, Path(args.work) / f"ctx-{name}", ModelConfig.from_dict(cfg.get("model", {})),
-                  TrainConfig.from_dict(tc), progress=False)
+        s = train(args.cache, Path(args.work) / f"ctx-{name}", mc, tc, progress=False)
         recs = {r["horizon"]: r for r in s["evaluation"] if r["fold"] == "all" and r["model"] == "alphamodel"}
         if i == 0:
             for h in s["horizons"]:
@@ -68,7 +67,7 @@ def main() -> None:
                     r = next(r for r in s["evaluation"] if r["fold"] == "all" and r["horizon"] == h["horizon"]
                              and r["model"] == h["best_baseline"])
                     ref[h["horizon"]] = r
-        results.append({"context": name, "window": tc["window"], "seconds": time.perf_counter() - t0,
+        results.append({"context": name, "window": tc.window, "seconds": time.perf_counter() - t0,
                         "auc": {h: [r["auc"], r["auc_ci_low"], r["auc_ci_high"]] for h, r in recs.items()}})
     hs = sorted(ref or results[0]["auc"])
 

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from alphafeat.cache import MANIFEST
-from alphamodel.model import ModelConfig
-from alphamodel.train import TrainConfig, train
+from alphamodel.config import read_config
+from alphamodel.train import train
 from cli.alphamodel import print_summary
 
 
@@ -49,6 +49,15 @@ def parse_value(v: str) -> object:
         return v
 
 
+def train_options(device: str, sets: list[str]) -> dict:
+    """``train`` keys laid over the config file's: ``device``, then each ``--set key=value``."""
+    out: dict = {"device": device}
+    for kv in sets:
+        k, _, v = kv.partition("=")
+        out[k] = parse_value(v)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", help="an existing cache (else one is generated under --work)")
@@ -65,14 +74,10 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     cache = Path(args.cache) if args.cache else build_cache(args)
-    cfg = json.loads(Path(args.config).read_text()) if args.config else {}
-    tc = dict(cfg.get("train", {}), device=args.device)
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        tc[k] = parse_value(v)
+    mc, tc = read_config(args.config, train_options(args.device, args.set))
     out = Path(args.out or Path(args.work) / "train")
     t0 = time.perf_counter()
-    s = train(cache, out, ModelConfig.from_dict(cfg.get("model", {})), TrainConfig.from_dict(tc), progress=False)
+    s = train(cache, out, mc, tc, progress=False)
     print_summary(s)
     rows = [r for r in s["evaluation"] if r["fold"] == "all"]
     print(json.dumps({"bench": "evaluate", "cache": str(cache), "sessions": s["rows"]["sessions"],

@@ -120,14 +120,16 @@ def _synth(args: argparse.Namespace) -> int:
         if not args.out or not args.start:
             raise UsageError("--start and --out", "required (or --default / --report)")
         out = args.out
+        sessions: list[dict] = []
         with progress_bar() as progress:
             task = progress.add_task("sessions", total=args.sessions)
             paths = synth.generate(
                 out, start=args.start, sessions=args.sessions, seed=args.seed, schemas=args.schemas,
                 scale=args.scale, jobs=args.jobs, zstd_level=args.zstd_level, signal=args.signal,
                 signal_kind=args.signal_kind, signal_file=args.signal_file,
-                progress=lambda k: progress.advance(task, k),
+                progress=lambda k: progress.advance(task, k), summary=sessions,
             )
+        paths += [Path(s["signal_file"]) for s in sessions if "signal_file" in s]  # --signal-file's sidecars
     for p in paths:
         print(p)
     rep = out / synth.REPORT_NAME

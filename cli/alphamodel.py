@@ -62,17 +62,13 @@ def _need_torch() -> None:
 
 def _train(args: argparse.Namespace) -> int:
     _need_torch()
-    from alphamodel.config import from_dict, read_config
-    from alphamodel.model import ModelConfig
-    from alphamodel.train import TrainConfig, train
+    from alphamodel.config import read_config
+    from alphamodel.train import train
 
     tcfg = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
     if args.compile:
         tcfg["compile"] = True
-    if args.config:
-        mc, tc = read_config(args.config, tcfg)  # ConfigError names the file and the key
-    else:
-        mc, tc = ModelConfig(), from_dict(TrainConfig, tcfg, "train")
+    mc, tc = read_config(args.config, tcfg)  # ConfigError names the file and the key
     cache = args.cache or _default_cache(args.out, args.quiet)
     s = train(cache, args.out, mc, tc, progress=not args.quiet)
 

@@ -15,9 +15,10 @@ from scipy.stats import mannwhitneyu, rankdata
 from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError
 from alphamodel.data import CacheData
+from alphamodel.evaluation import walk_forward_folds
 from alphamodel.metrics import auc, average_ranks, base_rate
 from alphamodel.model import horizon_weights, masked_bce_loss
-from alphamodel.train import TrainConfig, load_model, purged_blocks, train
+from alphamodel.train import TrainConfig, load_model, train
 from cli.alphamodel import main as cli_main
 
 HORIZONS = [2, 5]
@@ -133,9 +134,22 @@ def test_cache_data_spans_features_windows(cache):
     assert np.allclose(norm.mean, xr.mean(0)) and np.allclose(norm.std, xr.std(0))
 
 
-def test_purged_blocks_hide_labels_reaching_into_later_blocks(cache):
-    d = CacheData.open(cache)
-    tr, va, te, keep = purged_blocks(d, 0.2, 0.2)
+@pytest.fixture(scope="module")
+def one_session(tmp_path_factory):
+    """One session: the walk-forward blocks are blocks of its rows, so labels reach across them."""
+    return CacheData.open(_write_cache(tmp_path_factory.mktemp("c1") / "cache", sessions=1))
+
+
+def _one_fold(d: CacheData):
+    """The first walk-forward fold of ``d`` as training makes it (one session: its rows in thirds)."""
+    t0, t1s = d.spans()
+    return walk_forward_folds(t0, t1s, np.zeros(t0.size, np.int64), 1)[0]
+
+
+def test_walk_forward_blocks_hide_labels_reaching_into_later_blocks(one_session):
+    d = one_session
+    f = _one_fold(d)
+    tr, va, te, keep = f.train, f.val, f.test, f.keep
     t0, t1 = d.spans()
     assert tr.max() < va.min() and va.max() < te.min()
     for j in range(len(HORIZONS)):
@@ -244,11 +258,11 @@ def test_cli_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch):
 
 
 # ---- summary words, optimiser groups, config checks ------------------------------------------
-def test_labels_kept_after_purge_counts_labels_not_rows(cache):
+def test_labels_kept_after_purge_counts_labels_not_rows(one_session):
     from alphamodel.train import label_counts
 
-    d = CacheData.open(cache)
-    _, _, _, keep = purged_blocks(d, 0.2, 0.2)
+    d = one_session
+    keep = _one_fold(d).keep
     c = label_counts(d, keep)
     for j, h in enumerate(HORIZONS):
         y = np.concatenate([s.labels[j] for s in d.segments])  # the cache's labels, read directly

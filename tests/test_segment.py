@@ -5,7 +5,8 @@
   session's trades, column by column, exactly (trades from the book stream or a trades file;
   bounds that cut a stream spanning two sessions, or a file in the middle).
 * :func:`alphafeat.pipeline.book_mid` equals the ``mid`` feature bit for bit.
-* ``labels._triple_barrier_blocked`` equals the row code ``labels._triple_barrier`` exactly.
+* ``labels._triple_barrier_blocked`` equals the row code (``triple_barrier_row``, the CUDA
+  kernel's) on every row, exactly.
 * :func:`alphafeat.labels.direction_labels` equals a plain numpy reference.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+import numba
 import numpy as np
 import pytest
 from conftest import ESH4_MBO, ESU4_MBP1, ESU4_TRADES, PROJECT, need
@@ -290,14 +292,22 @@ def test_book_mid_equals_mid_feature_bit_for_bit():
 
 
 # --------------------------------------------------------------------------------------
-# _triple_barrier_blocked == _triple_barrier (the row code), exactly
+# _triple_barrier_blocked == the row code on every row, exactly
 # --------------------------------------------------------------------------------------
+
+
+@numba.njit
+def _row_code(price, upper, lower, h, ts, out_y, out_t1, out_k):
+    """The row code on every row (what the CUDA kernel runs, one thread per row): no block
+    skipping, no reuse of the next row's outcome."""
+    for t in range(price.shape[0]):
+        lb._R.triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t)
 
 
 def _both_barriers(price, upper, lower, h, ts):
     n = price.shape[0]
     outs = []
-    for fn in (lb._triple_barrier, lb._triple_barrier_blocked):
+    for fn in (_row_code, lb._triple_barrier_blocked):
         y = np.full(n, 7.0)  # garbage: every row must be written
         t1 = np.full(n, 123, dtype=np.int64)
         k = np.full(n, 456, dtype=np.int64)

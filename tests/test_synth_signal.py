@@ -5,6 +5,7 @@ memory to be found."""
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,12 +165,15 @@ def test_signal_file_same_bytes_and_dbn_unchanged(tmp_path) -> None:
 
     day = datetime.date(2024, 1, 9)
     kw = dict(start=day, sessions=1, seed=3, report=False)
-    a = synth.generate(tmp_path / "a", signal_file=True, **kw)
+    sessions: list[dict] = []
+    a = synth.generate(tmp_path / "a", signal_file=True, summary=sessions, **kw)
     b = synth.generate(tmp_path / "b", signal_file=True, **kw)
     c = synth.generate(tmp_path / "c", **kw)
+    assert len(a) == len(b) == len(c)  # the sidecar is not among the returned paths
     for pa_, pb, pc in zip(a, b, c):
         assert pa_.read_bytes() == pb.read_bytes() == pc.read_bytes()
     side = planted_path(tmp_path / "a", day.isoformat())
+    assert [s["signal_file"] for s in sessions] == [str(side)]  # the session summary names it (the CLI lists it)
     assert side.read_bytes() == planted_path(tmp_path / "b", day.isoformat()).read_bytes()
     assert not planted_path(tmp_path / "c", day.isoformat()).exists()
     ts, p, meta = read_planted(side)
@@ -178,3 +182,24 @@ def test_signal_file_same_bytes_and_dbn_unchanged(tmp_path) -> None:
     sig = synth.Signal()
     half = 0.5 * (sig.book + sig.history)  # 1/2 clip(s_B I + s_H tanh(.)) with |I|, |tanh| <= 1
     assert p.min() >= 0.5 - half - 1e-12 and p.max() <= 0.5 + half + 1e-12 and p.std() > 0.01
+
+
+def test_cli_lists_the_signal_files(tmp_path, monkeypatch, capsys) -> None:
+    """``alphafeat synth --signal-file`` prints each session's sidecar among the written paths
+    (taken from the session summaries; generate itself stubbed: the test is of the listing)."""
+    from cli.alphafeat import main
+
+    def fake_generate(out, summary=None, **kw):
+        assert kw["signal_file"] is True
+        days = ("20240109", "20240110")
+        summary.extend({"paths": [str(out / f"glbx-mdp3-{d}.mbp-10.dbn.zst")],
+                        "signal_file": str(out / f"glbx-mdp3-{d}.signal.arrow")} for d in days)
+        return [Path(p) for s in summary for p in s["paths"]]
+
+    monkeypatch.setattr(synth, "generate", fake_generate)
+    out = tmp_path / "syn"
+    assert main(["synth", "--start", "2024-01-09", "--sessions", "2", "--out", str(out), "--signal-file"]) == 0
+    printed = capsys.readouterr().out.split()
+    for d in ("20240109", "20240110"):
+        assert str(out / f"glbx-mdp3-{d}.mbp-10.dbn.zst") in printed
+        assert str(out / f"glbx-mdp3-{d}.signal.arrow") in printed

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from alphafeat.errors import UsageError
+from alphafeat.validation import validate_horizon
 
 if TYPE_CHECKING:
     from alphafeat.features.registry import FeatureParams
@@ -131,11 +131,7 @@ def direction_labels_cuda(
     """
     from alphafeat.cuda import kernels
 
-    hs = []
-    for h in horizons:
-        if int(h) != h or h < 1:
-            raise UsageError("horizons", "expected positive integers (snapshots)", h)
-        hs.append(int(h))
+    hs = [validate_horizon(h, "horizons") for h in horizons]
     mid = np.ascontiguousarray(mid, dtype=np.float64)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")

@@ -317,32 +317,63 @@ def barrier_start(price, upper, lower, out_y, out_t1, out_k, t):
     return math.isfinite(p0) and math.isfinite(up) and math.isfinite(dn) and up > 0.0 and dn > 0.0
 
 
+#: Rows per block of the triple barrier's block extrema (:func:`barrier_touch`).
+TB_BLOCK = 64
+
+
+@jit
+def barrier_touch(price, upper, lower, h, t, bmax, bmin, skip):
+    """``(j, y)``: the first row ``j`` in ``(t, t + h]`` (and within ``price``) with
+    ``price[j] - price[t] >= upper[t]`` (``y = 1.0``) or ``<= -lower[t]`` (``y = -1.0``);
+    ``(-1, 0.0)`` when neither barrier is touched. For a row :func:`barrier_start` passed.
+    ``skip``: whole blocks ``k`` of ``TB_BLOCK`` rows (``[k TB_BLOCK, (k + 1) TB_BLOCK)``) whose
+    extrema ``bmax[k]`` / ``bmin[k]`` (NaN left out) touch no barrier are skipped, which is exact
+    (``x -> x - p0`` is monotone in floating point; NaN never touches); else every row is
+    tested and ``bmax``, ``bmin`` are not read."""
+    n = price.shape[0]
+    p0 = price[t]
+    up = upper[t]
+    dn = lower[t]
+    end = min(t + h, n - 1)
+    j = t + 1
+    while j <= end:
+        if skip and j % TB_BLOCK == 0 and j + TB_BLOCK - 1 <= end:
+            k = j // TB_BLOCK
+            if bmax[k] - p0 < up and bmin[k] - p0 > -dn:
+                j += TB_BLOCK
+                continue
+        d = price[j] - p0
+        if d >= up:
+            return j, 1.0
+        if d <= -dn:
+            return j, -1.0
+        j += 1
+    return -1, 0.0
+
+
+@jit
+def barrier_outcome(ts, out_y, out_t1, out_k, t, h, n, j, y):
+    """Write row t's outcome: the touch ``(j, y)`` of :func:`barrier_touch` when ``j >= 0``,
+    else the timeout (0 at ``t + h``) when ``t + h`` lies within the ``n`` rows; else it stays
+    unknown (as :func:`barrier_start` left it)."""
+    if j >= 0:
+        out_y[t] = y
+        out_t1[t] = ts[j]
+        out_k[t] = j
+    elif t + h <= n - 1:
+        out_y[t] = 0.0
+        out_t1[t] = ts[t + h]
+        out_k[t] = t + h
+
+
 @jit
 def triple_barrier_row(price, upper, lower, h, ts, out_y, out_t1, out_k, t):
     """Row t of the triple barrier (:func:`alphafeat.labels.triple_barrier`): the first row
     ``j`` in ``(t, t + h]`` with ``price[j] - price[t] >= upper[t]`` (+1) or ``<= -lower[t]``
     (-1); 0 at ``t + h`` when neither is touched; NaN / -1 / -1 where unknown, and where the
-    price or a width is not finite or a width is not positive (no barrier)."""
-    n = price.shape[0]
-    if not barrier_start(price, upper, lower, out_y, out_t1, out_k, t):
-        return
-    p0 = price[t]
-    up = upper[t]
-    dn = lower[t]
-    end = min(t + h, n - 1)
-    for j in range(t + 1, end + 1):
-        d = price[j] - p0
-        if d >= up:
-            out_y[t] = 1.0
-            out_t1[t] = ts[j]
-            out_k[t] = j
-            return
-        if d <= -dn:
-            out_y[t] = -1.0
-            out_t1[t] = ts[j]
-            out_k[t] = j
-            return
-    if t + h <= n - 1:
-        out_y[t] = 0.0
-        out_t1[t] = ts[t + h]
-        out_k[t] = t + h
+    price or a width is not finite or a width is not positive (no barrier). Every row of the
+    window is tested; the CPU's :func:`alphafeat.labels._tb_rows` calls the same
+    :func:`barrier_touch` with blocks skipped."""
+    if barrier_start(price, upper, lower, out_y, out_t1, out_k, t):
+        j, y = barrier_touch(price, upper, lower, h, t, price, price, False)
+        barrier_outcome(ts, out_y, out_t1, out_k, t, h, price.shape[0], j, y)

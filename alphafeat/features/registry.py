@@ -19,6 +19,7 @@ import numpy as np
 
 from alphafeat.errors import UsageError
 from alphafeat.types import LEVELS
+from alphafeat.validation import validate_float, validate_int
 
 __all__ = [
     "INTERPOLATIONS",
@@ -250,31 +251,41 @@ def _pos(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
+def _number(value: object, option: str, **bounds: float | bool) -> float:
+    """:func:`alphafeat.validation.validate_float` of a parameter; text is refused too (the
+    parameters are used as given, and a feature parameter is a number, not a string)."""
+    if isinstance(value, str):
+        raise UsageError(option, "expected a number", value)
+    return validate_float(value, option, **bounds)  # type: ignore[arg-type]
+
+
+def _taus(value: object, option: str, count: int) -> tuple[float, ...]:
+    """``count`` positive time constants (s)."""
+    taus = tuple(value)  # type: ignore[call-overload]
+    if len(taus) != count:
+        raise UsageError(option, f"expected {count} positive time constants (s)", taus)
+    return tuple(_number(t, option, lo=0.0, lo_open=True) for t in taus)
+
+
 def _validate(p: FeatureParams) -> None:
-    if not _pos(p.tick_size):
-        raise UsageError("tick_size", "expected a positive number (index points)", p.tick_size)
-    taus = tuple(p.ema_taus_s)
-    if len(taus) != 2 or not all(_pos(t) for t in taus):
-        raise UsageError("ema_taus_s", "expected two positive time constants (s)", taus)
+    _number(p.tick_size, "tick_size", lo=0.0, lo_open=True)
+    taus = _taus(p.ema_taus_s, "ema_taus_s", 2)
     if _tau_label(taus[0]) == _tau_label(taus[1]):
         raise UsageError("ema_taus_s", "the two EMA time constants must differ", taus)
     if p.ema_interpolation not in INTERPOLATIONS:
         raise UsageError("ema_interpolation", f"expected one of {', '.join(INTERPOLATIONS)}", p.ema_interpolation)
     for k in ("ofi_levels", "depth_levels"):
-        v = getattr(p, k)
-        if not (isinstance(v, (int, np.integer)) and 1 <= v <= LEVELS):
-            raise UsageError(k, f"expected an integer in 1..{LEVELS}", v)
-    vt = tuple(p.vol_taus_s)
-    if len(vt) != 3 or not all(_pos(t) for t in vt) or not (vt[0] < vt[1] < vt[2]):
+        validate_int(getattr(p, k), k, lo=1, hi=LEVELS)
+    vt = _taus(p.vol_taus_s, "vol_taus_s", 3)
+    if not (vt[0] < vt[1] < vt[2]):
         raise UsageError("vol_taus_s", "expected three increasing positive time constants (s)", vt)
-    if not (math.isfinite(p.depth_weight_decay) and p.depth_weight_decay >= 0):
-        raise UsageError("depth_weight_decay", "expected a number >= 0", p.depth_weight_decay)
-    if not (math.isfinite(p.hawkes_mu) and p.hawkes_mu >= 0 and math.isfinite(p.hawkes_alpha)):
-        raise UsageError("hawkes_mu, hawkes_alpha", "hawkes_mu must be >= 0 and hawkes_alpha finite")
-    if not _pos(p.hawkes_beta) or not _pos(p.propagator_tau_s):
-        raise UsageError("hawkes_beta, propagator_tau_s", "both must be positive")
-    if not (0.0 < p.fracdiff_d < 1.0) or not (0.0 < p.fracdiff_threshold < 1.0):
-        raise UsageError("fracdiff_d, fracdiff_threshold", "both must lie in (0, 1)")
+    _number(p.depth_weight_decay, "depth_weight_decay", lo=0.0)
+    _number(p.hawkes_mu, "hawkes_mu", lo=0.0)
+    _number(p.hawkes_alpha, "hawkes_alpha")
+    for k in ("hawkes_beta", "propagator_tau_s"):
+        _number(getattr(p, k), k, lo=0.0, lo_open=True)
+    for k in ("fracdiff_d", "fracdiff_threshold"):
+        _number(getattr(p, k), k, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
 def frac_diff_weights(d: float, threshold: float | None = None, size: int | None = None) -> np.ndarray:
