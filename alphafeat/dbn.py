@@ -112,6 +112,20 @@ _VERSION_MODULES = {1: databento_dbn.v1, 2: databento_dbn.v2, 3: databento_dbn.v
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PREFIX_SIZE = 8  # b"DBN" + version byte + u32 metadata length
 
+
+def is_zstd(head: bytes) -> bool:
+    """Whether a file starting with ``head`` (its first 4 bytes) is zstd: a zstd frame or a
+    skippable frame (RFC 8878 3.1.1, 3.1.2). The reader decides by this, never by the name."""
+    skippable = len(head) == 4 and head[0] & 0xF0 == 0x50 and head[1:] == b"\x2a\x4d\x18"
+    return head[:4] == _ZSTD_MAGIC or skippable
+
+
+def file_identity(path: str | os.PathLike[str]) -> tuple[str, int, int]:
+    """``(resolved path, size in bytes, mtime in ns)``: what a kept scan, a kept book and a
+    partition's ``sources`` are keyed by (a changed file is read again)."""
+    st = os.stat(path)
+    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
+
 #: Decompressed bytes per scanner step. 1 MiB keeps the decompressed chunk and the packed
 #: output in the L2/L3 cache while the kept records are copied (4 MiB was 1.5x slower on a
 #: busy synthetic MBP-10 session, ``bench/decode.py``).
@@ -437,8 +451,7 @@ class _Stream:
         f.seek(0)
         if size == 0 or not head:
             raise InputError(path, "empty file (0 bytes), not a DBN file")
-        skippable = len(head) == 4 and head[0] & 0xF0 == 0x50 and head[1:] == b"\x2a\x4d\x18"
-        self.compressed = head == _ZSTD_MAGIC or skippable
+        self.compressed = is_zstd(head)
         self._problem: tuple[int, str] | None = None
         if self.compressed:
             self._problem = _zstd_problem(f) if check else None

@@ -38,6 +38,7 @@ import alphafeat
 from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
 from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out
+from alphafeat.dbn import file_identity
 from alphafeat.errors import AlphafeatError, DataError, InputError, UsageError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
 from alphafeat.features.registry import select_features
@@ -47,6 +48,7 @@ from alphafeat.plan import Plan, Segment, discover, make_plan
 from alphafeat.segment import BLOCK_ROWS, READ_CHUNK, SegmentResult, peak_rss, run_segment
 from alphafeat.types import LEVELS, BookArrays
 from alphafeat.validation import (
+    Barrier,
     Compression,
     Device,
     Dtype,
@@ -304,7 +306,11 @@ def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
 def make_job(cfg: PrecomputeConfig, device: str) -> Job:
     """The worker options of ``cfg`` (checked by :func:`check_config`); UsageError naming the
     option for a bad value."""
-    cfg = check_config(cfg)
+    return _job(check_config(cfg), device)
+
+
+def _job(cfg: PrecomputeConfig, device: str) -> Job:
+    """:func:`make_job` of a config :func:`check_config` already returned."""
     try:
         names, book = select_features(cfg.feature_set, cfg.features)
     except ValueError as e:
@@ -364,9 +370,9 @@ def column_specs(job: Job) -> list[dict]:
     return cols
 
 
-def _barrier_widths(mid: np.ndarray, ret2: np.ndarray | None, job: Job) -> np.ndarray:
-    """Triple-barrier half-width per row, index points (see PrecomputeConfig.barrier)."""
-    barrier = validate_barrier(job.barrier)
+def _barrier_widths(mid: np.ndarray, ret2: np.ndarray | None, barrier: Barrier, job: Job) -> np.ndarray:
+    """Triple-barrier half-width per row, index points (``barrier``: ``job.barrier`` parsed; see
+    PrecomputeConfig.barrier)."""
     tick = job.features.tick_size
     if barrier.kind == "ticks":
         return np.full(mid.shape, barrier.k * tick)
@@ -435,6 +441,7 @@ class SegmentColumns:
         self.min_depth = _min_depth(job.features)
         self.stream = None
         self.labels = LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, cap)
+        self.barrier = validate_barrier(job.barrier) if job.barrier else None
         self.seconds = {"features": 0.0, "labels": 0.0}
         self._labeller = ThreadPoolExecutor(1)  # labels of complete rows beside the next block's features
         self._pending: list[Future] = []
@@ -482,7 +489,7 @@ class SegmentColumns:
         for name in self.job.names:
             c[name][k0:k1] = np.nan if self.min_depth[name] > b.depth else feats[name]
         if self.job.barrier:
-            c["_w"][k0:k1] = _barrier_widths(mid, feats["ema_ret2_60s"], self.job)
+            c["_w"][k0:k1] = _barrier_widths(mid, feats["ema_ret2_60s"], self.barrier, self.job)
         self.rows = k1
         self.seconds["features"] += time.perf_counter() - t0
         w = c["_w"][:k1] if self.job.barrier else None
@@ -688,7 +695,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     cfg = check_config(cfg)
     # auto is the CPU here: see PrecomputeConfig.device
     device = Device.CPU.value if cfg.device == Device.AUTO else resolve_device(cfg.device)
-    job = make_job(cfg, device)
+    job = _job(cfg, device)
     summary = Summary(device=device, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
     pre_dir = check_folder(cfg.predecoded_dir or default_predecoded_dir(cfg.out))
@@ -746,10 +753,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     ]  # fmt: skip
     sources = []
     for f in plan.files:
-        st = f.path.stat()
-        sources.append((int(f.metadata.start), {"path": str(f.path.resolve()), "size": st.st_size,
-                                                "mtime_ns": st.st_mtime_ns, "schema": f.schema,
-                                                "dbn_version": f.version}))  # fmt: skip
+        path, size, mtime_ns = file_identity(f.path)
+        sources.append((int(f.metadata.start), {"path": path, "size": size, "mtime_ns": mtime_ns,
+                                                "schema": f.schema, "dbn_version": f.version}))  # fmt: skip
     keep = cfg.keep_books == "keep" or (cfg.keep_books == "auto" and plan.schema == "mbo")
     pre = None if cfg.keep_books == "none" else str(pre_dir)  # books kept earlier are used unless "none"
     n_crossed, min_rows = 0, 1 << 62

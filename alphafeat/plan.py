@@ -36,7 +36,7 @@ from pathlib import Path
 import joblib
 import numpy as np
 
-from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
+from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, file_identity, open_dbn
 from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
     CONTINUOUS_RE,
@@ -187,8 +187,7 @@ def _file_range(f: DBNFile) -> tuple[int, int | None]:
 
 
 def _survey_key(path: Path) -> str:
-    st = path.stat()
-    ident = [str(path.resolve()), st.st_size, st.st_mtime_ns, SURVEY_VERSION]
+    ident = [*file_identity(path), SURVEY_VERSION]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
 

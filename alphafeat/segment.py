@@ -45,7 +45,7 @@ import numpy as np
 
 from alphafeat import book as bk
 from alphafeat.cache import write_partition
-from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner
+from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity, is_zstd
 from alphafeat.errors import InputError
 from alphafeat.plan import Segment
 from alphafeat.types import LEVELS, BookArrays
@@ -237,7 +237,7 @@ def _record_bound(paths: Iterable[str], itemsize: int) -> int:
     for p in paths:
         size = os.path.getsize(p)
         with open(p, "rb") as fh:  # compressed or not by its magic, as the reader decides (not by its name)
-            zst = fh.read(4) == b"\x28\xb5\x2f\xfd"
+            zst = is_zstd(fh.read(4))
         total += size * (40 if zst else 1) // itemsize
     return total + 1
 
@@ -251,10 +251,7 @@ def _empty_book() -> BookArrays:
 
 def book_key(seg: Segment) -> str:
     """Key of a segment's kept book: its files' identity, instrument, session and format."""
-    files = []
-    for p in seg.book_files + seg.trade_files:
-        st = os.stat(p)
-        files.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
+    files = [list(file_identity(p)) for p in seg.book_files + seg.trade_files]
     ident = [files, seg.instrument_id, seg.session.isoformat(), seg.schema, BOOK_FORMAT]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
@@ -346,22 +343,32 @@ def peak_rss() -> int:
 BLOCK_ROWS = 64 << 10
 
 
+def _is_kept(kept: Path | None) -> bool:
+    """Whether a complete kept book is under ``kept`` (its ``book.json`` is written last)."""
+    return kept is not None and (kept / "book.json").is_file()
+
+
+def _whole_book(seg: Segment, kept: Path | None, res: SegmentResult, widen: bool = True) -> BookArrays:
+    """The segment's whole book: the one kept under ``kept`` (memory-mapped; sizes widened to
+    float64 unless ``widen`` is False) when there is one, else built from its files. Sets
+    ``res.predecoded``, ``res.records``, ``res.notes``, ``res.complete_from``."""
+    if _is_kept(kept):
+        res.predecoded = True
+        b = load_book(kept, widen=widen)
+    else:
+        b, res.records, res.notes = build_book(seg)
+    res.complete_from = b.complete_from
+    return b
+
+
 def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[tuple[BookArrays, bool]]:
     """The segment's book as blocks ``(rows, halo)`` (see ``MBPBookBuilder.take``), from a kept
     book, from MBP records streamed chunk by chunk, or from the rebuilt MBO book. Sets
     ``res.records``, ``res.notes``, ``res.predecoded``."""
-    if kept is not None and (kept / "book.json").is_file():
-        res.predecoded = True
-        b = load_book(kept, widen=False)
-        res.complete_from = b.complete_from
-        yield from _slices(b)
-        return
-    if seg.schema not in ("mbp-10", "mbp-1"):
-        b, res.records, res.notes = build_book(seg)
-        res.complete_from = b.complete_from
-        yield from _slices(b)
-        return
-    yield from _mbp_blocks(seg, res)
+    if _is_kept(kept) or seg.schema not in ("mbp-10", "mbp-1"):
+        yield from _slices(_whole_book(seg, kept, res, widen=False))
+    else:
+        yield from _mbp_blocks(seg, res)
 
 
 def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[tuple[BookArrays, bool]]:
@@ -481,23 +488,19 @@ def _map_segment(
                                 "on a filesystem every worker shares")  # fmt: skip
     kept = Path(predecoded_dir) / "book" / book_key(seg) if predecoded_dir else None
     if job.device != "cpu" or job.bar_volume:
-        if kept is not None and (kept / "book.json").is_file():
-            b = load_book(kept)
-            res.predecoded = True
-        else:
-            b, res.records, res.notes = build_book(seg)
-            if keep and kept is not None and len(b):
-                save_book(b, kept)
+        b = _whole_book(seg, kept, res)
+        if keep and kept is not None and not res.predecoded and len(b):
+            save_book(b, kept)
         res.seconds["book"] = time.perf_counter() - t0
         if not len(b):
             return
-        res.complete_from = k = b.complete_from
+        k = b.complete_from
         if k >= 0:  # the stream started without a snapshot: when the book became trustworthy
             res.complete_ts = int(b.ts_recv[k]) if k < len(b) else None
         table, res.crossed = segment_table(b, seg, job, res.seconds)
         del b
     else:
-        writer = _BookWriter(kept) if keep and kept is not None and not (kept / "book.json").is_file() else None
+        writer = _BookWriter(kept) if keep and kept is not None and not _is_kept(kept) else None
         cols = SegmentColumns(seg, job, _row_bound(seg, kept))
         t_map = 0.0
         try:
@@ -536,7 +539,7 @@ def _map_segment(
 
 def _row_bound(seg: Segment, kept: Path | None) -> int:
     """Rows the segment can have at most (a kept book's count, else from the files' sizes)."""
-    if kept is not None and (kept / "book.json").is_file():
+    if _is_kept(kept):
         return int(json.loads((kept / "book.json").read_text())["rows"]) + 1
     from alphafeat.dbn import record_dtype
 
