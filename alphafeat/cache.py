@@ -325,6 +325,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict:
         If ``path`` is not an alphafeat cache or its format version is not this one.
     """
     p = Path(path) / MANIFEST
+    if not Path(path).exists():
+        raise CacheError(path, "no such folder")
     if not p.is_file():
         raise CacheError(path, f"not an alphafeat cache (no {MANIFEST})")
     try:

@@ -500,33 +500,28 @@ class _Stream:
 
 
 def _read_header(path: Path, src: _Stream) -> DBNFile:
+    def bad(problem: str, offset: int) -> InputError:  # offsets of what the reader read, as it decided
+        return InputError(path, problem, offset=offset, decompressed=src.compressed)
+
     prefix = src.read(_PREFIX_SIZE)
     if len(prefix) == 0:
-        raise InputError(path, "no data: the zstd stream decompresses to 0 bytes", offset=0)
+        raise bad("no data: the zstd stream decompresses to 0 bytes", 0)
     if not b"DBN".startswith(prefix[:3]):
         kind = "decompressed stream" if src.compressed else "file"
-        raise InputError(
-            path,
-            f"not a DBN file: the {kind} starts with {prefix[:4]!r}, not b'DBN'",
-            offset=0,
-        )
+        raise bad(f"not a DBN file: the {kind} starts with {prefix[:4]!r}, not b'DBN'", 0)
     if len(prefix) < _PREFIX_SIZE:
-        raise InputError(path, f"stream ends inside the 8-byte DBN prefix ({len(prefix)} bytes)", offset=0)
+        raise bad(f"stream ends inside the 8-byte DBN prefix ({len(prefix)} bytes)", 0)
     version = prefix[3]
     if version not in _SUPPORTED_VERSIONS:
-        raise InputError(path, f"unsupported DBN version {version} (this reader supports 1, 2 and 3)", offset=3)
+        raise bad(f"unsupported DBN version {version} (this reader supports 1, 2 and 3)", 3)
     (meta_len,) = struct.unpack_from("<I", prefix, 4)
     body = src.read(meta_len)
     if len(body) < meta_len:
-        raise InputError(
-            path,
-            f"stream ends inside the metadata ({len(body)} of its {meta_len} bytes)",
-            offset=_PREFIX_SIZE + len(body),
-        )
+        raise bad(f"stream ends inside the metadata ({len(body)} of its {meta_len} bytes)", _PREFIX_SIZE + len(body))
     try:
         metadata = databento_dbn.Metadata.decode(prefix + body, databento_dbn.VersionUpgradePolicy.AS_IS)
     except Exception as e:  # databento_dbn.DBNError, or anything its decoder raises
-        raise InputError(path, f"DBN metadata fails to decode ({e})", offset=_PREFIX_SIZE) from None
+        raise bad(f"DBN metadata fails to decode ({e})", _PREFIX_SIZE) from None
     schema = None if metadata.schema is None else str(metadata.schema)
     return DBNFile(
         path=path,

@@ -83,6 +83,9 @@ class InputError(AlphafeatError):
         decompressed stream, and the message says so).
     record : int, optional
         Index of the record (0-based, in file order) where it went wrong.
+    decompressed : bool, optional
+        Whether ``offset`` counts decompressed bytes (the reader knows: it decides by the
+        file's magic); by default, whether the name ends in ``.zst`` / ``.zstd``.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class InputError(AlphafeatError):
         *,
         offset: int | None = None,
         record: int | None = None,
+        decompressed: bool | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.problem = problem
@@ -100,7 +104,9 @@ class InputError(AlphafeatError):
         where = []
         if offset is not None:
             # DBN offsets count the decompressed stream; say so where that differs from the file
-            stream = " of the decompressed stream" if self.path.endswith((".zst", ".zstd")) else ""
+            if decompressed is None:
+                decompressed = self.path.endswith((".zst", ".zstd"))
+            stream = " of the decompressed stream" if decompressed else ""
             where.append(f"byte offset {offset}{stream}")
         if record is not None:
             where.append(f"record {record}")

@@ -217,6 +217,7 @@ class Summary:
     files: int = 0
     records: int = 0
     rows: int = 0
+    rows_computed: int = 0  #: rows of the partitions this run wrote (not those already current)
     seconds: float = 0.0
     device: str = "cpu"
     out: Path | None = None
@@ -236,7 +237,8 @@ class Summary:
 
     @property
     def rows_per_second(self) -> float:
-        return self.rows / self.seconds if self.seconds else 0.0
+        """Rows computed (not already current) per second of the run."""
+        return self.rows_computed / self.seconds if self.seconds else 0.0
 
 
 def resolve_device(device: str) -> str:
@@ -813,6 +815,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 summary.partitions.append(writer.out / res.relpath)
                 summary.cache_bytes += (writer.staging / res.relpath).stat().st_size
                 summary.rows += res.rows
+                summary.rows_computed += res.rows
                 min_rows = min(min_rows, res.rows)
                 n_crossed += res.crossed
             else:

@@ -296,8 +296,11 @@ def _save(out: Path, model: AlphaModel, norm: Normaliser, meta: dict) -> None:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     state["norm.mean"] = torch.from_numpy(norm.mean.astype(np.float64))
     state["norm.std"] = torch.from_numpy(norm.std.astype(np.float64))
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "alphamodel-1"})
-    (out / "config.json").write_text(json.dumps(meta, indent=1))
+    tmp = out / ".model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "alphamodel-1"})
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out / "model.safetensors")
+    _write_atomic(out / "config.json", json.dumps(meta, indent=1).encode())
 
 
 def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaModel, Normaliser, dict]:
@@ -649,10 +652,13 @@ def train(
         if r["model"] == "alphamodel" and r["auc"] is None:
             warnings.append(f"fold {r['fold']} horizon {r['horizon']}: no AUC for the model "
                             f"({r['n']} labels, base rate {r['base_rate']}): one class only or no label in the block")
+        elif r["model"] not in ("alphamodel", "ceiling") and r["fold"] == "all" and r["auc"] is None:
+            warnings.append(f"horizon {r['horizon']}: no AUC for the {r['model']} baseline: one class only in its "
+                            "training or test rows")
     for name, why in skipped.items():
         warnings.append(f"baseline {name} skipped: {why}")
-    for w in warnings:
-        log.warning("%s", w)
+    for w in warnings:  # in the summary (the CLI prints them once); logged for API callers at info
+        log.info("%s", w)
 
     per_h = []
     for j, h in enumerate(data.horizons):
@@ -675,6 +681,7 @@ def train(
         "sources": "Mamba2/SSD: Dao & Gu 2024; CfC: Hasani et al. 2022; purged walk-forward: AFML ch. 7, 12",
     }
     out.mkdir(parents=True, exist_ok=True)
+    replaced = sorted(n for n in ("model.safetensors", "config.json", "summary.json") if (out / n).exists())
     _save(out, fr.model, norm, meta)
     plots = _plots(out, fr.history, data.horizons)
     summary = {
@@ -685,7 +692,14 @@ def train(
         "folds": fold_info, "best_epoch": fr.best_epoch, "epochs_run": len(fr.history),
         "horizons": per_h, "evaluation": evaluation, "warnings": warnings,
         "baselines_skipped": skipped, "ceiling_source": ceiling_src, "history": fr.history, "plots": plots,
-        "config": {"model": meta["model"], "train": meta["train"]},
+        "config": {"model": meta["model"], "train": meta["train"]}, "replaced": replaced,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=1).encode())
     return summary
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it (never half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -246,7 +246,7 @@ def main() -> None:
                  "coldN": f"precompute, {len(days)} sessions, cold, --jobs {args.jobs}"}  # fmt: skip
         for key, runs in reps.items():
             runs = sorted(runs, key=lambda r: r["seconds"])
-            r = res[key] = dict(runs[len(runs) // 2])
+            r = res[key] = dict(runs[(len(runs) - 1) // 2])  # the median (the lower middle one of an even count)
             if len(runs) > 1:
                 r.update(runs=len(runs), min_s=runs[0]["seconds"], max_s=runs[-1]["seconds"])
             spread = f" (median of {len(runs)}: {runs[0]['seconds']}-{runs[-1]['seconds']})" if len(runs) > 1 else ""

@@ -93,7 +93,7 @@ def _precompute(args: argparse.Namespace) -> int:
                  ("books from .predecoded", f"{s.books_predecoded}"),
                  ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}"),
                  ("seconds per stage (summed over workers)", stages),
-                 ("rows per second", f"{s.rows_per_second:,.0f}"),
+                 ("rows per second", f"{s.rows_per_second:,.0f}" if s.rows_computed else "- (nothing computed)"),
                  ("peak memory (largest process)", f"{s.peak_rss / 2**30:.2f} GiB"),
                  ("bytes per row in the cache", f"{s.bytes_per_row:.0f}" if s.cache_bytes else "-")):
         t.add_row(k, v)
@@ -117,8 +117,9 @@ def _synth(args: argparse.Namespace) -> int:
         out = args.out or DEFAULT_DATA_DIR
         paths = synth.make_default_sample(out)
     else:
-        if not args.out or not args.start:
-            raise UsageError("--start and --out", "required (or --default / --report)")
+        missing = [o for o, v in (("--start", args.start), ("--out", args.out)) if not v]
+        if missing:
+            raise UsageError(" and ".join(missing), "required (or --default / --report)")
         out = args.out
         sessions: list[dict] = []
         with progress_bar() as progress:
@@ -349,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("synth", help="write synthetic ES DBN v3 files", parents=common)
     s.add_argument("--default", action="store_true",
                    help="write the embedded default sample (into data/ unless --out)")
-    s.add_argument("--start", type=option(val.validate_date), help="first trade date, YYYY-MM-DD")
+    s.add_argument("--start", type=option(val.validate_date),
+                   help="first trade date, YYYY-MM-DD (required unless --default or --report)")
     s.add_argument("--sessions", type=_count(1, "a number of sessions"), default=1,
                    help="number of trading sessions (default 1)")
     s.add_argument("--out", type=_PATH, help="output directory")

@@ -73,6 +73,9 @@ def _train(args: argparse.Namespace) -> int:
     s = train(cache, args.out, mc, tc, progress=not args.quiet)
 
     print_summary(s)
+    if s.get("replaced"):
+        Console(stderr=True).print(f"note: {args.out}: replaced the earlier run's {', '.join(s['replaced'])}",
+                                   soft_wrap=True)  # fmt: skip
     return 0
 
 

@@ -132,7 +132,7 @@ CASES = [
     (SYNTH, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
     (FEATURES, "--json", ["--json=1"], USAGE, ["'1'"]),
     (FEATURES, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
-    (INSPECT, "cache", [], DATA_ERROR, ["nocache", "not an alphafeat cache"]),
+    (INSPECT, "cache", [], DATA_ERROR, ["nocache", "no such folder"]),
     (("alphafeat", ["inspect", ""]), "cache", [], USAGE, ["cache"]),
     (INSPECT, "--plots", ["--plots", ""], USAGE, ["--plots"]),
     (INSPECT, "--no-plots", ["--no-plots=1"], USAGE, ["'1'"]),
@@ -298,3 +298,9 @@ def test_a_data_error_leaves_only_its_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and err.startswith("error: ") and "not a DBN file" in err, err
     assert not (tmp_path / "c").exists()
+
+
+def test_synth_names_only_the_missing_option(tmp_path, capsys):
+    assert alphafeat_main(["synth", "--out", str(tmp_path / "s")]) == USAGE
+    err = capsys.readouterr().err
+    assert "--start" in err and "--out" not in err and not (tmp_path / "s").exists(), err

@@ -312,9 +312,10 @@ def test_random_bytes(tmp_path: Path) -> None:
     p = _write(tmp_path / "r.dbn.zst", b"XY" + rng.bytes(5000))
     err = _raises(p)
     assert "not a DBN file" in str(err) and err.offset == 0
+    assert "decompressed" not in str(err)  # not zstd, whatever its name: the offset is the file's
     # zstd data that decompresses to something else than DBN
     p = _write(tmp_path / "r2.dbn.zst", b"PK" + rng.bytes(5000), zst=True)
-    assert "not a DBN file" in str(_raises(p))
+    assert "not a DBN file" in str(_raises(p)) and "of the decompressed stream" in str(_raises(p))
 
 
 def test_bad_version_and_metadata(tmp_path: Path) -> None:

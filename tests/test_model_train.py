@@ -167,8 +167,10 @@ def test_tiny_training_run_end_to_end_and_repeatable(cache, tmp_path):
 
     mc = ModelConfig(d_model=16, n_layers=1, d_state=8, headdim=8, chunk_size=16, cfc_hidden=8)
     s1 = train(cache, tmp_path / "a", mc, tc, progress=False)
-    s2 = train(cache, tmp_path / "b", mc, tc, progress=False)
+    s2 = train(cache, tmp_path / "a", mc, tc, progress=False)  # a rerun into the same folder says what it replaced
     assert [h["train_loss"] for h in s1["history"]] == [h["train_loss"] for h in s2["history"]]
+    assert s1["replaced"] == [] and s2["replaced"] == ["config.json", "model.safetensors", "summary.json"]
+    assert not list((tmp_path / "a").glob(".*.tmp"))  # written through temporary files, renamed
     for name in ("summary.json", "loss.png", "auc.png", "model.safetensors", "config.json"):
         assert (tmp_path / "a" / name).is_file()
     h2 = s1["horizons"][0]
@@ -185,6 +187,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert cli_main(["train", "--cache", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert "no such cache directory" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "afile").write_text("x")
+    assert cli_main(["train", "--cache", str(tmp_path / "afile"), "--out", str(tmp_path / "o")]) == 1
+    assert "is a file, not a cache directory" in capsys.readouterr().err
     (tmp_path / "bad").mkdir()
     assert cli_main(["train", "--cache", str(tmp_path / "bad"), "--out", str(tmp_path / "o")]) == 1
     assert "not an alphafeat cache" in capsys.readouterr().err
