@@ -118,22 +118,37 @@ def session_groups(sessions: np.ndarray, min_groups: int = 20) -> tuple[np.ndarr
     return gid, f"session part (each of {starts.size} sessions cut in {parts})"
 
 
-def _weighted_auc(order: np.ndarray, tie_start: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+def _weighted_pairs(order: np.ndarray, tie_start: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """``(concordant pairs + half the tied ones, all positive-negative pairs)``, weighted by ``w``."""
     wp, wn = (w * y)[order], (w * (1 - y))[order]
     gp, gn = np.add.reduceat(wp, tie_start), np.add.reduceat(wn, tie_start)
     below = np.cumsum(gn) - gn
-    den = gp.sum() * gn.sum()
-    return float(np.sum(gp * (below + 0.5 * gn)) / den) if den > 0 else float("nan")
+    return float(np.sum(gp * (below + 0.5 * gn))), float(gp.sum() * gn.sum())
+
+
+def _weighted_auc(preps: list, y: np.ndarray, w: np.ndarray) -> float:
+    """AUC from the pairs of each stratum (``preps``: its rows, their sort order and tie starts)."""
+    num = den = 0.0
+    for rows, order, ties in preps:
+        a, b = _weighted_pairs(order, ties, y[rows], w[rows])
+        num, den = num + a, den + b
+    return num / den if den > 0 else float("nan")
 
 
 def bootstrap_aucs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, n_boot: int = 200,
-                   seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                   seed: int = 0, strata: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """AUCs of several scores of the same rows and their paired group-bootstrap replicates.
 
     Parameters
     ----------
     scores : (n, M) float, one column per model; labels : (n,) 1/0/NaN (NaN rows ignored);
-    groups : (n,) int group id of each row (resampled whole, with replacement).
+    groups : (n,) int group id of each row (resampled whole, with replacement);
+    strata : (n,) int, optional
+        Only pairs within one stratum are compared: the AUC is the pair-weighted mean of the
+        strata's AUCs (Mann-Whitney pairs pooled over strata). The walk-forward folds are the
+        strata of the pooled test blocks: each fold's model scores on its own level, and
+        comparing a row of one fold with a row of another would rank the folds' levels
+        (with base rates that differ by fold, that can lift or sink a pooled AUC by itself).
 
     Returns
     -------
@@ -148,19 +163,24 @@ def bootstrap_aucs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, n
     y = np.asarray(labels, np.float64)
     ok = ~np.isnan(y)
     s, y, g = s[ok], (y[ok] > 0.5).astype(np.float64), np.asarray(groups)[ok]
+    st = np.zeros(y.size, np.int64) if strata is None else np.asarray(strata)[ok]
     m = s.shape[1]
     if y.size == 0 or y.min() == y.max():
         return np.full(m, np.nan), np.zeros((0, m))
     uniq, gi = np.unique(g, return_inverse=True)
+    parts = [np.flatnonzero(st == v) for v in np.unique(st)]
     prep = []
     for k in range(m):
         if np.isnan(s[:, k]).any():
             prep.append(None)
             continue
-        order = np.argsort(s[:, k], kind="stable")
-        ss = s[order, k]
-        prep.append((order, np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]])))
-    point = np.array([_weighted_auc(*p, y, np.ones_like(y)) if p else np.nan for p in prep])
+        per = []
+        for rows in parts:
+            order = np.argsort(s[rows, k], kind="stable")
+            ss = s[rows, k][order]
+            per.append((rows, order, np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]])))
+        prep.append(per)
+    point = np.array([_weighted_auc(p, y, np.ones_like(y)) if p else np.nan for p in prep])
     if uniq.size < 2 or n_boot <= 0:
         return point, np.zeros((0, m))
     rng = np.random.default_rng(seed)
@@ -169,7 +189,7 @@ def bootstrap_aucs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, n
         w = np.bincount(rng.integers(0, uniq.size, uniq.size), minlength=uniq.size).astype(np.float64)[gi]
         for k, p in enumerate(prep):
             if p:
-                reps[b, k] = _weighted_auc(*p, y, w)
+                reps[b, k] = _weighted_auc(p, y, w)
     return point, reps
 
 

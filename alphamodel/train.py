@@ -17,7 +17,8 @@
 4. per fold, on the test block: the model and the baselines (:mod:`alphamodel.baselines`,
    fitted on the same training rows) scored on the same rows; AUC per horizon with a
    session-bootstrap 95% interval (:func:`alphamodel.evaluation.bootstrap_aucs`), and the
-   same pooled over every fold's test block (``fold = "all"``); the model's lift over the best
+   same pooled over every fold's test block (``fold = "all"``; pairs of rows are compared
+   within a fold only, as each fold's model scores on its own level); the model's lift over the best
    baseline per horizon with its paired-bootstrap interval;
 5. ``summary.json`` (``evaluation``: one record per model × fold × horizon; ``folds``: rows,
    sessions, labels and positives per block), PNG curves, and the last fold's model
@@ -517,15 +518,17 @@ def _baseline_scores(data: CacheData, fold: Fold, norm: Normaliser, test_rows: n
 
 
 def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str, np.ndarray],
-             sessions: np.ndarray, horizons: list[int], tc: TrainConfig, lifts: dict | None = None) -> list[dict]:
-    """Evaluation records of every model on one block, and (``lifts``) the model's lift over
-    the best real baseline per horizon with its paired-bootstrap interval."""
+             sessions: np.ndarray, horizons: list[int], tc: TrainConfig, lifts: dict | None = None,
+             strata: np.ndarray | None = None) -> list[dict]:
+    """Evaluation records of every model on one block (or the pooled test blocks, with the fold
+    of each row as ``strata``: pairs compared within a fold), and (``lifts``) the model's lift
+    over the best real baseline per horizon with its paired-bootstrap interval."""
     groups, unit = session_groups(sessions[rows])
     names = list(scores)
     recs = []
     for j, h in enumerate(horizons):
         mat = np.stack([scores[n][:, j] for n in names], axis=1)
-        point, reps = bootstrap_aucs(mat, y[:, j], groups, tc.n_boot, tc.seed + j)
+        point, reps = bootstrap_aucs(mat, y[:, j], groups, tc.n_boot, tc.seed + j, strata)
         n = int((~np.isnan(y[:, j])).sum())
         for k, name in enumerate(names):
             lo, hi = percentile_interval(reps[:, k]) if len(reps) else (math.nan, math.nan)
@@ -625,7 +628,7 @@ def train(
                                 f"{len(rows)} test rows (training diverged); no result is reported")
         scores = {"alphamodel": probs.astype(np.float64), **_baseline_scores(data, fold, norm, rows, tc, skipped)}
         fold_recs += _records(fold.index, rows, y, scores, skey, data.horizons, tc)
-        for k, v in (("rows", rows), ("y", y), *scores.items()):
+        for k, v in (("rows", rows), ("y", y), ("fold", np.full(len(rows), fold.index)), *scores.items()):
             pooled.setdefault(k, []).append(v)
         blocks = {}
         for name, r in (("train", fold.train), ("val", fold.val), ("test", fold.test)):
@@ -634,11 +637,10 @@ def train(
                           "epochs_run": len(fr.history), "history": fr.history})
         runs.append((fr, norm))
     rows, y = np.concatenate(pooled.pop("rows")), np.concatenate(pooled.pop("y"))
+    of_fold = np.concatenate(pooled.pop("fold"))
     scores = {k: np.concatenate(v) for k, v in pooled.items() if len(v) == len(folds)}
-    if "base_rate" in scores:  # the floor is one constant score (per fold constants differ: not a floor)
-        scores["base_rate"][:] = scores["base_rate"][-1]
     lifts: dict[int, dict] = {}
-    evaluation = _records("all", rows, y, scores, skey, data.horizons, tc, lifts) + fold_recs
+    evaluation = _records("all", rows, y, scores, skey, data.horizons, tc, lifts, of_fold) + fold_recs
     for h in data.horizons:
         if h in ceiling:
             evaluation.append({"model": "ceiling", "fold": "all", "horizon": h, "auc": ceiling[h],

@@ -39,6 +39,25 @@ def test_bootstrap_pairs_the_columns_and_skips_nan_labels():
     assert np.isnan(bootstrap_auc(s, np.ones(400), np.zeros(400))[0])  # one class: NaN, not a number
 
 
+def test_pooled_auc_compares_rows_within_their_fold_only():
+    """Folds as strata: the AUC is the pair-weighted mean of the folds' AUCs (a slow count of
+    the positive-negative pairs within each fold), not moved by the folds' score levels."""
+    rng = np.random.default_rng(2)
+    fold = np.repeat([0, 1, 2], 150)
+    y = (rng.random(450) < np.array([0.2, 0.5, 0.8])[fold]).astype(float)
+    s = rng.normal(size=450) + 0.5 * y + np.array([-3.0, 0.0, 3.0])[fold]  # a level per fold, following its base rate
+    num = den = 0.0
+    for f in range(3):
+        p, n = s[(fold == f) & (y == 1)], s[(fold == f) & (y == 0)]
+        num += (p[:, None] > n[None, :]).sum() + 0.5 * (p[:, None] == n[None, :]).sum()
+        den += p.size * n.size
+    point, reps = bootstrap_aucs(s, y, np.arange(450) // 15, 30, strata=fold)
+    assert point[0] == pytest.approx(num / den, abs=1e-12)
+    assert auc(s, y) > point[0] + 0.1  # pooled without strata, the levels alone lift it
+    const = np.array([0.2, 0.5, 0.8])[fold]  # a per-fold base rate: no skill within any fold
+    assert bootstrap_aucs(const, y, np.arange(450) // 15, 0, strata=fold)[0][0] == pytest.approx(0.5)
+
+
 def test_walk_forward_folds_over_sessions_purged_with_embargo():
     sess = np.repeat(np.arange(7), 10)
     t0 = np.arange(70)
