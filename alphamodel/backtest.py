@@ -616,6 +616,7 @@ def _logistic_scores(data: CacheData, tr_rows: np.ndarray, te_rows: np.ndarray, 
 
 def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: BacktestConfig, device: torch.device,
          tmp: Path, notes: dict, progress: bool) -> dict:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from safetensors.torch import save_file
 
@@ -639,7 +640,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
     given_emb: dict = {}
     n_steps = cfg.policy_steps + (cfg.finetune_steps if cfg.fine_tune else 0)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not progress, transient=False) as bar:
+                  disable=not progress, transient=False, console=Console(stderr=True)) as bar:
         for k, (tr_s, te_s) in enumerate(folds):
             # encoder and embeddings of the fold's sessions
             model, norm, meta = given if given is not None else _fold_encoder(data, tr_s, k, cfg, tmp, progress, device)

@@ -420,6 +420,7 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
     amp = device.type == "cuda"
     history: list[dict] = []
     best, best_state, bad_epochs, step, last = (math.inf, -1), None, 0, 0, None
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     # the next batches are gathered from the memory-mapped cache on a thread while the model runs
@@ -432,7 +433,7 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
     queue = [plan() for _ in range(max(1, tc.loader_threads) + 1)]
     state: ModelState | None = None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not progress, transient=False) as bar, pool:
+                  disable=not progress, transient=False, console=Console(stderr=True)) as bar, pool:
         task = bar.add_task(f"fold {fold.index}", total=total)
         for epoch in range(1, tc.epochs + 1):
             model.train()
