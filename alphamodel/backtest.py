@@ -80,6 +80,7 @@ from alphamodel.embed import check_model_inputs, embed_segments
 from alphamodel.env import Market, VecEnv, market_from_arrays
 from alphamodel.errors import CacheError, DataError
 from alphamodel.kelly import kelly_size
+from alphamodel.outputs import save_tensors, staged_outputs
 from alphamodel.sharpe import max_drawdown, sharpe, sharpe_stats
 
 log = logging.getLogger(__name__)
@@ -537,26 +538,11 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
         notes["model"] = (f"{model_dir}: one encoder for every fold; the walk-forward is out of sample only if it "
                           "was trained on sessions before the first test session")
     out = Path(out)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    with staged_outputs(out) as tmp:
         summary = _run(data, market, rows, folds, given, cfg, device, tmp, notes, progress)
         summary.update(cache=str(Path(cache).resolve()), out=str(out.resolve()), device=str(device),
                        seconds=time.perf_counter() - t_start)
         (tmp / "summary.json").write_text(json.dumps(_clean(summary), indent=1))
-        for p in sorted(tmp.iterdir()):
-            dst = out / p.name
-            if dst.is_dir():
-                shutil.rmtree(dst)
-            os.replace(p, dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
     return json.loads((out / "summary.json").read_text())
 
 
@@ -618,8 +604,6 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
          tmp: Path, notes: dict, progress: bool) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from safetensors.torch import save_file
-
     c = cfg.c51
     z = support(c.n_atoms, c.v_min, c.v_max, device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -726,7 +710,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             aux_info.append(_aux_report(learner, obs, tb, tr_rows, te_rows, cfg, device, k))
             state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in net.state_dict().items()}
             state.update({"emb.mean": mu.cpu(), "emb.std": sd.cpu(), "support": z.cpu()})
-            save_file(state, str(tmp / f"policy_fold{k}.safetensors"), metadata={"format": "alphamodel-c51-1"})
+            save_tensors(state, tmp / f"policy_fold{k}.safetensors", "alphamodel-c51-1")
             fold_info.append({
                 "fold": k, "train_sessions": [data.segments[s].session for s in tr_s],
                 "test_sessions": [data.segments[s].session for s in te_s],

@@ -62,6 +62,7 @@ from alphamodel.evaluation import (
 from alphamodel.metrics import auc, base_rate
 from alphamodel.model import AlphaModel, ModelConfig, ModelState, horizon_weights, masked_bce_loss
 from alphamodel.optim import param_groups
+from alphamodel.outputs import save_tensors, staged_outputs
 
 log = logging.getLogger(__name__)
 
@@ -292,16 +293,11 @@ def score_rows(model: AlphaModel, data: CacheData, rows: np.ndarray, norm: Norma
 
 
 def _save(out: Path, model: AlphaModel, norm: Normaliser, meta: dict) -> None:
-    from safetensors.torch import save_file
-
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     state["norm.mean"] = torch.from_numpy(norm.mean.astype(np.float64))
     state["norm.std"] = torch.from_numpy(norm.std.astype(np.float64))
-    tmp = out / ".model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "alphamodel-1"})
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out / "model.safetensors")
-    _write_atomic(out / "config.json", json.dumps(meta, indent=1).encode())
+    save_tensors(state, out / "model.safetensors", "alphamodel-1")
+    (out / "config.json").write_text(json.dumps(meta, indent=1))
 
 
 def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaModel, Normaliser, dict]:
@@ -683,26 +679,18 @@ def train(
         "tick_size": data.tick, "cache": str(Path(cache).resolve()), "fold": folds[-1].index,
         "sources": "Mamba2/SSD: Dao & Gu 2024; CfC: Hasani et al. 2022; purged walk-forward: AFML ch. 7, 12",
     }
-    out.mkdir(parents=True, exist_ok=True)
     replaced = sorted(n for n in ("model.safetensors", "config.json", "summary.json") if (out / n).exists())
-    _save(out, fr.model, norm, meta)
-    plots = _plots(out, fr.history, data.horizons)
-    summary = {
-        "cache": str(Path(cache).resolve()), "out": str(out.resolve()), "device": str(device),
-        "seconds": time.perf_counter() - t_start, "parameters": fr.n_params, "context": tc.context,
-        "rows": {"total": data.n_rows, "sessions": int(np.unique(skey).size),
-                 "test_pooled": int(rows.size)},
-        "folds": fold_info, "best_epoch": fr.best_epoch, "epochs_run": len(fr.history),
-        "horizons": per_h, "evaluation": evaluation, "warnings": warnings,
-        "baselines_skipped": skipped, "ceiling_source": ceiling_src, "history": fr.history, "plots": plots,
-        "config": {"model": meta["model"], "train": meta["train"]}, "replaced": replaced,
-    }
-    _write_atomic(out / "summary.json", json.dumps(summary, indent=1).encode())
+    with staged_outputs(out) as tmp:
+        _save(tmp, fr.model, norm, meta)
+        summary = {
+            "cache": str(Path(cache).resolve()), "out": str(out.resolve()), "device": str(device),
+            "seconds": time.perf_counter() - t_start, "parameters": fr.n_params, "context": tc.context,
+            "rows": {"total": data.n_rows, "sessions": int(np.unique(skey).size),
+                     "test_pooled": int(rows.size)},
+            "folds": fold_info, "best_epoch": fr.best_epoch, "epochs_run": len(fr.history),
+            "horizons": per_h, "evaluation": evaluation, "warnings": warnings, "baselines_skipped": skipped,
+            "ceiling_source": ceiling_src, "history": fr.history, "plots": _plots(tmp, fr.history, data.horizons),
+            "config": {"model": meta["model"], "train": meta["train"]}, "replaced": replaced,
+        }
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file renamed over it (never half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

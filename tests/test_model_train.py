@@ -170,7 +170,8 @@ def test_tiny_training_run_end_to_end_and_repeatable(cache, tmp_path):
     s2 = train(cache, tmp_path / "a", mc, tc, progress=False)  # a rerun into the same folder says what it replaced
     assert [h["train_loss"] for h in s1["history"]] == [h["train_loss"] for h in s2["history"]]
     assert s1["replaced"] == [] and s2["replaced"] == ["config.json", "model.safetensors", "summary.json"]
-    assert not list((tmp_path / "a").glob(".*.tmp"))  # written through temporary files, renamed
+    assert not list((tmp_path / "a").glob(".*"))  # written aside (.partial-PID), then moved in: nothing left over
+    assert (tmp_path / "a" / "model.safetensors").stat().st_mode & 0o777 == 0o644  # safetensors makes 0600
     for name in ("summary.json", "loss.png", "auc.png", "model.safetensors", "config.json"):
         assert (tmp_path / "a" / name).is_file()
     h2 = s1["horizons"][0]
