@@ -74,8 +74,7 @@ def _train(args: argparse.Namespace) -> int:
 
     print_summary(s)
     if s.get("replaced"):
-        Console(stderr=True).print(f"note: {args.out}: replaced the earlier run's {', '.join(s['replaced'])}",
-                                   soft_wrap=True)  # fmt: skip
+        console.print(f"note: {args.out}: replaced the earlier run's {', '.join(s['replaced'])}", soft_wrap=True)
     return 0
 
 
@@ -115,7 +114,7 @@ def print_summary(s: dict) -> None:
     con = Console() if Console().is_terminal else Console(width=140)
     con.print(t)
     for w in s.get("warnings", []):
-        Console(stderr=True).print(f"warning: {w}")
+        console.print(f"warning: {w}")
     con.print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
                     f"{s['parameters']:,} parameters; {s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, "
                     "auc.png, model.safetensors, config.json written")
