@@ -538,11 +538,13 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
         notes["model"] = (f"{model_dir}: one encoder for every fold; the walk-forward is out of sample only if it "
                           "was trained on sessions before the first test session")
     out = Path(out)
-    with staged_outputs(out) as tmp:
-        summary = _run(data, market, rows, folds, given, cfg, device, tmp, notes, progress)
-        summary.update(cache=str(Path(cache).resolve()), out=str(out.resolve()), device=str(device),
-                       seconds=time.perf_counter() - t_start)
-        (tmp / "summary.json").write_text(json.dumps(_clean(summary), indent=1))
+    with staged_outputs(out) as st:
+        summary = _run(data, market, rows, folds, given, cfg, device, st.dir, notes, progress)
+        own_cache = Path(cache).resolve()  # the embedded sample's cache may live in out
+        summary.update(cache=str(own_cache), out=str(out.resolve()), device=str(device),
+                       seconds=time.perf_counter() - t_start, replaced=st.replacing("summary.json"),
+                       left_from_earlier=[n for n in st.left_over("summary.json") if (out / n).resolve() != own_cache])
+        (st.dir / "summary.json").write_text(json.dumps(_clean(summary), indent=1))
     return json.loads((out / "summary.json").read_text())
 
 

@@ -6,28 +6,48 @@ import contextlib
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["staged_outputs", "save_tensors"]
+__all__ = ["Staged", "staged_outputs", "save_tensors"]
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Where a run writes (``dir``) and what ``out`` held before it (``earlier``: names, those
+    starting with a dot left out)."""
+
+    dir: Path
+    earlier: frozenset[str]
+
+    def replacing(self, *also: str) -> list[str]:
+        """Names written so far (and ``also``, still to be written) that replace an earlier run's."""
+        return sorted(({p.name for p in self.dir.iterdir()} | set(also)) & self.earlier)
+
+    def left_over(self, *also: str) -> list[str]:
+        """Names of the earlier run's that this run neither wrote so far nor will (``also``)."""
+        return sorted(self.earlier - {p.name for p in self.dir.iterdir()} - set(also))
 
 
 @contextlib.contextmanager
-def staged_outputs(out: str | os.PathLike[str]) -> Iterator[Path]:
-    """A folder (``out/.partial-PID``) to write a run's files into. When the block ends without
-    an error each is moved into ``out`` (``os.replace``: a reader sees the earlier file or the
-    new one, never half of one; a folder of the same name is replaced); on an error nothing of
-    them is kept, and ``out`` is removed again if this made it and it stays empty."""
+def staged_outputs(out: str | os.PathLike[str]) -> Iterator[Staged]:
+    """A folder (``out/.partial-PID``, :attr:`Staged.dir`) to write a run's files into. When the
+    block ends without an error each is moved into ``out`` (``os.replace``: a reader sees the
+    earlier file or the new one, never half of one; a folder of the same name is replaced; an
+    earlier run's other files are left, :meth:`Staged.left_over` names them); on an error
+    nothing of them is kept, and ``out`` is removed again if this made it and it stays empty."""
     out = Path(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    earlier = frozenset(p.name for p in out.iterdir() if not p.name.startswith("."))
     tmp = out / f".partial-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        yield tmp
+        yield Staged(tmp, earlier)
         for p in sorted(tmp.iterdir()):
             dst = out / p.name
             if dst.is_dir():

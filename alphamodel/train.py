@@ -679,9 +679,9 @@ def train(
         "tick_size": data.tick, "cache": str(Path(cache).resolve()), "fold": folds[-1].index,
         "sources": "Mamba2/SSD: Dao & Gu 2024; CfC: Hasani et al. 2022; purged walk-forward: AFML ch. 7, 12",
     }
-    replaced = sorted(n for n in ("model.safetensors", "config.json", "summary.json") if (out / n).exists())
-    with staged_outputs(out) as tmp:
-        _save(tmp, fr.model, norm, meta)
+    with staged_outputs(out) as st:
+        _save(st.dir, fr.model, norm, meta)
+        plots = _plots(st.dir, fr.history, data.horizons)
         summary = {
             "cache": str(Path(cache).resolve()), "out": str(out.resolve()), "device": str(device),
             "seconds": time.perf_counter() - t_start, "parameters": fr.n_params, "context": tc.context,
@@ -689,8 +689,8 @@ def train(
                      "test_pooled": int(rows.size)},
             "folds": fold_info, "best_epoch": fr.best_epoch, "epochs_run": len(fr.history),
             "horizons": per_h, "evaluation": evaluation, "warnings": warnings, "baselines_skipped": skipped,
-            "ceiling_source": ceiling_src, "history": fr.history, "plots": _plots(tmp, fr.history, data.horizons),
-            "config": {"model": meta["model"], "train": meta["train"]}, "replaced": replaced,
+            "ceiling_source": ceiling_src, "history": fr.history, "plots": plots,
+            "config": {"model": meta["model"], "train": meta["train"]}, "replaced": st.replacing("summary.json"),
         }
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+        (st.dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

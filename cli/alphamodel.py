@@ -73,8 +73,7 @@ def _train(args: argparse.Namespace) -> int:
     s = train(cache, args.out, mc, tc, progress=not args.quiet)
 
     print_summary(s)
-    if s.get("replaced"):
-        console.print(f"note: {args.out}: replaced the earlier run's {', '.join(s['replaced'])}", soft_wrap=True)
+    _say_replaced(args.out, s)
     return 0
 
 
@@ -179,7 +178,17 @@ def _backtest(args: argparse.Namespace) -> int:
                     "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
     if "ofi_sign" in s["notes"]:
         Console().print(s["notes"]["ofi_sign"])
+    _say_replaced(out, s)
     return 0
+
+
+def _say_replaced(out: Path, s: dict) -> None:
+    """The note of a run into a folder that held an earlier run's files (train and backtest)."""
+    if s.get("replaced"):
+        console.print(f"note: {out}: replaced the earlier run's {', '.join(s['replaced'])}", soft_wrap=True)
+    if s.get("left_from_earlier"):
+        console.print(f"note: {out}: left in place from an earlier run, not part of this one: "
+                      f"{', '.join(s['left_from_earlier'])}", soft_wrap=True)  # fmt: skip
 
 
 def _embed(args: argparse.Namespace) -> int:

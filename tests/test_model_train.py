@@ -169,7 +169,8 @@ def test_tiny_training_run_end_to_end_and_repeatable(cache, tmp_path):
     s1 = train(cache, tmp_path / "a", mc, tc, progress=False)
     s2 = train(cache, tmp_path / "a", mc, tc, progress=False)  # a rerun into the same folder says what it replaced
     assert [h["train_loss"] for h in s1["history"]] == [h["train_loss"] for h in s2["history"]]
-    assert s1["replaced"] == [] and s2["replaced"] == ["config.json", "model.safetensors", "summary.json"]
+    assert s1["replaced"] == []
+    assert s2["replaced"] == ["auc.png", "config.json", "loss.png", "model.safetensors", "summary.json"]
     assert not list((tmp_path / "a").glob(".*"))  # written aside (.partial-PID), then moved in: nothing left over
     assert (tmp_path / "a" / "model.safetensors").stat().st_mode & 0o777 == 0o644  # safetensors makes 0600
     for name in ("summary.json", "loss.png", "auc.png", "model.safetensors", "config.json"):
@@ -473,3 +474,26 @@ def test_stateful_scoring_equals_each_run_as_one_sequence(cache):
     tc2 = TrainConfig(window=48, context="stateful", eval_piece=200, eval_warmup=100, eval_batch_size=3)
     r2, p2, _ = score_rows(model, d, rows, norm, tc2, torch.device("cpu"))
     assert r2.tolist() == rows.tolist() and np.isfinite(p2).all()
+
+
+def test_staged_outputs_name_what_they_replace_and_what_an_earlier_run_left(tmp_path):
+    from alphamodel.outputs import staged_outputs
+
+    out = tmp_path / "o"
+    with staged_outputs(out) as st:  # a first run: a plot per cost level
+        for name in ("summary.json", "equity_cost0.png", "equity_cost0.25.png"):
+            (st.dir / name).write_text("1")
+    with staged_outputs(out) as st:  # a rerun with fewer cost levels
+        (st.dir / "equity_cost0.png").write_text("2")
+        assert st.replacing("summary.json") == ["equity_cost0.png", "summary.json"]
+        assert st.left_over("summary.json") == ["equity_cost0.25.png"]
+        (st.dir / "summary.json").write_text("2")
+    assert sorted(p.name for p in out.iterdir()) == ["equity_cost0.25.png", "equity_cost0.png", "summary.json"]
+    assert (out / "summary.json").read_text() == "2" and (out / "equity_cost0.25.png").read_text() == "1"
+    try:  # a failed run keeps nothing of its own and removes the folder it made
+        with staged_outputs(tmp_path / "new") as st:
+            (st.dir / "summary.json").write_text("x")
+            raise RuntimeError("stop")
+    except RuntimeError:
+        pass
+    assert not (tmp_path / "new").exists()
