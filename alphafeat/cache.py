@@ -327,6 +327,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict:
     p = Path(path) / MANIFEST
     if not Path(path).exists():
         raise CacheError(path, "no such folder")
+    if not Path(path).is_dir():
+        raise CacheError(path, "is a file, not a cache directory")
     if not p.is_file():
         raise CacheError(path, f"not an alphafeat cache (no {MANIFEST})")
     try:

@@ -181,9 +181,7 @@ class CacheData:
     def open(cls, root: str | os.PathLike[str]) -> CacheData:
         """Memory-map every partition of the cache at ``root``."""
         root = Path(root)
-        if root.exists() and not root.is_dir():
-            raise CacheError(root, "is a file, not a cache directory")
-        if not root.is_dir():
+        if not root.exists():
             raise CacheError(root, f"no such cache directory (run `alphafeat precompute --out {root}`)")
         manifest = read_manifest(root)
         try:

@@ -41,3 +41,6 @@ def test_cli_inspect(cache, tmp_path, capsys):
     assert "label_h30" in out and "ESU4" in out
     assert main(["inspect", str(tmp_path)]) == 1
     assert "not an alphafeat cache" in capsys.readouterr().err
+    (tmp_path / "f").write_text("x")
+    assert main(["inspect", str(tmp_path / "f")]) == 1
+    assert "is a file, not a cache directory" in capsys.readouterr().err
