@@ -7,7 +7,9 @@ already on the device (the model's own speed, not the data loader's): windows/s 
 Modes (``--modes``, comma-separated): ``loop`` / ``loop-compile`` — the CfC as a Python loop
 over :class:`CfCCell` (before; ``-compile``: blocks and cell compiled, as on main), ``fused`` /
 ``fused-compile`` — the chunked CfC scan (after; ``-compile``: blocks and the scan's chunk body
-compiled). On CUDA: bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
+compiled); ``-graph`` / ``-compilegraph`` (CUDA): one whole step (forward, backward, AdamW)
+captured in a CUDA graph and replayed (no per-kernel launch cost), eager or compiled. On CUDA:
+bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
 
     python bench/train.py [--device cuda] [--batch 64] [--window 512] [--d-model 128]
                           [--layers 4] [--steps 20] [--modes loop,fused,loop-compile,fused-compile]
@@ -34,8 +36,9 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
                       cfc_impl=impl)
     model = AlphaModel(cfg).to(device)
     model.cfc.chunk = args.cfc_chunk
-    fwd = compile_model(model) if how == "compile" else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fwd = compile_model(model) if how.startswith("compile") else model
+    graph = how.endswith("graph") and device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=graph)
     B, K = args.batch, args.window
     x = torch.randn(B, K, args.features, device=device)
     dt = torch.rand(B, K, device=device) * 0.01
@@ -53,8 +56,30 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
         return loss
 
     t0 = time.perf_counter()
-    for _ in range(args.warmup):
+    if graph:  # warm up on a side stream, then capture one whole step and replay it
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(args.warmup):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                logits = fwd(x, dt)
+            static_loss = masked_bce_loss(logits, y)
+            static_loss.backward()
+            opt.step()
+
+        def step() -> torch.Tensor:  # noqa: F811 — the captured step
+            g.replay()
+            return static_loss
+
         step()
+    else:
+        for _ in range(args.warmup):
+            step()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
