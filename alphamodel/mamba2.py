@@ -34,7 +34,7 @@ try:  # optional fast path; not a dependency
 except Exception:  # noqa: BLE001 - any import problem means "no fast path"
     _triton_ssd = None
 
-__all__ = ["segsum", "ssd_chunked", "RMSNormGated", "Mamba2"]
+__all__ = ["segsum", "ssd_chunked", "causal_conv", "RMSNormGated", "Mamba2"]
 
 
 def segsum(a: torch.Tensor) -> torch.Tensor:
@@ -147,6 +147,25 @@ class RMSNormGated(nn.Module):
         return (y * self.weight.to(work)).to(dtype)
 
 
+def causal_conv(full: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal convolution as shifted multiply-adds accumulated in float32 (at least).
+
+    ``full`` (batch, C, L + k): the ``k`` carried inputs, then the window's; ``w`` (C, 1, k + 1),
+    ``b`` (C,) as in ``nn.Conv1d(C, C, k + 1, groups=C)``. Returns (batch, C, L) in ``full``'s
+    dtype, equal to ``F.conv1d(full, w, b, groups=C)`` (tested). Written out because
+    ``torch.compile`` fuses it into one kernel forward and one backward, where the depthwise
+    convolution kernels took 15 % of a training step's GPU time (H200, bf16).
+    """
+    k = w.shape[-1] - 1
+    L = full.shape[-1] - k
+    acc = torch.promote_types(full.dtype, torch.float32)
+    f, ww = full.to(acc), w[:, 0].to(acc)
+    y = b.to(acc)[:, None] + ww[:, 0, None] * f[..., :L]
+    for j in range(1, k + 1):
+        y = y + ww[:, j, None] * f[..., j : j + L]
+    return y.to(full.dtype)
+
+
 class Mamba2(nn.Module):
     """One Mamba2 mixer (Dao & Gu 2024, fig. 6 "Mamba-2 block"), causal, pure PyTorch.
 
@@ -234,7 +253,7 @@ class Mamba2(nn.Module):
             conv_state = xbc_t.new_zeros(bsz, self.conv_dim, k)
         full = torch.cat([conv_state.to(xbc_t.dtype), xbc_t], dim=-1)
         w, b = self.conv1d.weight, self.conv1d.bias
-        xbc = F.silu(F.conv1d(full, w.to(full.dtype), b.to(full.dtype), groups=self.conv_dim).transpose(1, 2))
+        xbc = F.silu(causal_conv(full, w, b).transpose(1, 2))
         new_conv = full[..., full.shape[-1] - k:] if k else full[..., :0]
         x, Bm, Cm = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
         with torch.autocast(device_type=u.device.type, enabled=False):

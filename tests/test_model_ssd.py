@@ -91,3 +91,27 @@ def test_mamba2_scan_stays_float32_under_bf16_autocast():
         y = m(u)
     assert y.dtype == torch.bfloat16
     assert float((y.float() - ref).abs().max()) < 0.1 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_causal_conv_equals_depthwise_conv1d(k: int) -> None:
+    """The written-out causal convolution equals ``F.conv1d(..., groups=C)`` (float64, and its
+    gradients), and under bf16 inputs it accumulates in float32 (closer to the float64 result)."""
+    import torch.nn.functional as F
+
+    from alphamodel.mamba2 import causal_conv
+
+    g = torch.Generator().manual_seed(k)
+    full = torch.randn(3, 5, 17 + k, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 1, k + 1, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True)
+    got, ref = causal_conv(full, w, b), F.conv1d(full, w, b, groups=5)
+    assert got.shape == ref.shape == (3, 5, 17)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    gy = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    for a, r in zip(torch.autograd.grad(got, (full, w, b), gy), torch.autograd.grad(ref, (full, w, b), gy)):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+    low = causal_conv(full.detach().bfloat16(), w.detach(), b.detach())
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), causal_conv(full.detach().bfloat16().double(), w.detach(), b.detach()),
+                               rtol=8e-3, atol=8e-3)
