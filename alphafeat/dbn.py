@@ -27,6 +27,7 @@ import logging
 import os
 import struct
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -678,35 +679,44 @@ class RecordScanner:
             self._f.close()
 
     def _chunks(self) -> Iterator[dict[int, np.ndarray]]:
+        """Two buffers in turn: a thread decompresses the next chunk into one (zstd releases the
+        GIL) while the chunk in the other is scanned and handed out. Each buffer holds up to one
+        record's bytes of head room before its data, where the tail of the chunk before (a
+        record cut by the chunk edge) is copied so that the records stay contiguous."""
         max_rec = int(self.sizes.max())
-        cap = self.chunk_bytes + max_rec
-        cap = (cap + 7) // 8 * 8
-        buf = np.empty(cap, dtype=np.uint8)
-        out = buf  # kept records are compacted in place (still in cache: no second buffer to fill)
-        buf32 = buf.view(np.uint32)
+        head = (max_rec + 7) // 8 * 8
+        cap = (head + self.chunk_bytes + 15) // 8 * 8
+        bufs = [np.empty(cap, dtype=np.uint8) for _ in range(2)]
+        views = [memoryview(b)[head : head + self.chunk_bytes] for b in bufs]
         out_rt = np.empty(cap // int(self.sizes[self.sizes > 0].min()) + 1, dtype=np.uint8)
         ids = np.empty(0, dtype=np.uint32) if self._filter_off else self._ids
         version, ts_out = self.dbn.version, self.dbn.ts_out
-        carry = 0
-        with memoryview(buf) as view:
+        reader = ThreadPoolExecutor(1)
+        try:
+            pending = reader.submit(self._src.readinto, views[0])
+            carry, k = 0, 0
             while True:
-                got = self._src.readinto(view[carry : carry + self.chunk_bytes])
-                n = carry + got
+                got = pending.result()  # the reader's error (corrupt or cut data) is raised here
                 final = got < self.chunk_bytes
-                used, walked, kept, nbytes, code = _scan(buf, buf32, n, self.sizes, self._keep, ids, out, out_rt)
-                src = buf if nbytes < 0 else out
-                nbytes = used if nbytes < 0 else nbytes
+                buf = bufs[k]
+                if not final:  # the other buffer's chunk is no longer read: fill it next
+                    pending = reader.submit(self._src.readinto, views[1 - k])
+                n = carry + got
+                b8 = buf[head - carry : head - carry + (n + 7) // 8 * 8]  # whole words
+                used, walked, kept, nbytes, code = _scan(b8, b8.view(np.uint32), n, self.sizes, self._keep, ids,
+                                                         b8, out_rt)  # fmt: skip
+                nbytes = used if nbytes < 0 else nbytes  # < 0: every record kept, in place
                 if code != _OK:
                     self.records += walked
-                    raise self._error(code, buf, used)
+                    raise self._error(code, b8, used)
                 if kept:
                     rt = _one_rtype(out_rt, kept)
                     if rt >= 0:
-                        chunk = {rt: src[:nbytes].view(record_dtype(rt, version, ts_out))}
+                        chunk = {rt: b8[:nbytes].view(record_dtype(rt, version, ts_out))}
                     else:
                         rts = np.unique(out_rt[:kept])
                         chunk = {
-                            int(rt): _split(src, out_rt, kept, self.sizes, int(rt)).view(
+                            int(rt): _split(b8, out_rt, kept, self.sizes, int(rt)).view(
                                 record_dtype(int(rt), version, ts_out)
                             )
                             for rt in rts
@@ -724,7 +734,13 @@ class RecordScanner:
                             record=self.records,
                         )
                     break
-                buf[:carry] = buf[used:n]
+                # the cut record goes before the next chunk (head room the reader does not touch)
+                bufs[1 - k][head - carry : head] = buf[head + got - carry : head + got]
+                k = 1 - k
+        finally:
+            reader.shutdown(cancel_futures=True)
+            for v in views:
+                v.release()
         if self.records == 0:
             logger.warning("%s: DBN file holds no records", self.path)
         else:
