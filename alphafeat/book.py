@@ -613,12 +613,12 @@ class MBPBookBuilder:
         Session bounds, ns since the epoch (UTC).
     capacity : int
         Rows to reserve (an upper bound of the records, e.g. from the files' sizes).
-    double : bool
-        Two sets of columns used in turn by :meth:`keep_last`, so that one block can be read
-        (by another thread) while the next is built.
+    sets : int
+        Sets of columns used in turn by :meth:`keep_last` (>= 1), so that ``sets - 1`` blocks
+        can be read (by other threads) while the next is built.
     """
 
-    def __init__(self, dtype: np.dtype, start: int, end: int, capacity: int = 1 << 20, double: bool = False) -> None:
+    def __init__(self, dtype: np.dtype, start: int, end: int, capacity: int = 1 << 20, sets: int = 1) -> None:
         f = dtype.fields
         self.depth = sum(1 for n in dtype.names if n.startswith("bid_px_"))
         lvl = f["bid_px_01"][1] - f["bid_px_00"][1] if self.depth > 1 else 32
@@ -629,10 +629,9 @@ class MBPBookBuilder:
         self.start, self.end = int(start), int(end)
         self._acc = np.zeros(3)
         self._cap = max(int(capacity), 1)
-        self._double = double
         self._set = 0
         self._cols = self._alloc(self._cap, 0)
-        self._sets: list[list[np.ndarray] | None] = [self._cols, None]
+        self._sets: list[list[np.ndarray] | None] = [self._cols] + [None] * (max(int(sets), 1) - 1)
         self.rows = 0
         self.records = 0
         self._taken = 0
@@ -685,11 +684,11 @@ class MBPBookBuilder:
 
     def keep_last(self) -> None:
         """Start the next block with the last row of this one (the halo of the next take); with
-        ``double``, in the other column set (the block just taken stays readable)."""
+        more than one column set, in the next set (the blocks taken last stay readable)."""
         if not self.rows:
             return
-        if self._double:  # the caller makes sure the other set's block is no longer read
-            self._set ^= 1
+        if len(self._sets) > 1:  # the caller makes sure the next set's block is no longer read
+            self._set = (self._set + 1) % len(self._sets)
             new = self._sets[self._set]
             if new is None or new[0].shape[0] < self._cols[0].shape[0]:
                 new = self._sets[self._set] = self._alloc(self._cols[0].shape[0], self._set)

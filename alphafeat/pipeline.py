@@ -45,7 +45,7 @@ from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
 from alphafeat.plan import Plan, Segment, discover, make_plan
-from alphafeat.segment import BLOCK_ROWS, READ_CHUNK, SegmentResult, peak_rss, run_segment
+from alphafeat.segment import SegmentResult, peak_rss, run_segment
 from alphafeat.types import LEVELS, BookArrays
 from alphafeat.validation import (
     Barrier,
@@ -437,41 +437,81 @@ class SegmentColumns:
         self.dtypes.update({"buy_volume": fdt, "sell_volume": fdt, "trade_count": fdt, "book_crossed": np.bool_,
                             "book_complete": np.bool_})  # fmt: skip
         self.dtypes.update({k: np.float64 if units[k] == "index points" else fdt for k in job.names})
-        label_inputs = {"_mid": np.float64, **({"_w": np.float64} if job.barrier else {})}
+        label_inputs = {"_mid": np.float64, **({"_ema": np.float64, "_w": np.float64} if job.barrier else {})}
         self.cols = {k: reserve(f"col:{k}", (cap,), dt) for k, dt in {**self.dtypes, **label_inputs}.items()}
         self.index = {s.name: k for k, s in enumerate(feature_specs(job.features))}
         self.min_depth = _min_depth(job.features)
         self.stream = None
         self.labels = LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, cap)
         self.barrier = validate_barrier(job.barrier) if job.barrier else None
-        self.seconds = {"features": 0.0, "labels": 0.0}
-        self._labeller = ThreadPoolExecutor(1)  # labels of complete rows beside the next block's features
+        self.seconds = {"features": 0.0, "store": 0.0, "labels": 0.0}  # "store" and "labels": the worker's
+        self._worker = ThreadPoolExecutor(1)  # stores and labels block by block beside the next block's features
         self._pending: list[Future] = []
 
-    def add(self, b: BookArrays, halo: bool, feats: dict[str, np.ndarray] | None = None) -> None:
+    def add(self, b: BookArrays, halo: bool, feats: dict[str, np.ndarray] | None = None,
+            release: Callable[[], None] | None = None) -> None:
         """Append the new rows of block ``b`` (all but the halo row); features from ``feats``
         (whole-book rows, no halo; ``ema_ret2_60s`` among them for a ``vol`` barrier) or
-        computed here on the CPU, continuing the stream; rows whose label horizons are all
-        within the rows so far are labelled now (:class:`alphafeat.labels.LabelStream`)."""
-        from alphafeat.features import _prepare
-        from alphafeat.features.registry import make_plan
-
+        computed here on the CPU, continuing the stream :data:`_PIECE` rows at a time, each
+        piece's stored features copied out while its result matrix is still in cache. The book
+        columns are copied, and the rows whose label horizons are all within the rows so far
+        labelled (:class:`alphafeat.labels.LabelStream`), on a worker thread beside the next
+        block's features; ``release()`` is called there once ``b`` is no longer read."""
         t0 = time.perf_counter()
         lo = 1 if halo else 0
         m = len(b) - lo
         if m <= 0:
+            if release is not None:
+                release()
             return
         k0, k1 = self.rows, self.rows + m
         if k1 > self.cols["ts_recv"].shape[0]:
             raise AlphafeatError(f"{self.seg.relpath}: more rows than the {self.cols['ts_recv'].shape[0]:,} "
                                  "reserved for the segment")  # fmt: skip
+        self._wait(2)  # the worker keeps up (it holds the blocks it has still to store)
         if feats is None:
-            if self.stream is None:
-                from alphafeat.features.cpu import FeatureStream
+            self._stream_features(b, lo, k0)
+        else:
+            self._store_features(feats, b.depth, k0, k1)
+        self.rows = k1
+        self.seconds["features"] += time.perf_counter() - t0
+        self._pending.append(self._worker.submit(self._store, b, lo, k0, k1, release))
 
-                self.stream = FeatureStream(make_plan(self.job.features), max(m, _STREAM_ROWS))
-            out = self.stream.push(_prepare(b, self.job.features), halo)
-            feats = {n: out[self.index[n]] for n in (*self.job.names, "ema_ret2_60s")}
+    def _stream_features(self, b: BookArrays, lo: int, k0: int) -> None:
+        """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
+        row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
+        from alphafeat.features import _prepare
+        from alphafeat.features.registry import make_plan
+
+        if self.stream is None:
+            from alphafeat.features.cpu import FeatureStream
+
+            self.stream = FeatureStream(make_plan(self.job.features), _PIECE)
+        inputs = _prepare(b, self.job.features)
+        n = len(b)
+        for i0 in range(lo, n, _PIECE):
+            i1 = min(i0 + _PIECE, n)
+            a = i0 - 1 if i0 > 0 else 0
+            out = self.stream.push({k: v[a:i1] for k, v in inputs.items()}, i0 > 0)
+            feats = {name: out[self.index[name]] for name in (*self.job.names, "ema_ret2_60s")}
+            self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
+
+    def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
+        c = self.cols
+        for name in self.job.names:
+            c[name][k0:k1] = np.nan if self.min_depth[name] > depth else feats[name]
+        if self.job.barrier:
+            c["_ema"][k0:k1] = feats["ema_ret2_60s"]
+
+    def _wait(self, most: int) -> None:
+        """Wait until at most ``most`` blocks are still being stored; raises what a store raised."""
+        while len(self._pending) > most:
+            self._pending.pop(0).result()
+
+    def _store(self, b: BookArrays, lo: int, k0: int, k1: int, release: Callable[[], None] | None) -> None:
+        """The worker's part of :meth:`add`: rows ``k0:k1`` of the book columns from block ``b``
+        (from its row ``lo``), the mid (and barrier widths), then the labels that are complete."""
+        t0 = time.perf_counter()
         c = self.cols
         c["ts_event"][k0:k1] = b.ts_event[lo:]
         c["ts_recv"][k0:k1] = b.ts_recv[lo:]
@@ -488,43 +528,34 @@ class SegmentColumns:
         self.crossed += int(x.sum())
         mid = c["_mid"][k0:k1]
         mid[:] = np.where(x, np.nan, book_mid(b)[lo:])
-        for name in self.job.names:
-            c[name][k0:k1] = np.nan if self.min_depth[name] > b.depth else feats[name]
+        if release is not None:
+            release()
         if self.job.barrier:
-            c["_w"][k0:k1] = _barrier_widths(mid, feats["ema_ret2_60s"], self.barrier, self.job)
-        self.rows = k1
-        self.seconds["features"] += time.perf_counter() - t0
-        w = c["_w"][:k1] if self.job.barrier else None
-        for f in self._pending:
-            if f.done():
-                f.result()  # raises what an update raised
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._labeller.submit(self._label, c["_mid"][:k1], c["ts_recv"][:k1], w))
+            c["_w"][k0:k1] = _barrier_widths(mid, c["_ema"][k0:k1], self.barrier, self.job)
+        t1 = time.perf_counter()
+        self.seconds["store"] += t1 - t0
+        self.labels.update(c["_mid"][:k1], c["ts_recv"][:k1], c["_w"][:k1] if self.job.barrier else None)
+        self.seconds["labels"] += time.perf_counter() - t1
 
     def mark_complete(self, first: int) -> None:
         """Rows before ``first`` (the book's first trustworthy row; <= 0: every row) get
         ``book_complete`` False."""
+        self._wait(0)  # the stores set it True
         if first > 0:
             self.cols["book_complete"][: min(first, self.rows)] = False
-
-    def _label(self, mid: np.ndarray, ts: np.ndarray, w: np.ndarray | None) -> None:
-        t = time.perf_counter()
-        self.labels.update(mid, ts, w)
-        self.seconds["labels"] += time.perf_counter() - t
 
     def table(self, seconds: dict[str, float]) -> tuple[pa.Table, int]:
         """The Arrow table of the rows added, labels included (their time in ``seconds``);
         returns ``(table, crossed rows)``."""
         n = self.rows
         c = {k: v[:n] for k, v in self.cols.items()}
-        for f in self._pending:
-            f.result()  # raises what an update raised
-        self._labeller.shutdown()
+        self._wait(0)
+        self._worker.shutdown()
         t0 = time.perf_counter()
         labels = self.labels.finish(c["_mid"], c["ts_recv"], c.get("_w"))
         if self.job.horizons_s:
             labels.update(direction_labels_seconds(c["_mid"], c["ts_recv"], self.job.horizons_s))
-        seconds["features"] = seconds.get("features", 0.0) + self.seconds["features"]
+        seconds["features"] = seconds.get("features", 0.0) + self.seconds["features"] + self.seconds["store"]
         seconds["labels"] = self.seconds["labels"] + time.perf_counter() - t0
         ts = pa.timestamp("ns", tz="UTC")
         cols: dict[str, pa.Array] = {
@@ -545,9 +576,9 @@ class SegmentColumns:
         return pa.table(cols), self.crossed
 
 
-#: Most new rows one block brings to :class:`SegmentColumns` (a block of
-#: :data:`alphafeat.segment.BLOCK_ROWS` plus one decode chunk of the smallest book records).
-_STREAM_ROWS = BLOCK_ROWS + READ_CHUNK // 48 + 2
+#: Rows of one push of the CPU features (:meth:`SegmentColumns.add`): their float64 result
+#: matrix (~2.3 MB at the default features) stays in cache until the stored ones are copied out.
+_PIECE = 4096
 
 
 def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, float]) -> tuple[pa.Table, int]:

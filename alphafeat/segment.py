@@ -37,7 +37,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -361,30 +362,45 @@ def _whole_book(seg: Segment, kept: Path | None, res: SegmentResult, widen: bool
     return b
 
 
-def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[tuple[BookArrays, bool]]:
-    """The segment's book as blocks ``(rows, halo)`` (see ``MBPBookBuilder.take``), from a kept
-    book, from MBP records streamed chunk by chunk, or from the rebuilt MBO book. Sets
-    ``res.records``, ``res.notes``, ``res.predecoded``."""
+#: A block of book rows for the features: ``(rows, halo, release)``; ``release()`` once the
+#: rows are no longer read (the reader may then reuse their memory).
+Block = tuple[BookArrays, bool, Callable[[], None]]
+
+#: Column sets of the MBP reader thread: the block being built, the one waiting in the queue,
+#: the one whose features are computed and one still being stored (SegmentColumns.add; the
+#: reader waits when its worker is further behind).
+MBP_SETS = 4
+
+
+def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[Block]:
+    """The segment's book as blocks (see ``MBPBookBuilder.take``), from a kept book, from MBP
+    records streamed chunk by chunk, or from the rebuilt MBO book. Sets ``res.records``,
+    ``res.notes``, ``res.predecoded``."""
     if _is_kept(kept) or seg.schema not in ("mbp-10", "mbp-1"):
-        yield from _slices(_whole_book(seg, kept, res, widen=False))
+        for b, halo in _slices(_whole_book(seg, kept, res, widen=False)):
+            yield b, halo, _nothing
     else:
         yield from _mbp_blocks(seg, res)
 
 
-def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[tuple[BookArrays, bool]]:
-    """MBP book blocks built on a thread of their own while the caller uses the one before.
+def _nothing() -> None:
+    return None
+
+
+def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[Block]:
+    """MBP book blocks built on a thread of their own while the caller uses the ones before.
 
     The thread decodes the records (RecordScanner: zstd and the scan release the GIL) and turns
-    them into book rows (:class:`alphafeat.book.MBPBookBuilder`, numba) in two column sets used
-    in turn: it starts filling a set only once the caller has finished with the block it held
-    (one semaphore per set), so nothing is copied between the threads.
+    them into book rows (:class:`alphafeat.book.MBPBookBuilder`, numba) in :data:`MBP_SETS`
+    column sets used in turn: it starts filling a set only once the caller has released the
+    block it held (one semaphore per set), so nothing is copied between the threads.
     """
     s0, s1 = seg.bounds
     trades = _trades(seg)
     if trades is not None:
         trades = trades.take((trades.ts_recv >= s0) & (trades.ts_recv < s1))
         trades = trades.take(np.argsort(trades.ts_recv, kind="stable"))
-    free = (threading.Semaphore(1), threading.Semaphore(1))
+    free = [threading.Semaphore(1) for _ in range(MBP_SETS)]
     stop = threading.Event()
 
     def produce() -> Iterator[tuple[BookArrays, bool, int]]:
@@ -392,11 +408,11 @@ def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[tuple[BookArrays, 
         for recs in _records(seg.book_files, seg.instrument_id, SCHEMA_RTYPES[seg.schema]):
             if builder is None:
                 limit = BLOCK_ROWS + READ_CHUNK // recs.dtype.itemsize + 1
-                builder = bk.MBPBookBuilder(recs.dtype, s0, s1, limit + 1, double=True)
+                builder = bk.MBPBookBuilder(recs.dtype, s0, s1, limit + 1, sets=MBP_SETS)
                 free[0].acquire()
             if builder.rows + len(recs) > limit or builder.rows >= BLOCK_ROWS:
                 yield (*builder.take(trades), cur)
-                cur ^= 1
+                cur = (cur + 1) % MBP_SETS
                 free[cur].acquire()
                 if stop.is_set():
                     return
@@ -409,9 +425,7 @@ def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[tuple[BookArrays, 
     it = _prefetch(produce(), depth=1)
     try:
         for b, halo, which in it:
-            yield b, halo
-            del b
-            free[which].release()
+            yield b, halo, free[which].release
     finally:
         stop.set()
         for sem in free:  # a thread waiting for a set is let go; it sees stop and ends
@@ -504,15 +518,15 @@ def _map_segment(
         cols = SegmentColumns(seg, job, _row_bound(seg, kept))
         t_map = 0.0
         try:
-            blocks = _blocks(seg, kept, res)
             depth = LEVELS
-            for b, halo in blocks:
-                t1 = time.perf_counter()
-                cols.add(b, halo)
-                depth = b.depth
-                if writer is not None:
-                    writer.add(b, 1 if halo else 0)
-                t_map += time.perf_counter() - t1
+            with closing(_blocks(seg, kept, res)) as blocks:
+                for b, halo, release in blocks:
+                    t1 = time.perf_counter()
+                    if writer is not None:
+                        writer.add(b, 1 if halo else 0)
+                    cols.add(b, halo, release=release)  # release: once stored, on cols' worker
+                    depth = b.depth
+                    t_map += time.perf_counter() - t1
         except BaseException:
             if writer is not None:
                 writer.abort()

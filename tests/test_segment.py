@@ -560,21 +560,24 @@ def test_builder_blocks_equal_finish(with_trades_file: bool) -> None:
 
 
 def test_small_blocks_give_the_same_cache(tmp_path, monkeypatch) -> None:
-    """precompute with blocks of ~200 rows (many blocks, decode chunks of 64 KiB) writes the same
-    partition bytes as with the default blocks (one block per embedded session)."""
-    from alphafeat import segment
+    """precompute with blocks of ~200 rows (many blocks, decode chunks of 64 KiB, feature pieces
+    of 37 rows) writes the same partition bytes as with the default blocks (one block per
+    embedded session); the vol barrier reads a stored feature column."""
+    from alphafeat import pipeline, segment
     from alphafeat.pipeline import PrecomputeConfig, precompute
 
     if not any(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
 
     def run(out):
-        precompute(PrecomputeConfig(inputs=[DATA], out=out, device="cpu", feature_set="all", keep_books="none"))
+        precompute(PrecomputeConfig(inputs=[DATA], out=out, device="cpu", feature_set="all", keep_books="none",
+                                    barrier="vol:1.5"))
         return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.arrow"))}
 
     ref = run(tmp_path / "one")
     monkeypatch.setattr(segment, "BLOCK_ROWS", 200)
     monkeypatch.setattr(segment, "READ_CHUNK", 64 << 10)
+    monkeypatch.setattr(pipeline, "_PIECE", 37)
     got = run(tmp_path / "many")
     assert len(ref) == 3 and got == ref
 
