@@ -83,7 +83,7 @@ def _precompute(args: argparse.Namespace) -> int:
         sched.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
                       c.expiration.isoformat() if c.expiration else "", c.reason)
     out.print(sched)
-    t = Table(title=f"alphafeat precompute -> {s.out}")
+    t = Table(title=f"alphafeat precompute -> {s.out}", show_header=False)
     t.add_column("")
     t.add_column("", justify="right")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in s.stage_seconds.items())
@@ -121,6 +121,12 @@ def _synth(args: argparse.Namespace) -> int:
         if missing:
             raise UsageError(" and ".join(missing), "required (or --default / --report)")
         out = args.out
+        from alphafeat.synth.calendar import trade_dates
+
+        first = trade_dates(args.start, 1)[0]
+        if first != args.start:
+            console.print(f"note: --start {args.start} is a {args.start:%A}: the first session is {first} "
+                          "(sessions are weekdays)", soft_wrap=True)
         sessions: list[dict] = []
         with progress_bar() as progress:
             task = progress.add_task("sessions", total=args.sessions)

@@ -168,6 +168,9 @@ def _backtest(args: argparse.Namespace) -> int:
         t.add_row(r["strategy"], f"{r['cost_ticks']:g}", f(r, "sharpe"), f(r, "deflated_sharpe"), f(r, "win_rate"),
                   f(r, "trades_per_session", 1), f(r, "turnover", 1), f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1))
     Console(width=max(Console().width, 150)).print(t)
+    if any(r[m + "_mean"] is None for r in s["aggregate"] for m in ("sharpe", "deflated_sharpe")):
+        console.print(f"n/a: Sharpe is the {s['notes']['sharpe']}; DSR is {s['notes']['deflated_sharpe']}",
+                      soft_wrap=True)
     for a in s["aux_head"]:
         if a.get("available"):
             Console().print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "

@@ -325,6 +325,7 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "3 sessions -> 2 walk-forward folds" in captured.err
+    assert "n/a: Sharpe is the annualised Sharpe" in " ".join(captured.err.split())  # one test session a fold
     s = json.loads((out / "summary.json").read_text())
     strategies = {r["strategy"] for r in s["results"]}
     assert {"c51", "c51-unit", "c51-finetune", "flat", "long", "ofi-sign", "logistic", "direction-head",

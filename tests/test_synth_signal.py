@@ -200,6 +200,8 @@ def test_cli_lists_the_signal_files(tmp_path, monkeypatch, capsys) -> None:
     out = tmp_path / "syn"
     assert main(["synth", "--start", "2024-01-09", "--sessions", "2", "--out", str(out), "--signal-file"]) == 0
     printed = capsys.readouterr().out.split()
+    assert main(["synth", "--start", "2024-01-06", "--sessions", "2", "--out", str(out), "--signal-file"]) == 0
+    assert "--start 2024-01-06 is a Saturday: the first session is 2024-01-08" in capsys.readouterr().err
     for d in ("20240109", "20240110"):
         assert str(out / f"glbx-mdp3-{d}.mbp-10.dbn.zst") in printed
         assert str(out / f"glbx-mdp3-{d}.signal.arrow") in printed
