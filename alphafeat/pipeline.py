@@ -792,8 +792,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     keep = cfg.keep_books == "keep" or (cfg.keep_books == "auto" and plan.schema == "mbo")
     pre = None if cfg.keep_books == "none" else str(pre_dir)  # books kept earlier are used unless "none"
     n_crossed, min_rows = 0, 1 << 62
-    first = " - first use: compiling kernels, ~30 s" if _first_use() else ""
-    t_map = task(f"segments: decode, book, features, labels, write ({device}){first}", len(plan.segments))
+    if _first_use():
+        log.warning("first use in this environment: numba compiles the kernels once (~30 s)")
+    t_map = task(f"segments: decode, book, features, labels, write ({device})", len(plan.segments))
     with CacheWriter(cfg.out, prune=cfg.prune) as writer:
         others = writer.others([seg.relpath for seg in plan.segments],
                                {seg.session.isoformat() for seg in plan.segments}, common)  # fmt: skip

@@ -325,3 +325,20 @@ def test_parallel_segments_equal_one_process(tmp_path):
                 assert x.equals(y), (rel, name)
     m1, m2 = read_manifest(one), read_manifest(two)
     assert m1["schedule"] == m2["schedule"] and m1["partitions"] == m2["partitions"]
+
+
+def test_first_use_hint_is_its_own_log_line(tmp_path, caplog, monkeypatch) -> None:
+    """A first run in an environment says numba compiles the kernels in a warning line of its
+    own (it had been appended to the progress bar's text, which is cut at the terminal width)."""
+    import logging
+
+    from alphafeat import pipeline
+
+    data = PROJECT / "data"
+    if not any(data.glob("*.dbn.zst")):
+        pytest.skip("the embedded default sample (data/) is absent")
+    monkeypatch.setattr(pipeline, "_first_use", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="alphafeat.pipeline"):
+        pipeline.precompute(pipeline.PrecomputeConfig(inputs=[data / "glbx-mdp3-20240306.mbp-10.dbn.zst"],
+                                                      out=tmp_path / "c", keep_books="none"))
+    assert "first use in this environment: numba compiles the kernels once" in caplog.text
