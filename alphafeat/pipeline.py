@@ -437,13 +437,14 @@ class SegmentColumns:
         self.dtypes.update({"buy_volume": fdt, "sell_volume": fdt, "trade_count": fdt, "book_crossed": np.bool_,
                             "book_complete": np.bool_})  # fmt: skip
         self.dtypes.update({k: np.float64 if units[k] == "index points" else fdt for k in job.names})
-        label_inputs = {"_mid": np.float64, **({"_ema": np.float64, "_w": np.float64} if job.barrier else {})}
+        self.barrier = validate_barrier(job.barrier) if job.barrier else None
+        label_inputs = {"_mid": np.float64, **({"_w": np.float64} if job.barrier else {}),
+                        **({"_ema": np.float64} if self.barrier and self.barrier.kind == "vol" else {})}  # fmt: skip
         self.cols = {k: reserve(f"col:{k}", (cap,), dt) for k, dt in {**self.dtypes, **label_inputs}.items()}
         self.index = {s.name: k for k, s in enumerate(feature_specs(job.features))}
         self.min_depth = _min_depth(job.features)
         self.stream = None
         self.labels = LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, cap)
-        self.barrier = validate_barrier(job.barrier) if job.barrier else None
         self.seconds = {"features": 0.0, "store": 0.0, "labels": 0.0}  # "store" and "labels": the worker's
         self._worker = ThreadPoolExecutor(1)  # stores and labels block by block beside the next block's features
         self._pending: list[Future] = []
@@ -500,7 +501,7 @@ class SegmentColumns:
         c = self.cols
         for name in self.job.names:
             c[name][k0:k1] = np.nan if self.min_depth[name] > depth else feats[name]
-        if self.job.barrier:
+        if "_ema" in c:  # a vol barrier's widths read it
             c["_ema"][k0:k1] = feats["ema_ret2_60s"]
 
     def _wait(self, most: int) -> None:
@@ -531,7 +532,7 @@ class SegmentColumns:
         if release is not None:
             release()
         if self.job.barrier:
-            c["_w"][k0:k1] = _barrier_widths(mid, c["_ema"][k0:k1], self.barrier, self.job)
+            c["_w"][k0:k1] = _barrier_widths(mid, c["_ema"][k0:k1] if "_ema" in c else None, self.barrier, self.job)
         t1 = time.perf_counter()
         self.seconds["store"] += t1 - t0
         self.labels.update(c["_mid"][:k1], c["ts_recv"][:k1], c["_w"][:k1] if self.job.barrier else None)
