@@ -109,6 +109,7 @@ MODEL_RULES: dict[str, Rule] = {
     "headdim": _SIZE, "expand": _SIZE, "d_conv": _SIZE, "chunk_size": _SIZE, "cfc_hidden": _SIZE,
     "dropout": _float(0.0, 1.0), "cfc_impl": _enum(CfcImpl),
     "dt_min": _float(0.0, open_=True), "dt_max": _float(0.0, open_=True), "ema_rows": _scales,
+    "ema_encoder": validate_bool,
 }  # fmt: skip
 #: Highest fee level of a backtest, ticks per contract per side.
 MAX_COST_TICKS = 10.0

@@ -44,8 +44,10 @@ class ModelConfig:
         row's own inputs is never dropped, so the per-row linear model is always available.
     dt_min, dt_max : float, range of the Mamba2 heads' initial step (see :class:`Mamba2`).
     ema_rows : time scales (rows) of the input EMA bank (:class:`alphamodel.ema.InputEMA`),
-        empty for none: the averages of every input over each scale join the inputs of the
-        encoder and of the heads' wide path, and the bank's state is carried with the rest.
+        empty for none: the averages of every input over each scale join the heads' wide path
+        (and, with ``ema_encoder``, the encoder's inputs); the bank's state is carried with the
+        rest. On 24 generated quiet sessions feeding them to the encoder too overfitted (the
+        validation loss rose from the first epoch), hence the default ``ema_encoder=False``.
     """
 
     n_features: int = 0
@@ -63,6 +65,7 @@ class ModelConfig:
     dt_min: float = 1e-3
     dt_max: float = 0.1
     ema_rows: tuple[float, ...] = ()
+    ema_encoder: bool = False
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -130,7 +133,7 @@ class AlphaModel(nn.Module):
         self.cfg = cfg
         self.ema = InputEMA(cfg.n_features, cfg.ema_rows) if cfg.ema_rows else None
         n_in = cfg.n_features + (self.ema.n_out if self.ema is not None else 0)
-        self.embed = nn.Linear(n_in, cfg.d_model)
+        self.embed = nn.Linear(n_in if cfg.ema_encoder else cfg.n_features, cfg.d_model)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = RMSNormGated(cfg.d_model)
         self.cfc = CfC(cfg.d_model, cfg.cfc_hidden, impl=cfg.cfc_impl)
@@ -143,7 +146,7 @@ class AlphaModel(nn.Module):
 
     def inputs(self, x: torch.Tensor, state: ModelState | None = None, mask: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The row's inputs as the encoder and the heads' wide path read them: ``x`` (B, K, F), with
+        """The row's inputs as the heads' wide path reads them: ``x`` (B, K, F), with
         ``cfg.ema_rows`` followed by the EMA bank's outputs (B, K, F * S), and the bank's state
         after the window (None without a bank). ``state``, ``mask``: as in :meth:`forward`."""
         if self.ema is None:
@@ -153,9 +156,9 @@ class AlphaModel(nn.Module):
 
     def encode(self, x: torch.Tensor, state: ModelState | None = None, mask: torch.Tensor | None = None,
                return_state: bool = False) -> torch.Tensor | tuple[torch.Tensor, list]:
-        """The Mamba2 stack: (B, K, F') -> (B, K, d_model) of the widened inputs ``x`` of
-        :meth:`inputs`; with ``return_state`` also each block's ``(conv_state, ssm_state)`` after
-        the window (``state``, ``mask``: as in :meth:`forward`)."""
+        """The Mamba2 stack: (B, K, F) -> (B, K, d_model) (with ``cfg.ema_encoder`` ``x`` is the
+        widened input of :meth:`inputs`); with ``return_state`` also each block's ``(conv_state,
+        ssm_state)`` after the window (``state``, ``mask``: as in :meth:`forward`)."""
         h = self.embed(x)
         states = []
         for i, blk in enumerate(self.blocks):
@@ -204,7 +207,7 @@ class AlphaModel(nn.Module):
              ) -> tuple[torch.Tensor, torch.Tensor, ModelState]:
         """``(embedding, widened inputs, state after)`` of one window."""
         wide, ema = self.inputs(x, state, mask)
-        h, blocks = self.encode(wide, state, mask, return_state=True)
+        h, blocks = self.encode(wide if self.cfg.ema_encoder else x, state, mask, return_state=True)
         s = self.cfc(h, dt, None if state is None else state.cfc, mask)
         return torch.cat([s.to(h.dtype), h], dim=-1), wide, ModelState(blocks, s[:, -1].float(), ema)
 

@@ -74,19 +74,21 @@ def test_fit_standardises_the_outputs_and_persistent_inputs_stay_off_the_clip():
     assert (y[0].abs() >= 10).float().mean() < 1e-3
 
 
-def _model(seed: int = 0) -> AlphaModel:
+def _model(seed: int = 0, encoder: bool = False) -> AlphaModel:
     torch.manual_seed(seed)
     cfg = ModelConfig(n_features=5, n_horizons=3, d_model=16, n_layers=2, d_state=8, headdim=8, chunk_size=8,
-                      cfc_hidden=8, dropout=0.0, ema_rows=(4.0, 64.0))
+                      cfc_hidden=8, dropout=0.0, ema_rows=(4.0, 64.0), ema_encoder=encoder)
     m = AlphaModel(cfg).eval()
     with torch.no_grad():  # give the bank's part of the heads a say (it starts at zero)
         m.heads.weight[:, -m.ema.n_out :] = torch.randn(3, m.ema.n_out) * 0.3
     return m
 
 
+@pytest.mark.parametrize("encoder", [False, True])
 @torch.no_grad()
-def test_model_with_bank_stateful_windows_equal_one_long_window_and_padding_is_neutral():
-    m = _model()
+def test_model_with_bank_stateful_windows_equal_one_long_window_and_padding_is_neutral(encoder):
+    m = _model(encoder=encoder)
+    assert m.embed.in_features == (15 if encoder else 5)  # 5 inputs + 5 x 2 averages
     g = torch.Generator().manual_seed(3)
     x, dt = torch.randn(3, 70, 5, generator=g), torch.rand(3, 70, generator=g) * 0.05
     whole, st_whole = m(x, dt, return_state=True)
