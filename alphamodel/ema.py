@@ -92,8 +92,9 @@ class InputEMA(nn.Module):
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        e, last = self._averages(x, state, mask)
-        return self._out(e), last
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the sums stay in fp32
+            e, last = self._averages(x, state, mask)
+            return self._out(e), last
 
     def _averages(self, x: torch.Tensor, state: torch.Tensor | None = None, mask: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,6 +42,16 @@ def test_chunked_bank_equals_the_recursion_with_masks_and_state():
     assert np.allclose(y.numpy().reshape(2, 70, 3, 3)[..., 2], ref, atol=1e-9)
 
 
+def test_bank_stays_float32_under_bf16_autocast():
+    bank = InputEMA(2, [8, 2048])
+    x = torch.randn(2, 100, 2, generator=torch.Generator().manual_seed(4))
+    ref, _ = bank(x)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        y, e = bank(x)
+    assert y.dtype == torch.float32 and e.dtype == torch.float32
+    assert torch.allclose(y, ref, atol=1e-6)
+
+
 def test_masked_rows_are_neutral_and_the_state_carries():
     g = torch.Generator().manual_seed(1)
     bank = InputEMA(2, [8, 256])
