@@ -134,3 +134,12 @@ def test_ema_rows_config_is_checked():
     for bad in ("32", [0], [-5], [32, "x"], 7):
         with pytest.raises(UsageError, match="ema_rows"):
             from_dict(ModelConfig, {"ema_rows": bad}, "model")
+
+
+def test_dt_range_reaches_the_mamba2_blocks():
+    m = AlphaModel(ModelConfig(n_features=3, dt_min=1e-4, dt_max=2e-4))
+    for blk in m.blocks:
+        dt = torch.nn.functional.softplus(blk.mixer.dt_bias)
+        assert ((dt >= 1e-4 * (1 - 1e-4)) & (dt <= 2e-4 * (1 + 1e-4))).all()
+    with pytest.raises(UsageError, match="dt_min"):
+        from_dict(ModelConfig, {"dt_min": 0}, "model")
