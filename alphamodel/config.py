@@ -81,6 +81,15 @@ def _str(v: Any, o: str) -> str:
 
 
 _SIZE = _int(1)
+
+
+def _scales(v: Any, o: str) -> tuple[float, ...]:
+    """A list of time scales > 0 (rows), possibly empty."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)):
+        raise UsageError(o, "expected a list of time scales in rows (e.g. [32, 128, 512, 2048])", v)
+    return tuple(float(_float(0.0, open_=True)(x, o)) for x in v)
+
+
 #: TrainConfig keys and their checks.
 TRAIN_RULES: dict[str, Rule] = {
     "window": _int(1, "a number of snapshots"), "burn_in": _int(0, "a number of snapshots"),
@@ -99,6 +108,8 @@ MODEL_RULES: dict[str, Rule] = {
     "n_features": _int(0), "n_horizons": _SIZE, "d_model": _SIZE, "n_layers": _SIZE, "d_state": _SIZE,
     "headdim": _SIZE, "expand": _SIZE, "d_conv": _SIZE, "chunk_size": _SIZE, "cfc_hidden": _SIZE,
     "dropout": _float(0.0, 1.0), "cfc_impl": _enum(CfcImpl),
+    "dt_min": _float(0.0, open_=True), "dt_max": _float(0.0, open_=True), "ema_rows": _scales,
+    "ema_encoder": validate_bool,
 }  # fmt: skip
 #: Highest fee level of a backtest, ticks per contract per side.
 MAX_COST_TICKS = 10.0

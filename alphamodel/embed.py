@@ -57,7 +57,7 @@ def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: l
         dt = torch.from_numpy(b.dt).to(device)
         real = torch.from_numpy(b.rows >= 0).to(device)  # padding masked: neutral for the real rows
         seq, _ = model.embedding(x, dt, real)
-        p = torch.sigmoid(model.heads(torch.cat([seq, x.to(seq.dtype)], dim=-1)).float())
+        p = torch.sigmoid(model.head_logits(seq, x, mask=real))
         seq, p = seq.float().cpu().numpy(), p.cpu().numpy()
         for w, m, r, e, q in zip(wins[i : i + batch_size], b.mask, b.rows, seq, p):
             local = r[m] - data.offsets[w.seg]

@@ -19,6 +19,7 @@ from torch import nn
 
 from alphafeat.validation import HorizonWeighting, validate_enum
 from alphamodel.cfc import CfC
+from alphamodel.ema import InputEMA
 from alphamodel.errors import UsageError
 from alphamodel.mamba2 import Mamba2, RMSNormGated
 
@@ -41,6 +42,12 @@ class ModelConfig:
     dropout : float, on the residual stream of each block and on the sequence features (CfC
         state and encoder output) that the heads read; the heads' direct ("wide") path on the
         row's own inputs is never dropped, so the per-row linear model is always available.
+    dt_min, dt_max : float, range of the Mamba2 heads' initial step (see :class:`Mamba2`).
+    ema_rows : time scales (rows) of the input EMA bank (:class:`alphamodel.ema.InputEMA`),
+        empty for none: the averages of every input over each scale join the heads' wide path
+        (and, with ``ema_encoder``, the encoder's inputs); the bank's state is carried with the
+        rest. On 24 generated quiet sessions feeding them to the encoder too overfitted (the
+        validation loss rose from the first epoch), hence the default ``ema_encoder=False``.
     """
 
     n_features: int = 0
@@ -55,6 +62,10 @@ class ModelConfig:
     cfc_hidden: int = 32
     dropout: float = 0.3
     cfc_impl: str = "fused"
+    dt_min: float = 1e-3
+    dt_max: float = 0.1
+    ema_rows: tuple[float, ...] = ()
+    ema_encoder: bool = False
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
@@ -70,7 +81,7 @@ class _Block(nn.Module):
         super().__init__()
         self.norm = RMSNormGated(cfg.d_model)
         self.mixer = Mamba2(cfg.d_model, d_state=cfg.d_state, headdim=cfg.headdim, expand=cfg.expand,
-                            d_conv=cfg.d_conv, chunk_size=cfg.chunk_size)
+                            d_conv=cfg.d_conv, chunk_size=cfg.chunk_size, dt_min=cfg.dt_min, dt_max=cfg.dt_max)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, state: tuple | None = None, mask: torch.Tensor | None = None
@@ -85,27 +96,34 @@ class ModelState:
 
     blocks : one ``(conv_state, ssm_state)`` per Mamba2 block (see :meth:`Mamba2.forward`).
     cfc : (B, cfc_hidden) float32, the CfC state.
+    ema : (B, n_features, len(ema_rows)) float32, the input EMA bank's averages, or None
+        (no bank).
     """
 
     blocks: list[tuple[torch.Tensor, torch.Tensor]]
     cfc: torch.Tensor
+    ema: torch.Tensor | None = None
 
     def detach(self) -> ModelState:
         """The same values cut from the graph (truncated back-propagation between windows)."""
-        return ModelState([(c.detach(), s.detach()) for c, s in self.blocks], self.cfc.detach())
+        return ModelState([(c.detach(), s.detach()) for c, s in self.blocks], self.cfc.detach(),
+                          None if self.ema is None else self.ema.detach())
 
     def reset(self, rows: torch.Tensor) -> ModelState:
         """Zero the state of the streams where ``rows`` (B,) bool is True (a new session starts)."""
         def z(t: torch.Tensor) -> torch.Tensor:
             return torch.where(rows.view(-1, *([1] * (t.dim() - 1))), torch.zeros_like(t), t)
-        return ModelState([(z(c), z(s)) for c, s in self.blocks], z(self.cfc))
+        return ModelState([(z(c), z(s)) for c, s in self.blocks], z(self.cfc),
+                          None if self.ema is None else z(self.ema))
 
 
 class AlphaModel(nn.Module):
     """Mamba2 -> CfC -> heads. ``forward(x (B,K,F), dt (B,K)) -> logits (B,K,H)`` float32.
 
     The heads are linear in the CfC state, the encoder output and the position's own inputs
-    (so a per-row logistic regression is a special case of the model).
+    (so a per-row logistic regression is a special case of the model), and, with
+    ``cfg.ema_rows``, in the inputs' moving averages over those time scales (then a logistic
+    regression on the averages is one too).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -113,18 +131,34 @@ class AlphaModel(nn.Module):
         if cfg.n_features <= 0:
             raise UsageError("model.n_features", "expected the number of input features >= 1", cfg.n_features)
         self.cfg = cfg
-        self.embed = nn.Linear(cfg.n_features, cfg.d_model)
+        self.ema = InputEMA(cfg.n_features, cfg.ema_rows) if cfg.ema_rows else None
+        n_in = cfg.n_features + (self.ema.n_out if self.ema is not None else 0)
+        self.embed = nn.Linear(n_in if cfg.ema_encoder else cfg.n_features, cfg.d_model)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = RMSNormGated(cfg.d_model)
         self.cfc = CfC(cfg.d_model, cfg.cfc_hidden, impl=cfg.cfc_impl)
         # heads read the CfC state, the encoder output and (a linear "wide" path) the row's inputs
-        self.heads = nn.Linear(cfg.cfc_hidden + cfg.d_model + cfg.n_features, cfg.n_horizons)
+        self.heads = nn.Linear(cfg.cfc_hidden + cfg.d_model + n_in, cfg.n_horizons)
+        if self.ema is not None:  # the averages start with no say in the logits (large inputs, many)
+            with torch.no_grad():
+                self.heads.weight[:, -self.ema.n_out :] = 0.0
         self.drop_seq = nn.Dropout(cfg.dropout)
+
+    def inputs(self, x: torch.Tensor, state: ModelState | None = None, mask: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The row's inputs as the heads' wide path reads them: ``x`` (B, K, F), with
+        ``cfg.ema_rows`` followed by the EMA bank's outputs (B, K, F * S), and the bank's state
+        after the window (None without a bank). ``state``, ``mask``: as in :meth:`forward`."""
+        if self.ema is None:
+            return x, None
+        y, e = self.ema(x, None if state is None else state.ema, mask)
+        return torch.cat([x, y.to(x.dtype)], dim=-1), e
 
     def encode(self, x: torch.Tensor, state: ModelState | None = None, mask: torch.Tensor | None = None,
                return_state: bool = False) -> torch.Tensor | tuple[torch.Tensor, list]:
-        """The Mamba2 stack: (B, K, F) -> (B, K, d_model); with ``return_state`` also each block's
-        ``(conv_state, ssm_state)`` after the window (``state``, ``mask``: as in :meth:`forward`)."""
+        """The Mamba2 stack: (B, K, F) -> (B, K, d_model) (with ``cfg.ema_encoder`` ``x`` is the
+        widened input of :meth:`inputs`); with ``return_state`` also each block's ``(conv_state,
+        ssm_state)`` after the window (``state``, ``mask``: as in :meth:`forward`)."""
         h = self.embed(x)
         states = []
         for i, blk in enumerate(self.blocks):
@@ -143,8 +177,8 @@ class AlphaModel(nn.Module):
         of each stream (stateful context: consecutive windows equal one long window);
         ``return_state=True`` also returns the state after this window.
         """
-        seq, after = self.embedding(x, dt, mask, state)
-        logits = self.heads(torch.cat([self.drop_seq(seq), x.to(seq.dtype)], dim=-1)).float()
+        seq, wide, after = self._run(x, dt, mask, state)
+        logits = self.heads(torch.cat([self.drop_seq(seq), wide.to(seq.dtype)], dim=-1)).float()
         if return_state:
             return logits, after
         return logits
@@ -159,9 +193,23 @@ class AlphaModel(nn.Module):
         (B, K, cfc_hidden + d_model) in the encoder's dtype (float32, or bfloat16 under autocast;
         no dropout) and the state. (Named ``embedding``: ``embed`` is the input projection.)
         """
-        h, blocks = self.encode(x, state, mask, return_state=True)
+        seq, _, after = self._run(x, dt, mask, state)
+        return seq, after
+
+    def head_logits(self, seq: torch.Tensor, x: torch.Tensor, state: ModelState | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, K, H) float32 from an :meth:`embedding` ``seq`` of the window ``x`` (B, K, F)
+        (``state``, ``mask``: those the embedding was computed with; no dropout)."""
+        wide, _ = self.inputs(x, state, mask)
+        return self.heads(torch.cat([seq, wide.to(seq.dtype)], dim=-1)).float()
+
+    def _run(self, x: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None, state: ModelState | None
+             ) -> tuple[torch.Tensor, torch.Tensor, ModelState]:
+        """``(embedding, widened inputs, state after)`` of one window."""
+        wide, ema = self.inputs(x, state, mask)
+        h, blocks = self.encode(wide if self.cfg.ema_encoder else x, state, mask, return_state=True)
         s = self.cfc(h, dt, None if state is None else state.cfc, mask)
-        return torch.cat([s.to(h.dtype), h], dim=-1), ModelState(blocks, s[:, -1].float())
+        return torch.cat([s.to(h.dtype), h], dim=-1), wide, ModelState(blocks, s[:, -1].float(), ema)
 
 
 def horizon_weights(horizons: Sequence[int], window: int, scheme: str = "window") -> torch.Tensor:

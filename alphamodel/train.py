@@ -67,7 +67,7 @@ from alphamodel.outputs import save_tensors, staged_outputs
 log = logging.getLogger(__name__)
 
 __all__ = ["TrainConfig", "train", "load_model", "resolve_device", "compile_model",
-           "score_rows", "BASELINES"]
+           "score_rows", "fit_input_ema", "BASELINES"]
 
 #: Baselines fitted beside the model (see :mod:`alphamodel.baselines`; declared as
 #: :class:`alphafeat.validation.Baseline`).
@@ -400,13 +400,33 @@ def _loss_value(loss: torch.Tensor, step: int, epoch: int, last: tuple[float, in
     return v
 
 
+def fit_input_ema(model: AlphaModel, data: CacheData, rows: np.ndarray, norm: Normaliser,
+                  max_rows: int = 2_000_000) -> None:
+    """Fit the output statistics of the model's input EMA bank (:meth:`alphamodel.ema.InputEMA.fit`)
+    on the runs of consecutive ``rows`` (the training rows), each run from a zero state, in
+    order, until ``max_rows`` rows; nothing without a bank."""
+    if model.ema is None:
+        return
+    def runs():
+        left = max_rows
+        for seg, a, b in data.runs(rows):
+            if left <= 0:
+                return
+            b = min(b, a + left)
+            left -= b - a
+            yield torch.from_numpy(norm(data.raw_features(seg, np.arange(a, b), norm.names)))
+    model.ema.fit(runs())
+
+
 def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc: TrainConfig,
               device: torch.device, progress: bool) -> _FoldRun:
     """Train one fold's model (AdamW, warm-up + cosine, early stopping on the whole validation block)."""
     torch.manual_seed(tc.seed + fold.index)
     rng = np.random.default_rng(tc.seed + fold.index)
     H = len(data.horizons)
-    model = AlphaModel(mc).to(device)
+    model = AlphaModel(mc)
+    fit_input_ema(model, data, fold.train, norm)
+    model = model.to(device)
     fwd = compile_model(model) if tc.compile else model
     weights = horizon_weights(data.horizons, tc.window, tc.horizon_weighting).to(device)
     streams = _Streams(data, fold.train, tc, rng, tc.context == "stateful")

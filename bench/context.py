@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from evaluate import train_options  # noqa: E402
+from evaluate import model_options, train_options  # noqa: E402
 
 from alphamodel.config import read_config  # noqa: E402
 from alphamodel.train import TrainConfig, train  # noqa: E402
@@ -58,6 +58,7 @@ def main() -> None:
         if i:
             change["baselines"] = []
         mc, tc = read_config(args.config, {**options, **change})
+        mc = model_options(mc, args.set)
         t0 = time.perf_counter()
         s = train(args.cache, Path(args.work) / f"ctx-{name}", mc, tc, progress=False)
         recs = {r["horizon"]: r for r in s["evaluation"] if r["fold"] == "all" and r["model"] == "alphamodel"}

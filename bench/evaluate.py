@@ -9,13 +9,17 @@ best baseline with its paired 95% interval) and one JSON line with the evaluatio
     python bench/evaluate.py --sessions 24 --scale normal --jobs 16 --work /tmp/eval24 \\
         --config alphamodel/configs/synth-normal-gpu.json --device cuda
     python bench/evaluate.py --cache /tmp/x/cache20 --config alphamodel/configs/synth-quiet-cpu.json
+    python bench/evaluate.py --sessions 24 --scale quiet --signal-kind history --signal 16 --work /tmp/h24 \
+        --config alphamodel/configs/synth-quiet-cpu.json
 
-Extra options of the training config can be given as ``--set key=value`` (``train`` keys).
+Extra options of the training config can be given as ``--set key=value`` (``train`` keys) and
+``--set model.key=value`` (``model`` keys, e.g. ``--set 'model.ema_rows=[32,128,512,2048]'``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import subprocess
@@ -24,7 +28,9 @@ import time
 from pathlib import Path
 
 from alphafeat.cache import MANIFEST
-from alphamodel.config import read_config
+from alphafeat.validation import SignalKind
+from alphamodel.config import from_dict, read_config
+from alphamodel.model import ModelConfig
 from alphamodel.train import train
 from cli.alphamodel import print_summary
 
@@ -35,7 +41,8 @@ def build_cache(args: argparse.Namespace) -> Path:
     if not (syn / "synth-report.json").is_file():
         subprocess.run([sys.executable, "-m", "cli.alphafeat", "synth", "--start", args.start, "--sessions",
                         str(args.sessions), "--scale", args.scale, "--out", str(syn), "--jobs", str(args.jobs),
-                        "--seed", str(args.seed)], check=True)
+                        "--seed", str(args.seed), "--signal", str(args.signal), "--signal-kind", args.signal_kind],
+                       check=True)
     if not (cache / MANIFEST).is_file():
         subprocess.run([sys.executable, "-m", "cli.alphafeat", "precompute", "--input", str(syn), "--out", str(cache),
                         "--instrument-mode", "front-month", "--jobs", str(args.jobs), "-q"], check=True)
@@ -50,12 +57,21 @@ def parse_value(v: str) -> object:
 
 
 def train_options(device: str, sets: list[str]) -> dict:
-    """``train`` keys laid over the config file's: ``device``, then each ``--set key=value``."""
+    """``train`` keys laid over the config file's: ``device``, then each ``--set key=value``
+    (``model.KEY=value`` ones are left to :func:`model_options`)."""
     out: dict = {"device": device}
     for kv in sets:
         k, _, v = kv.partition("=")
-        out[k] = parse_value(v)
+        if not k.startswith("model."):
+            out[k] = parse_value(v)
     return out
+
+
+def model_options(mc: ModelConfig, sets: list[str]) -> ModelConfig:
+    """``mc`` with each ``--set model.KEY=value`` laid over it (checked as a config file's)."""
+    over = {kv.partition("=")[0][len("model."):]: parse_value(kv.partition("=")[2])
+            for kv in sets if kv.startswith("model.")}
+    return from_dict(ModelConfig, {**dataclasses.asdict(mc), **over}, "model") if over else mc
 
 
 def main() -> None:
@@ -66,15 +82,20 @@ def main() -> None:
     ap.add_argument("--scale", default="quiet", choices=("quiet", "normal", "busy", "full"))
     ap.add_argument("--start", default="2024-03-04")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--signal", type=float, default=1.0, help="alphafeat synth --signal (strength)")
+    ap.add_argument("--signal-kind", default=str(SignalKind.BOTH), choices=[str(k) for k in SignalKind],
+                    help="alphafeat synth --signal-kind (history: a signal only the order flow's past shows)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--config", help="JSON {model: {...}, train: {...}} (alphamodel/configs/)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--set", action="append", default=[], help="train key=value (JSON value), repeatable")
+    ap.add_argument("--set", action="append", default=[],
+                    help="train key=value or model.key=value (JSON value), repeatable")
     ap.add_argument("--out", help="training output directory (default WORK/train)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     cache = Path(args.cache) if args.cache else build_cache(args)
     mc, tc = read_config(args.config, train_options(args.device, args.set))
+    mc = model_options(mc, args.set)
     out = Path(args.out or Path(args.work) / "train")
     t0 = time.perf_counter()
     s = train(cache, out, mc, tc, progress=False)
