@@ -631,14 +631,13 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             # encoder and embeddings of the fold's sessions
             model, norm, meta = given if given is not None else _fold_encoder(data, tr_s, k, cfg, tmp, progress, device)
             tcm = meta.get("train", {})
-            window, burn = int(tcm.get("window", 64)), int(tcm.get("burn_in", 16))
+            window = int(tcm.get("window", 64))  # the fine-tuned encoder's windows (they end at the row)
             segs = sorted(set(tr_s.tolist()) | set(te_s.tolist()))
             if given is None:
-                emb_np = embed_segments(model, norm, data, segs, window, burn, device)
+                emb_np = embed_segments(model, norm, data, segs, tcm, device)
             else:  # one model for every fold: its embeddings are computed once
                 if not given_emb:
-                    given_emb.update(embed_segments(model, norm, data, list(range(len(data.segments))), window, burn,
-                                                    device))
+                    given_emb.update(embed_segments(model, norm, data, list(range(len(data.segments))), tcm, device))
                 emb_np = {s: given_emb[s] for s in segs}
             D = next(iter(emb_np.values()))[0].shape[1]
             emb = torch.zeros(T, D, device=device)

@@ -2,9 +2,9 @@
 
 The embedding of row t is what the model's heads read, without the row's own inputs: the CfC
 state and the Mamba2 stack's output at t, ``concat(cfc, encoder)`` — shape
-``(cfc_hidden + d_model,)`` float32 — computed over windows of the model's training length
-``K`` with its burn-in (every row scored once, as :meth:`CacheData.eval_windows` tiles a
-segment: each row sees at least ``burn_in`` rows of context after a segment's first window).
+``(cfc_hidden + d_model,)`` float32 — computed as the model's training scored its test rows
+(:func:`alphamodel.train.score_rows`: with a stateful model, each session in long pieces whose
+windows carry the state; otherwise windows of the training length ``K`` with its burn-in).
 Beside it the direction probabilities of the heads, one per horizon.
 
 :func:`write_embeddings` (``alphamodel embed CACHE --model DIR``) writes them as an Arrow
@@ -38,32 +38,21 @@ def check_model_inputs(data: CacheData, norm: Normaliser, where: str) -> None:
                         f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", where)
 
 
-@torch.no_grad()
-def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: list[int], window: int,
-                   burn_in: int, device: torch.device, batch_size: int = 128
-                   ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Embeddings and direction probabilities of every row of the segments ``segs``.
+def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: list[int], train_meta: dict,
+                   device: torch.device) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Embeddings and direction probabilities of every row of the segments ``segs``, scored as
+    the model's training scored its validation and test rows (:func:`alphamodel.train.score_rows`
+    with the ``train`` section of its config: stateful, the state carried across windows, or
+    windows with burn-in).
 
     Returns ``{seg: (emb (n, D) float32, probs (n, H) float32)}``.
     """
-    model.eval()
-    rows = data.segment_rows(segs)
-    wins = data.eval_windows(rows, window, burn_in)
-    out = {k: (np.zeros((data.segments[k].n, model.cfg.cfc_hidden + model.cfg.d_model), np.float32),
-               np.zeros((data.segments[k].n, model.cfg.n_horizons), np.float32)) for k in segs}
-    for i in range(0, len(wins), batch_size):
-        b = data.batch(wins[i : i + batch_size], window, norm)
-        x = torch.from_numpy(b.x).to(device)
-        dt = torch.from_numpy(b.dt).to(device)
-        real = torch.from_numpy(b.rows >= 0).to(device)  # padding masked: neutral for the real rows
-        seq, _ = model.embedding(x, dt, real)
-        p = torch.sigmoid(model.head_logits(seq, x, mask=real))
-        seq, p = seq.float().cpu().numpy(), p.cpu().numpy()
-        for w, m, r, e, q in zip(wins[i : i + batch_size], b.mask, b.rows, seq, p):
-            local = r[m] - data.offsets[w.seg]
-            out[w.seg][0][local] = e[m]
-            out[w.seg][1][local] = q[m]
-    return out
+    from alphamodel.train import score_rows, scoring_config
+
+    rows, probs, _, emb = score_rows(model, data, data.segment_rows(segs), norm, scoring_config(train_meta),
+                                     device, embeddings=True)
+    seg_of = np.searchsorted(data.offsets, rows, side="right") - 1
+    return {k: (emb[seg_of == k], probs[seg_of == k]) for k in segs}
 
 
 def write_embeddings(cache: str | os.PathLike[str], model_dir: str | os.PathLike[str],
@@ -100,8 +89,7 @@ def write_embeddings(cache: str | os.PathLike[str], model_dir: str | os.PathLike
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         for k, seg in enumerate(data.segments):
-            emb, probs = embed_segments(model, norm, data, [k], int(tc.get("window", 64)),
-                                        int(tc.get("burn_in", 16)), dev)[k]
+            emb, probs = embed_segments(model, norm, data, [k], tc, dev)[k]
             cols = {"ts_recv": pa.array(seg.ts, pa.timestamp("ns", tz="UTC"))}
             cols.update({f"emb_{j:03d}": pa.array(emb[:, j]) for j in range(emb.shape[1])})
             cols.update({f"p_h{h}": pa.array(probs[:, j]) for j, h in enumerate(data.horizons)})

@@ -66,7 +66,7 @@ from alphamodel.outputs import save_tensors, staged_outputs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainConfig", "train", "load_model", "resolve_device", "compile_model",
+__all__ = ["TrainConfig", "train", "load_model", "resolve_device", "compile_model", "scoring_config",
            "score_rows", "fit_input_ema", "BASELINES"]
 
 #: Baselines fitted beside the model (see :mod:`alphamodel.baselines`; declared as
@@ -245,28 +245,33 @@ def _pieces(data: CacheData, rows: np.ndarray, tc: TrainConfig) -> list[tuple[in
 
 @torch.no_grad()
 def score_rows(model: AlphaModel, data: CacheData, rows: np.ndarray, norm: Normaliser, tc: TrainConfig,
-               device: torch.device) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               device: torch.device, embeddings: bool = False) -> tuple[np.ndarray, ...]:
     """Forward-only scores of every given row, once.
 
     ``tc.context == "stateful"``: each piece of rows (:func:`_pieces`) runs as one long
     sequence, in windows of K with the state carried (right-padded at its end, masked);
     ``"window"``: windows tiling each run with ``burn_in`` rows of overlap (left-padded, masked).
 
-    Returns ``(rows (M,) int64 sorted, probs (M, H) float32, labels (M, H) float32 NaN)``.
+    Returns ``(rows (M,) int64 sorted, probs (M, H) float32, labels (M, H) float32 NaN)``, and
+    with ``embeddings`` also what the heads read besides the row's inputs
+    (:meth:`AlphaModel.embedding`, (M, cfc_hidden + d_model) float32), in the same order.
     """
     model.eval()
     K = tc.window
     amp = device.type == "cuda"
-    out_r, out_p, out_y = [], [], []
+    out_r, out_p, out_y, out_e = [], [], [], []
 
     def run(b: Batch, state: ModelState | None) -> ModelState:
         x, dt, _, _, real = _to(b, device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            logits, new = model(x, dt, mask=real, state=state, return_state=True)
+            seq, new = model.embedding(x, dt, real, state)
+            logits = model.head_logits(seq, x, state, real)
         m = b.mask
         out_r.append(b.rows[m])
         out_p.append(logits.float().cpu().numpy()[m])
         out_y.append(b.y[m])
+        if embeddings:
+            out_e.append(seq.float().cpu().numpy()[m])
         return new
 
     if tc.context == "stateful":
@@ -284,12 +289,21 @@ def score_rows(model: AlphaModel, data: CacheData, rows: np.ndarray, norm: Norma
         wins = data.eval_windows(rows, K, tc.burn_in)
         for i in range(0, len(wins), tc.eval_batch_size):
             run(data.batch(wins[i : i + tc.eval_batch_size], K, norm), None)
-    H = len(data.horizons)
+    H, D = len(data.horizons), model.cfg.cfc_hidden + model.cfg.d_model
     if not out_r:
-        return np.zeros(0, np.int64), np.zeros((0, H), np.float32), np.zeros((0, H), np.float32)
+        empty = (np.zeros(0, np.int64), np.zeros((0, H), np.float32), np.zeros((0, H), np.float32))
+        return (*empty, np.zeros((0, D), np.float32)) if embeddings else empty
     r, p, y = np.concatenate(out_r), np.concatenate(out_p), np.concatenate(out_y)
     o = np.argsort(r, kind="stable")
-    return r[o], (1.0 / (1.0 + np.exp(-p[o].astype(np.float64)))).astype(np.float32), y[o]
+    scored = (r[o], (1.0 / (1.0 + np.exp(-p[o].astype(np.float64)))).astype(np.float32), y[o])
+    return (*scored, np.concatenate(out_e)[o]) if embeddings else scored
+
+
+def scoring_config(train_meta: dict) -> TrainConfig:
+    """The :class:`TrainConfig` that :func:`score_rows` needs (window, burn-in, context, pieces,
+    batch) from a saved model's ``config.json`` ``train`` section; defaults for keys it lacks."""
+    keys = ("window", "burn_in", "context", "eval_piece", "eval_warmup", "eval_batch_size")
+    return dataclasses.replace(TrainConfig(), **{k: train_meta[k] for k in keys if k in train_meta})
 
 
 def _save(out: Path, model: AlphaModel, norm: Normaliser, meta: dict) -> None:

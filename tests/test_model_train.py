@@ -14,7 +14,7 @@ from scipy.stats import mannwhitneyu, rankdata
 
 from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError
-from alphamodel.data import CacheData
+from alphamodel.data import CacheData, Window
 from alphamodel.evaluation import walk_forward_folds
 from alphamodel.metrics import auc, average_ranks, base_rate
 from alphamodel.model import horizon_weights, masked_bce_loss
@@ -452,7 +452,6 @@ def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_
 def test_stateful_scoring_equals_each_run_as_one_sequence(cache):
     """score_rows (stateful): runs of different lengths batched together, cut in windows of K,
     right-padded, state carried — the scores of running each run as one long sequence."""
-    from alphamodel.data import Window
     from alphamodel.model import AlphaModel, ModelConfig
     from alphamodel.train import score_rows
 
@@ -474,6 +473,32 @@ def test_stateful_scoring_equals_each_run_as_one_sequence(cache):
     tc2 = TrainConfig(window=48, context="stateful", eval_piece=200, eval_warmup=100, eval_batch_size=3)
     r2, p2, _ = score_rows(model, d, rows, norm, tc2, torch.device("cpu"))
     assert r2.tolist() == rows.tolist() and np.isfinite(p2).all()
+
+
+def test_embeddings_are_the_stateful_scores_inputs(cache):
+    """embed_segments scores as training scored (stateful: the state carried across windows):
+    its probabilities are score_rows' and its embedding is the one long sequence's; with
+    context "window" (no state) the rows past the first window differ."""
+    from alphamodel.embed import embed_segments
+    from alphamodel.model import AlphaModel, ModelConfig
+    from alphamodel.train import score_rows
+
+    d = CacheData.open(cache)
+    torch.manual_seed(0)
+    norm = d.fit_normaliser(np.arange(900))
+    model = AlphaModel(ModelConfig(n_features=len(norm.names), n_horizons=2, **TINY["model"], dropout=0.0)).eval()
+    meta = {"window": 48, "burn_in": 8, "context": "stateful", "eval_piece": 10_000, "eval_warmup": 0}
+    emb, prob = embed_segments(model, norm, d, [1], meta, torch.device("cpu"))[1]
+    n = d.segments[1].n
+    assert emb.shape == (n, TINY["model"]["cfc_hidden"] + TINY["model"]["d_model"]) and prob.shape == (n, 2)
+    _, p, _ = score_rows(model, d, d.segment_rows([1]), norm, TrainConfig(**meta), torch.device("cpu"))
+    assert np.allclose(prob, p, rtol=0, atol=1e-6)
+    bt = d.batch([Window(1, 0, n)], n, norm)
+    with torch.no_grad():
+        ref, _ = model.embedding(torch.from_numpy(bt.x), torch.from_numpy(bt.dt))
+    assert np.allclose(emb, ref.numpy()[0], rtol=0, atol=1e-5)
+    win, _ = embed_segments(model, norm, d, [1], {**meta, "context": "window"}, torch.device("cpu"))[1]
+    assert not np.allclose(win[100:], emb[100:], rtol=0, atol=1e-5)
 
 
 def test_staged_outputs_name_what_they_replace_and_what_an_earlier_run_left(tmp_path):
