@@ -632,14 +632,29 @@ def _first_use() -> bool:
         return False
 
 
+def _keep_or_prune(rel: str, writer: CacheWriter, others: dict[str, list[str]], prune: bool) -> None:
+    """A skipped segment's partition left by an earlier run (``rel``): listed with the earlier
+    partitions (and in ``others["stale"]``, for the note), or with ``prune`` deleted at commit,
+    so that the manifest always lists every partition on disk."""
+    if not (writer.out / rel).is_file():
+        return
+    if prune:
+        others["pruned"].append(rel)
+        writer.drop.append(rel)
+    else:
+        others["earlier"].append(rel)  # the writer's list too: kept at commit
+        others["stale"].append(rel)
+
+
 def _map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None, keep: bool) -> SegmentResult | tuple:
-    """Worker entry: :func:`run_segment`, with a user error returned as a picklable tuple."""
+    """Worker entry: :func:`run_segment`, with a user error returned as a picklable tuple (the
+    segment's partition path last)."""
     try:
         return run_segment(seg, staging, meta, job, pre, keep)
     except InputError as e:
-        return ("input", e.path, e.problem, e.offset, e.record)
+        return ("input", e.path, e.problem, e.offset, e.record, seg.relpath)
     except AlphafeatError as e:
-        return ("error", str(e))
+        return ("error", str(e), seg.relpath)
 
 
 def _dask_client(cfg: PrecomputeConfig) -> object:
@@ -799,6 +814,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     with CacheWriter(cfg.out, prune=cfg.prune) as writer:
         others = writer.others([seg.relpath for seg in plan.segments],
                                {seg.session.isoformat() for seg in plan.segments}, common)  # fmt: skip
+        others["stale"] = []  # earlier partitions of segments skipped in this run (_keep_or_prune)
         earlier = _earlier_manifest(writer.out)
         complete: dict[str, int | None] = {}
         calls = []
@@ -826,6 +842,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                     raise err
                 log.warning("skipping %s", err)
                 summary.skipped.append((Path(err.path), str(err)))
+                _keep_or_prune(res[-1], writer, others, cfg.prune)
                 advance(t_map)
                 continue
             seg = by_rel[res.relpath]
@@ -865,6 +882,11 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             if others[key]:
                 summary.notes.append(what.format(n=len(others[key])) + f": {', '.join(others[key][:5])}"
                                      + (" ..." if len(others[key]) > 5 else ""))  # fmt: skip
+        if others["stale"]:
+            summary.notes.append(f"--on-error skip: {len(others['stale'])} partition(s) of an earlier run kept for "
+                                 "sessions whose input failed in this run (its data is from the input as it was "
+                                 "then; manifest: earlier_partitions; --prune deletes them): "
+                                 f"{', '.join(others['stale'][:5])}")  # fmt: skip
         if n_crossed:
             summary.notes.append(f"{n_crossed:,} snapshot{'s have' if n_crossed > 1 else ' has'} a crossed book "
                                  "(bid above ask, e.g. pre-open): flagged in book_crossed, with NaN labels")

@@ -69,6 +69,32 @@ def test_rerun_skips_unchanged_and_adding_a_later_session_keeps_earlier(sample, 
     assert read_manifest(out)["params"]["horizons"] == [10, 20]
 
 
+def test_on_error_skip_keeps_the_manifest_and_the_files_in_step(sample, tmp_path):
+    """A session whose input was cut after an earlier run: with --on-error skip its earlier
+    partition stays and is listed (earlier_partitions, with a note) so readers of the folder and
+    of the manifest see the same partitions; with --prune it is deleted and listed as pruned."""
+    d = tmp_path / "in"
+    shutil.copytree(sample, d)
+    out = tmp_path / "c"
+    precompute(_cfg(sorted(d.iterdir()), out, "front-month"))
+    book = d / "glbx-mdp3-20240308.mbp-10.dbn.zst"
+    book.write_bytes(book.read_bytes()[:100_000])
+    for prune in (False, True):
+        cfg = _cfg(sorted(d.iterdir()), out, "front-month")
+        cfg.on_error, cfg.prune = "skip", prune
+        s = precompute(cfg)
+        m = read_manifest(out)
+        on_disk = sorted(str(p.relative_to(out)) for p in out.rglob("*.arrow"))
+        assert sorted(m["partitions"]) == on_disk, prune
+        assert [str(p) for p, _ in s.skipped] == [str(book)]
+        day8 = [r for r in on_disk if "2024-03-08" in r]
+        if not prune:
+            assert len(day8) == 1 and m["earlier_partitions"] == day8
+            assert any(n.startswith("--on-error skip: 1 partition(s) of an earlier run kept") for n in s.notes)
+        else:
+            assert not day8 and any("2024-03-08" in r for r in m["pruned"])
+
+
 def test_two_runs_at_once_do_not_corrupt(sample, tmp_path):
     out = tmp_path / "c"
     errors: list[BaseException] = []
