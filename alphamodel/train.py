@@ -690,6 +690,13 @@ def train(
                             "training or test rows")
     for name, why in skipped.items():
         warnings.append(f"baseline {name} skipped: {why}")
+    for f in fold_info:  # a horizon the training rows hold one class of: scores there learned nothing
+        for h in data.horizons:
+            n, pos = f["train"][f"labels_h{h}"], f["train"][f"positives_h{h}"]
+            if pos in (0, n):
+                warnings.append(f"fold {f['fold']} horizon {h}: the training rows hold "
+                                f"{'no' if n == 0 else 'one class of'} label ({n} labels, {pos} up): the model's and "
+                                "the MLP's scores there learned nothing from them")
     for w in warnings:  # in the summary (the CLI prints them once); logged for API callers at info
         log.info("%s", w)
 

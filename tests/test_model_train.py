@@ -420,6 +420,25 @@ def test_one_class_test_block_is_said_not_silent(tmp_path, capsys):
     assert rec and all(r["auc"] is None for r in rec)  # null in JSON, never NaN
 
 
+def test_one_class_training_rows_are_said(tmp_path, capsys):
+    """A horizon whose training rows hold one class (every label up) gets a warning that the
+    scores there learned nothing, though its test block has both classes and an AUC."""
+    root = _write_cache(tmp_path / "c", sessions=3, n=300)
+    p = sorted(root.rglob("*.arrow"))[0]  # the training session
+    t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
+    i = t.column_names.index("label_h5")
+    t = t.set_column(i, "label_h5", pa.array(np.ones(t.num_rows, np.float32)))
+    with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        w.write_table(t)
+    code, err = _run_cli(tmp_path, root, capsys)
+    assert code == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    said = [w for w in s["warnings"] if "horizon 5: the training rows hold one class of label" in w]
+    assert said and "up): the model's and the MLP's scores there learned nothing" in said[0]
+    assert "the training rows hold one class" in " ".join(err.split())
+    assert not any("horizon 1:" in w and "training rows hold" in w for w in s["warnings"])
+
+
 def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_path):
     from alphamodel.model import ModelConfig
 
