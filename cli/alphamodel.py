@@ -85,8 +85,11 @@ def print_summary(s: dict) -> None:
         if r["fold"] == "all" and r["model"] not in models:
             models.append(r["model"])
     folds = len(s["folds"])
+    unit = next((r["bootstrap_unit"] for r in s["evaluation"] if r["fold"] == "all" and r.get("bootstrap_unit")),
+                "session")
     t = Table(title=f"alphamodel train -> {s['out']}: test blocks of {folds} walk-forward fold(s) pooled, "
-                    f"{s['rows']['test_pooled']:,} rows; AUC with its 95% session-bootstrap interval")
+                    f"{s['rows']['test_pooled']:,} rows; AUC with its 95% bootstrap interval, resampling by "
+                    f"{unit}")
     for col in ("horizon", "labels", "up", "model", "AUC", "95% interval", "lift vs best [95%]"):
         t.add_column(col, justify="right")
 
