@@ -815,6 +815,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         others = writer.others([seg.relpath for seg in plan.segments],
                                {seg.session.isoformat() for seg in plan.segments}, common)  # fmt: skip
         others["stale"] = []  # earlier partitions of segments skipped in this run (_keep_or_prune)
+        recomputed: list[str] = []  # partitions on disk whose fingerprint (options, inputs) changed
         earlier = _earlier_manifest(writer.out)
         complete: dict[str, int | None] = {}
         calls = []
@@ -832,6 +833,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 min_rows = min(min_rows, rows)
                 advance(t_map)
             else:
+                if (writer.out / seg.relpath).is_file():
+                    recomputed.append(seg.relpath)
                 calls.append((seg, str(writer.staging), meta, job, pre, keep))
         by_rel = {c[0].relpath: c[0] for c in calls}
         for res in _map(calls, cfg, device):
@@ -882,6 +885,11 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             if others[key]:
                 summary.notes.append(what.format(n=len(others[key])) + f": {', '.join(others[key][:5])}"
                                      + (" ..." if len(others[key]) > 5 else ""))  # fmt: skip
+        recomputed = [r for r in recomputed if r not in others["stale"] + others["pruned"]]  # not the skipped
+        if recomputed:
+            summary.notes.append(f"recomputed {len(recomputed)} partition(s) written earlier with other options or "
+                                 f"inputs (each replaced when this run commits): {', '.join(recomputed[:3])}"
+                                 + (" ..." if len(recomputed) > 3 else ""))  # fmt: skip
         if others["stale"]:
             summary.notes.append(f"--on-error skip: {len(others['stale'])} partition(s) of an earlier run kept for "
                                  "sessions whose input failed in this run (its data is from the input as it was "

@@ -88,7 +88,7 @@ def _precompute(args: argparse.Namespace) -> int:
     t.add_column("", justify="right")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in s.stage_seconds.items())
     for k, v in (("files", f"{s.files}"), ("book records read", f"{s.records:,}"),
-                 ("rows in the cache", f"{s.rows:,}"),
+                 ("rows (this run's sessions)", f"{s.rows:,}"),
                  ("partitions (already current)", f"{len(s.partitions)} ({s.partitions_skipped})"),
                  ("books from .predecoded", f"{s.books_predecoded}"),
                  ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}"),

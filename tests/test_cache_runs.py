@@ -65,7 +65,10 @@ def test_rerun_skips_unchanged_and_adding_a_later_session_keeps_earlier(sample, 
     # a changed parameter invalidates every partition
     cfg = _cfg(sorted(sample.iterdir()), out)
     cfg.horizons = (10, 20)
-    assert precompute(cfg).partitions_skipped == 0
+    s4 = precompute(cfg)
+    assert s4.partitions_skipped == 0
+    assert any(n.startswith(f"recomputed {len(s4.partitions)} partition(s) written earlier") for n in s4.notes)
+    assert not any(n.startswith("recomputed") for n in s3.notes)  # new sessions are not "recomputed"
     assert read_manifest(out)["params"]["horizons"] == [10, 20]
 
 
