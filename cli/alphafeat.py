@@ -20,6 +20,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -105,6 +107,18 @@ def _precompute(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def _remove_if_left_empty(folder: Path, created: bool) -> Iterator[None]:
+    """Remove ``folder`` when the block fails (or is interrupted) and this run created it and
+    left it empty."""
+    try:
+        yield
+    except BaseException:
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
+
+
 def _synth(args: argparse.Namespace) -> int:
     import json
 
@@ -128,7 +142,8 @@ def _synth(args: argparse.Namespace) -> int:
             console.print(f"note: --start {args.start} is a {args.start:%A}: the first session is {first} "
                           "(sessions are weekdays)", soft_wrap=True)
         sessions: list[dict] = []
-        with progress_bar() as progress:
+        created = not Path(out).exists()
+        with progress_bar() as progress, _remove_if_left_empty(Path(out), created):
             task = progress.add_task("sessions", total=args.sessions)
             paths = synth.generate(
                 out, start=args.start, sessions=args.sessions, seed=args.seed, schemas=args.schemas,

@@ -205,3 +205,23 @@ def test_cli_lists_the_signal_files(tmp_path, monkeypatch, capsys) -> None:
     for d in ("20240109", "20240110"):
         assert str(out / f"glbx-mdp3-{d}.mbp-10.dbn.zst") in printed
         assert str(out / f"glbx-mdp3-{d}.signal.arrow") in printed
+
+
+def test_interrupted_synth_leaves_no_empty_folder(tmp_path, monkeypatch, capsys) -> None:
+    """Ctrl-C before the first session file: exit 130 and the --out folder this run made is gone
+    (one made earlier, or holding files, stays)."""
+    from alphafeat import synth
+    from cli.alphafeat import main
+
+    def interrupted(out, **kw):
+        out.mkdir(parents=True, exist_ok=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(synth, "generate", interrupted)
+    out = tmp_path / "new"
+    assert main(["synth", "--start", "2024-01-09", "--out", str(out)]) == 130
+    assert not out.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    assert main(["synth", "--start", "2024-01-09", "--out", str(mine)]) == 130
+    assert mine.is_dir()
