@@ -882,9 +882,10 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                                        "instrument (manifest: replaced)"),
                           ("pruned", "--prune: deleted {n} partition(s) of sessions not in this run (manifest: "
                                      "pruned)")):  # fmt: skip
-            if others[key]:
-                summary.notes.append(what.format(n=len(others[key])) + f": {', '.join(others[key][:5])}"
-                                     + (" ..." if len(others[key]) > 5 else ""))  # fmt: skip
+            listed = [r for r in others[key] if r not in others["stale"]]  # those have a note of their own
+            if listed:
+                summary.notes.append(what.format(n=len(listed)) + f": {', '.join(listed[:5])}"
+                                     + (" ..." if len(listed) > 5 else ""))  # fmt: skip
         recomputed = [r for r in recomputed if r not in others["stale"] + others["pruned"]]  # not the skipped
         if recomputed:
             summary.notes.append(f"recomputed {len(recomputed)} partition(s) written earlier with other options or "

@@ -690,6 +690,11 @@ def train(
                             "training or test rows")
     for name, why in skipped.items():
         warnings.append(f"baseline {name} skipped: {why}")
+    unit = next((r["bootstrap_unit"] for r in evaluation if r.get("bootstrap_unit") not in (None, "session")), None)
+    if unit is not None:
+        warnings.append(f"the 95% intervals resample by {unit}: fewer than 20 test sessions, and rows within a "
+                        "session are dependent (overlapping label horizons, one market day), so the intervals "
+                        "are too narrow; 20+ test sessions give session-level intervals")
     for f in fold_info:  # a horizon the training rows hold one class of: scores there learned nothing
         for h in data.horizons:
             n, pos = f["train"][f"labels_h{h}"], f["train"][f"positives_h{h}"]

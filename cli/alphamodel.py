@@ -184,6 +184,8 @@ def _backtest(args: argparse.Namespace) -> int:
                     "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
     if "ofi_sign" in s["notes"]:
         Console().print(s["notes"]["ofi_sign"])
+    if "model" in s["notes"]:  # --model: whether the walk-forward is out of sample depends on it
+        console.print(f"note: {s['notes']['model']}", soft_wrap=True)
     _say_replaced(out, s)
     return 0
 

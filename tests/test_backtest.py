@@ -298,6 +298,7 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
                      "--policy-steps", "6", "--envs", "8", "--costs", "0,0.5", "--device", "cpu"]) == 0
     s = json.loads((ok / "summary.json").read_text())
     assert "trained on sessions before the first test session" in s["notes"]["model"]
+    assert "one encoder for every fold" in " ".join(capsys.readouterr().err.split())  # said, not only in the file
     assert {(r["fold"], r["cost_ticks"]) for r in s["results"]} == {(0, 0.0), (0, 0.5), (1, 0.0), (1, 0.5)}
     capsys.readouterr()
     noimb = _hand_cache(tmp_path / "noimb", drop=("imbalance_l1",))

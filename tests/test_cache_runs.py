@@ -94,6 +94,7 @@ def test_on_error_skip_keeps_the_manifest_and_the_files_in_step(sample, tmp_path
         if not prune:
             assert len(day8) == 1 and m["earlier_partitions"] == day8
             assert any(n.startswith("--on-error skip: 1 partition(s) of an earlier run kept") for n in s.notes)
+            assert not any("of sessions not in this run" in n for n in s.notes)  # its session is in this run
         else:
             assert not day8 and any("2024-03-08" in r for r in m["pruned"])
 

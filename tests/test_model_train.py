@@ -458,6 +458,9 @@ def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_
             assert r["auc_ci_low"] <= r["auc"] <= r["auc_ci_high"]
     base = [r for r in ev if r["model"] == "base_rate" and r["fold"] == "all"]
     assert all(r["auc"] == pytest.approx(0.5) for r in base)  # a constant score: the floor
+    # one test session: the bootstrap resamples its parts, and the summary says what that means
+    assert any(w.startswith("the 95% intervals resample by session part") and "too narrow" in w
+               for w in s["warnings"])
     b = s["folds"][0]
     assert len(s["folds"]) == 1 and any(w.startswith(f"folds: {tc.folds} asked, 1 made") for w in s["warnings"])
     assert b["test"]["sessions"] == 1 and b["train"]["rows"] == 900 and b["test"][f"positives_h{HORIZONS[0]}"] > 0
