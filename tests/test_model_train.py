@@ -401,11 +401,11 @@ def test_loss_going_nan_stops_with_its_step(tmp_path, capsys):
     assert "loss is nan at step 2" in err and "last finite loss" in err and "at step 1" in err
 
 
-def test_one_class_test_block_is_said_not_silent(tmp_path, capsys):
-    """A horizon whose test block holds one class has no AUC: the summary says so in `warnings`
-    and the command prints it (no NaN hidden in a table)."""
+def _train_with_label_h5_all_up(tmp_path, capsys, session: int) -> tuple[dict, str]:
+    """Train (CLI) on a 3-session cache whose session ``session`` has every h=5 label up;
+    returns the summary and stderr."""
     root = _write_cache(tmp_path / "c", sessions=3, n=300)
-    p = sorted(root.rglob("*.arrow"))[-1]  # the test session
+    p = sorted(root.rglob("*.arrow"))[session]
     t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
     i = t.column_names.index("label_h5")
     t = t.set_column(i, "label_h5", pa.array(np.ones(t.num_rows, np.float32)))
@@ -413,7 +413,13 @@ def test_one_class_test_block_is_said_not_silent(tmp_path, capsys):
         w.write_table(t)
     code, err = _run_cli(tmp_path, root, capsys)
     assert code == 0
-    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    return json.loads((tmp_path / "o" / "summary.json").read_text()), err
+
+
+def test_one_class_test_block_is_said_not_silent(tmp_path, capsys):
+    """A horizon whose test block holds one class has no AUC: the summary says so in `warnings`
+    and the command prints it (no NaN hidden in a table)."""
+    s, err = _train_with_label_h5_all_up(tmp_path, capsys, session=-1)  # the test session
     assert any("horizon 5: no AUC for the model" in w for w in s["warnings"])
     assert "horizon 5: no AUC for the model" in err.replace("\n", " ")
     rec = [r for r in s["evaluation"] if r["model"] == "alphamodel" and r["horizon"] == 5]
@@ -423,16 +429,7 @@ def test_one_class_test_block_is_said_not_silent(tmp_path, capsys):
 def test_one_class_training_rows_are_said(tmp_path, capsys):
     """A horizon whose training rows hold one class (every label up) gets a warning that the
     scores there learned nothing, though its test block has both classes and an AUC."""
-    root = _write_cache(tmp_path / "c", sessions=3, n=300)
-    p = sorted(root.rglob("*.arrow"))[0]  # the training session
-    t = pa.ipc.open_file(pa.BufferReader(p.read_bytes())).read_all()
-    i = t.column_names.index("label_h5")
-    t = t.set_column(i, "label_h5", pa.array(np.ones(t.num_rows, np.float32)))
-    with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
-        w.write_table(t)
-    code, err = _run_cli(tmp_path, root, capsys)
-    assert code == 0
-    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    s, err = _train_with_label_h5_all_up(tmp_path, capsys, session=0)  # the training session
     said = [w for w in s["warnings"] if "horizon 5: the training rows hold one class of label" in w]
     assert said and "up): the model's and the MLP's scores there learned nothing" in said[0]
     assert "the training rows hold one class" in " ".join(err.split())
