@@ -535,8 +535,8 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
     folds = fold_sessions(starts, ends, folds_n, cfg.embargo)
     if given is not None:
         check_model_inputs(data, given[1], str(model_dir))
-        notes["model"] = (f"{model_dir}: one encoder for every fold; the walk-forward is out of sample only if it "
-                          "was trained on sessions before the first test session")
+        notes["model"] = _given_model_note(str(model_dir), given[2].get("sessions_seen"),
+                                           [{data.segments[int(k)].session for k in te} for _, te in folds])
     out = Path(out)
     with staged_outputs(out) as st:
         summary = _run(data, market, rows, folds, given, cfg, device, st.dir, notes, progress)
@@ -728,6 +728,21 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             "plots": plots, "notes": {**_standing_notes(cfg), **notes}, "config": _cfg_dict(cfg),
             "columns": list(RESULT_COLUMNS), "tick_value_usd": market.tick_value,
             "direction_horizon": data.horizons[h_pick]}
+
+
+def _given_model_note(model_dir: str, seen: list[str] | None, tests: list[set[str]]) -> str:
+    """The note on a given ``--model``: which folds test on sessions it trained or early-stopped on
+    (``seen``: its config's ``sessions_seen``; ``tests``: each fold's test sessions)."""
+    if seen is None:  # a model saved before the sessions were recorded
+        return (f"{model_dir}: one encoder for every fold; the walk-forward is out of sample only if it was "
+                "trained on sessions before the first test session (this model does not record its sessions)")
+    inside = [(k, sorted(t & set(seen))) for k, t in enumerate(tests) if t & set(seen)]
+    if not inside:
+        return (f"{model_dir}: one encoder for every fold, trained on {len(seen)} session(s) up to {max(seen)}, "
+                "none of them a test session: out of sample")
+    return (f"{model_dir}: one encoder for every fold; it trained or early-stopped on test sessions of fold(s) "
+            f"{', '.join(str(k) for k, _ in inside)} ({', '.join(s for _, ss in inside for s in ss)}): those "
+            "folds are in sample, their results flattered")
 
 
 def _standing_notes(cfg: BacktestConfig) -> dict:

@@ -100,7 +100,8 @@ def write_embeddings(cache: str | os.PathLike[str], model_dir: str | os.PathLike
                 w.write_table(table)
         (tmp / "_embeddings.json").write_text(json.dumps({
             "cache": str(cache.resolve()), "model": str(Path(model_dir).resolve()), "dim": int(emb.shape[1]),
-            "horizons": data.horizons, "layout": "emb = concat(CfC state, Mamba2 output) at the row"}, indent=1))
+            "horizons": data.horizons, "layout": "emb = concat(CfC state, Mamba2 output) at the row",
+            "model_sessions_seen": meta.get("sessions_seen")}, indent=1))  # trained / early-stopped on
         tmp.rename(out)
     finally:
         if tmp.exists():

@@ -723,6 +723,8 @@ def train(
         "model": dataclasses.asdict(mc), "train": dataclasses.asdict(tc),
         "horizons": data.horizons, "features": norm.names, "normaliser": norm.to_dict(),
         "tick_size": data.tick, "cache": str(Path(cache).resolve()), "fold": folds[-1].index,
+        # what the saved (last fold's) model trained and early-stopped on: a backtest with it checks these
+        "sessions_seen": data.sessions_of(np.concatenate([folds[-1].train, folds[-1].val])),
         "sources": "Mamba2/SSD: Dao & Gu 2024; CfC: Hasani et al. 2022; purged walk-forward: AFML ch. 7, 12",
     }
     with staged_outputs(out) as st:

@@ -290,6 +290,8 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
     tab = pa.ipc.open_file(str(emb / "root=ES/session=2024-03-04/ESH4.arrow")).read_all()
     assert tab.num_rows == 400 and "emb_023" in tab.column_names and "p_h5" in tab.column_names
     assert np.isfinite(tab.column("emb_000").to_numpy()).all()
+    seen = json.loads((emb / "_embeddings.json").read_text())["model_sessions_seen"]
+    assert seen and seen == json.loads((mdir / "config.json").read_text())["sessions_seen"]
     assert "exists" in _one_error(capsys, ["embed", str(good), "--model", str(mdir)])
     capsys.readouterr()
     # a given model serves every fold (its embeddings computed once); the summary says it must predate the tests
@@ -297,8 +299,10 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
     assert cli_main(["backtest", "--cache", str(good), "--model", str(mdir), "--out", str(ok), "-q", "--stride", "50",
                      "--policy-steps", "6", "--envs", "8", "--costs", "0,0.5", "--device", "cpu"]) == 0
     s = json.loads((ok / "summary.json").read_text())
-    assert "trained on sessions before the first test session" in s["notes"]["model"]
-    assert "one encoder for every fold" in " ".join(capsys.readouterr().err.split())  # said, not only in the file
+    # the model trained and early-stopped on this cache's early sessions: the folds testing on them are named
+    assert "it trained or early-stopped on test sessions of fold(s) 0 (" in s["notes"]["model"]
+    assert "those folds are in sample" in " ".join(capsys.readouterr().err.split())  # said, not only in the file
+
     assert {(r["fold"], r["cost_ticks"]) for r in s["results"]} == {(0, 0.0), (0, 0.5), (1, 0.0), (1, 0.5)}
     capsys.readouterr()
     noimb = _hand_cache(tmp_path / "noimb", drop=("imbalance_l1",))
@@ -309,6 +313,16 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
     (mdir / "config.json").write_text(json.dumps(cfg))
     assert "do not match" in _one_error(capsys, base + ["--model", str(mdir)])
     assert not out.exists()  # nothing written, not even the directory
+
+
+def test_given_model_note_names_the_folds_it_saw():
+    from alphamodel.backtest import _given_model_note
+
+    tests = [{"2024-03-05"}, {"2024-03-06", "2024-03-07"}]
+    assert "out of sample" in _given_model_note("m", ["2024-03-01", "2024-03-04"], tests)
+    inside = _given_model_note("m", ["2024-03-04", "2024-03-06"], tests)
+    assert "fold(s) 1 (2024-03-06)" in inside and "in sample" in inside
+    assert "does not record its sessions" in _given_model_note("m", None, tests)
 
 
 # ---- the CLI end to end on the embedded default sample ----------------------------------------------
