@@ -196,12 +196,13 @@ class AlphaModel(nn.Module):
         seq, _, after = self._run(x, dt, mask, state)
         return seq, after
 
-    def head_logits(self, seq: torch.Tensor, x: torch.Tensor, state: ModelState | None = None,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, K, H) float32 from an :meth:`embedding` ``seq`` of the window ``x`` (B, K, F)
-        (``state``, ``mask``: those the embedding was computed with; no dropout)."""
-        wide, _ = self.inputs(x, state, mask)
-        return self.heads(torch.cat([seq, wide.to(seq.dtype)], dim=-1)).float()
+    def scores(self, x: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None = None,
+               state: ModelState | None = None) -> tuple[torch.Tensor, torch.Tensor, ModelState]:
+        """Forward-only scoring in one pass: the logits (B, K, H) float32 of :meth:`forward`
+        without dropout, the :meth:`embedding` they read, and the state after the window
+        (arguments as in :meth:`forward`)."""
+        seq, wide, after = self._run(x, dt, mask, state)
+        return self.heads(torch.cat([seq, wide.to(seq.dtype)], dim=-1)).float(), seq, after
 
     def _run(self, x: torch.Tensor, dt: torch.Tensor, mask: torch.Tensor | None, state: ModelState | None
              ) -> tuple[torch.Tensor, torch.Tensor, ModelState]:

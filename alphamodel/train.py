@@ -264,8 +264,7 @@ def score_rows(model: AlphaModel, data: CacheData, rows: np.ndarray, norm: Norma
     def run(b: Batch, state: ModelState | None) -> ModelState:
         x, dt, _, _, real = _to(b, device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            seq, new = model.embedding(x, dt, real, state)
-            logits = model.head_logits(seq, x, state, real)
+            logits, seq, new = model.scores(x, dt, real, state)
         m = b.mask
         out_r.append(b.rows[m])
         out_p.append(logits.float().cpu().numpy()[m])

@@ -123,9 +123,10 @@ def test_model_with_bank_stateful_windows_equal_one_long_window_and_padding_is_n
     # reset zeroes the bank's state of the chosen streams only
     r = st_whole.reset(torch.tensor([True, False, False]))
     assert (r.ema[0] == 0).all() and torch.equal(r.ema[1:], st_whole.ema[1:])
-    # head_logits from an embedding gives the forward's logits
-    seq, _ = m.embedding(x, dt)
-    assert torch.allclose(m.head_logits(seq, x), whole, atol=1e-6)
+    # scores: the forward's logits and the embedding they read, in one pass
+    logits, seq, _ = m.scores(x, dt)
+    assert torch.allclose(logits, whole, atol=1e-6)
+    assert torch.allclose(seq, m.embedding(x, dt)[0], rtol=0, atol=0)
 
 
 def test_ema_rows_config_is_checked():
