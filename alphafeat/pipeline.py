@@ -634,16 +634,16 @@ def _first_use() -> bool:
 
 def _keep_or_prune(rel: str, writer: CacheWriter, others: dict[str, list[str]], prune: bool) -> None:
     """A skipped segment's partition left by an earlier run (``rel``): listed with the earlier
-    partitions (and in ``others["stale"]``, for the note), or with ``prune`` deleted at commit,
-    so that the manifest always lists every partition on disk."""
+    partitions, or with ``prune`` deleted at commit, so that the manifest always lists every
+    partition on disk; ``others["skipped"]`` names it for its own note."""
     if not (writer.out / rel).is_file():
         return
+    others["skipped"].append(rel)
     if prune:
         others["pruned"].append(rel)
         writer.drop.append(rel)
     else:
         others["earlier"].append(rel)  # the writer's list too: kept at commit
-        others["stale"].append(rel)
 
 
 def _map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None, keep: bool) -> SegmentResult | tuple:
@@ -814,7 +814,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     with CacheWriter(cfg.out, prune=cfg.prune) as writer:
         others = writer.others([seg.relpath for seg in plan.segments],
                                {seg.session.isoformat() for seg in plan.segments}, common)  # fmt: skip
-        others["stale"] = []  # earlier partitions of segments skipped in this run (_keep_or_prune)
+        others["skipped"] = []  # earlier partitions of segments skipped in this run (_keep_or_prune)
         recomputed: list[str] = []  # partitions on disk whose fingerprint (options, inputs) changed
         earlier = _earlier_manifest(writer.out)
         complete: dict[str, int | None] = {}
@@ -882,20 +882,21 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                                        "instrument (manifest: replaced)"),
                           ("pruned", "--prune: deleted {n} partition(s) of sessions not in this run (manifest: "
                                      "pruned)")):  # fmt: skip
-            listed = [r for r in others[key] if r not in others["stale"]]  # those have a note of their own
+            listed = [r for r in others[key] if r not in others["skipped"]]  # those have a note of their own
             if listed:
                 summary.notes.append(what.format(n=len(listed)) + f": {', '.join(listed[:5])}"
                                      + (" ..." if len(listed) > 5 else ""))  # fmt: skip
-        recomputed = [r for r in recomputed if r not in others["stale"] + others["pruned"]]  # not the skipped
+        recomputed = [r for r in recomputed if r not in others["skipped"]]
         if recomputed:
             summary.notes.append(f"recomputed {len(recomputed)} partition(s) written earlier with other options or "
                                  f"inputs (each replaced when this run commits): {', '.join(recomputed[:3])}"
                                  + (" ..." if len(recomputed) > 3 else ""))  # fmt: skip
-        if others["stale"]:
-            summary.notes.append(f"--on-error skip: {len(others['stale'])} partition(s) of an earlier run kept for "
-                                 "sessions whose input failed in this run (its data is from the input as it was "
-                                 "then; manifest: earlier_partitions; --prune deletes them): "
-                                 f"{', '.join(others['stale'][:5])}")  # fmt: skip
+        if others["skipped"]:
+            fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
+                    "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip
+            summary.notes.append(f"--on-error skip: {len(others['skipped'])} partition(s) of an earlier run for "
+                                 f"sessions whose input failed in this run {fate}: "
+                                 f"{', '.join(others['skipped'][:5])}")  # fmt: skip
         if n_crossed:
             summary.notes.append(f"{n_crossed:,} snapshot{'s have' if n_crossed > 1 else ' has'} a crossed book "
                                  "(bid above ask, e.g. pre-open): flagged in book_crossed, with NaN labels")

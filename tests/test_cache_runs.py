@@ -93,10 +93,12 @@ def test_on_error_skip_keeps_the_manifest_and_the_files_in_step(sample, tmp_path
         day8 = [r for r in on_disk if "2024-03-08" in r]
         if not prune:
             assert len(day8) == 1 and m["earlier_partitions"] == day8
-            assert any(n.startswith("--on-error skip: 1 partition(s) of an earlier run kept") for n in s.notes)
-            assert not any("of sessions not in this run" in n for n in s.notes)  # its session is in this run
+            assert any(n.startswith("--on-error skip: 1 partition(s) of an earlier run") and " kept, " in n
+                       for n in s.notes)
         else:
             assert not day8 and any("2024-03-08" in r for r in m["pruned"])
+            assert any(n.startswith("--on-error skip: 1 partition(s)") and "deleted (--prune" in n for n in s.notes)
+        assert not any("of sessions not in this run" in n for n in s.notes)  # its session is in this run
 
 
 def test_two_runs_at_once_do_not_corrupt(sample, tmp_path):
