@@ -335,7 +335,7 @@ class _EncoderObs(torch.nn.Module):
 
     def forward(self, rows: torch.Tensor, pos: torch.Tensor, fee: torch.Tensor) -> torch.Tensor:
         r = rows.cpu().numpy()
-        seg = np.searchsorted(self.data.offsets, r, side="right") - 1
+        seg = self.data.segment_of(r)
         local = r - self.data.offsets[seg]
         wins = [Window(int(s), int(max(0, i - self.window + 1)), int(i) + 1) for s, i in zip(seg, local)]
         b = self.data.batch(wins, self.window, self.norm)

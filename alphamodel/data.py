@@ -326,10 +326,13 @@ class CacheData:
         cut = np.searchsorted(rows, self.offsets)
         return [rows[cut[k] : cut[k + 1]] - self.offsets[k] for k in range(len(self.segments))]
 
+    def segment_of(self, rows: np.ndarray) -> np.ndarray:
+        """The segment index, int64, of each global row id in ``rows``."""
+        return np.searchsorted(self.offsets, np.asarray(rows, np.int64), side="right") - 1
+
     def sessions_of(self, rows: np.ndarray) -> list[str]:
         """The sorted distinct trading sessions (ISO dates) of the global row ids ``rows``."""
-        segs = np.unique(np.searchsorted(self.offsets, np.asarray(rows, np.int64), side="right") - 1)
-        return sorted({self.segments[int(k)].session for k in segs})
+        return sorted({self.segments[int(k)].session for k in np.unique(self.segment_of(rows))})
 
     def segment_rows(self, segs: Iterable[int], drop_last: int = 0) -> np.ndarray:
         """Global row ids, int64, of the segments ``segs`` (in that order), each segment's last

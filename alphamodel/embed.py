@@ -51,7 +51,7 @@ def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: l
 
     rows, probs, _, emb = score_rows(model, data, data.segment_rows(segs), norm, scoring_config(train_meta),
                                      device, embeddings=True)
-    seg_of = np.searchsorted(data.offsets, rows, side="right") - 1
+    seg_of = data.segment_of(rows)
     return {k: (emb[seg_of == k], probs[seg_of == k]) for k in segs}
 
 
