@@ -37,7 +37,7 @@ import pyarrow.compute  # noqa: F401 (pa.compute)
 import alphafeat
 from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
-from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out
+from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, partition_metadata
 from alphafeat.dbn import file_identity
 from alphafeat.errors import AlphafeatError, DataError, InputError, UsageError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
@@ -553,9 +553,7 @@ class SegmentColumns:
         self._wait(0)
         self._worker.shutdown()
         t0 = time.perf_counter()
-        labels = self.labels.finish(c["_mid"], c["ts_recv"], c.get("_w"))
-        if self.job.horizons_s:
-            labels.update(direction_labels_seconds(c["_mid"], c["ts_recv"], self.job.horizons_s))
+        labels = _finish_labels(self.labels, c["_mid"], c["ts_recv"], c.get("_w"), self.job)
         seconds["features"] = seconds.get("features", 0.0) + self.seconds["features"] + self.seconds["store"]
         seconds["labels"] = self.seconds["labels"] + time.perf_counter() - t0
         ts = pa.timestamp("ns", tz="UTC")
@@ -569,12 +567,66 @@ class SegmentColumns:
             if k not in cols:
                 cols[k] = pa.array(c[k])
         del c
-        for k, v in labels.items():
-            if k.startswith("t1_") or k == "tb_t1":
-                cols[k] = pa.array(v, ts, mask=v < 0)  # null where unknown
-            else:
-                cols[k] = pa.array(v)
+        cols.update(_label_arrays(labels))
         return pa.table(cols), self.crossed
+
+
+def _finish_labels(stream: LabelStream, mid: np.ndarray, ts: np.ndarray, w: np.ndarray | None,
+                   job: Job) -> dict[str, np.ndarray]:
+    """The segment's labels: the rest of ``stream``'s (rows), then those in seconds."""
+    labels = stream.finish(mid, ts, w)
+    if job.horizons_s:
+        labels.update(direction_labels_seconds(mid, ts, job.horizons_s))
+    return labels
+
+
+def _is_label(name: str) -> bool:
+    """Whether a cache column is a label column (``label_*``, ``t1_*``, ``tb_*``)."""
+    return name.startswith(("label_", "t1_", "tb_"))
+
+
+def _label_arrays(labels: dict[str, np.ndarray]) -> dict[str, pa.Array]:
+    """The label columns as Arrow arrays: end times as UTC timestamps, null where unknown (< 0)."""
+    ts = pa.timestamp("ns", tz="UTC")
+    return {k: pa.array(v, ts, mask=v < 0) if k.startswith("t1_") or k == "tb_t1" else pa.array(v)
+            for k, v in labels.items()}  # fmt: skip
+
+
+#: Options that change only the label columns of a partition (a rerun that changes only these
+#: relabels the partitions on disk: :func:`relabel_table`); the compression is rewritten too.
+LABEL_OPTIONS = ("horizons", "horizons_s", "barrier", "barrier_horizon", "compression")
+
+
+def features_key(meta: dict) -> str:
+    """What a partition's features were computed from: its schema metadata without the label
+    options, label columns and fingerprint (JSON text; equal keys: the same non-label bytes)."""
+    m = {k: v for k, v in meta.items() if k not in ("fingerprint", "columns", "params")}
+    m["params"] = {k: v for k, v in meta["params"].items() if k not in LABEL_OPTIONS}
+    m["columns"] = [c for c in meta["columns"] if not _is_label(c["name"])]
+    return json.dumps(m, sort_keys=True)
+
+
+def can_relabel(job: Job) -> bool:
+    """Whether labels can be recomputed from a partition's own columns: the mid from
+    ``bid_px_00``/``ask_px_00``/``book_crossed`` (stored in float64, so bit-identical), and a
+    triple barrier only of fixed width (a ``vol`` barrier reads a feature the cache may not hold)."""
+    return job.book_levels >= 1 and (not job.barrier or validate_barrier(job.barrier).kind == "ticks")
+
+
+def relabel_table(table: pa.Table, job: Job) -> pa.Table:
+    """``table`` (a partition) with its label columns recomputed for ``job``'s label options
+    from its own mid and ``ts_recv``: the same values and columns as computing the segment
+    afresh (``tests/test_pipeline_relabel.py``); the other columns are kept as they are.
+    Requires :func:`can_relabel`."""
+    n = table.num_rows
+    x = table.column("book_crossed").to_numpy()
+    mid = np.where(x, np.nan, 0.5 * (table.column("bid_px_00").to_numpy() + table.column("ask_px_00").to_numpy()))
+    ts = table.column("ts_recv").cast(pa.int64()).to_numpy().copy()  # writable: the cold path's kernel types
+    w = _barrier_widths(mid, None, validate_barrier(job.barrier), job) if job.barrier else None
+    labels = _finish_labels(LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, n), mid, ts, w,
+                            job)  # fmt: skip
+    kept = {k: table.column(k) for k in table.column_names if not _is_label(k)}
+    return pa.table({**kept, **_label_arrays(labels)})
 
 
 #: Rows of one push of the CPU features (:meth:`SegmentColumns.add`): their float64 result
@@ -646,11 +698,12 @@ def _keep_or_prune(rel: str, writer: CacheWriter, others: dict[str, list[str]], 
         others["earlier"].append(rel)  # the writer's list too: kept at commit
 
 
-def _map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None, keep: bool) -> SegmentResult | tuple:
+def _map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None, keep: bool,
+             relabel: str | None) -> SegmentResult | tuple:
     """Worker entry: :func:`run_segment`, with a user error returned as a picklable tuple (the
     segment's partition path last)."""
     try:
-        return run_segment(seg, staging, meta, job, pre, keep)
+        return run_segment(seg, staging, meta, job, pre, keep, relabel)
     except InputError as e:
         return ("input", e.path, e.problem, e.offset, e.record, seg.relpath)
     except AlphafeatError as e:
@@ -816,6 +869,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                                {seg.session.isoformat() for seg in plan.segments}, common)  # fmt: skip
         others["skipped"] = []  # earlier partitions of segments skipped in this run (_keep_or_prune)
         recomputed: list[str] = []  # partitions on disk whose fingerprint (options, inputs) changed
+        relabelled: list[str] = []  # ... of which only the label options changed: labels recomputed
         earlier = _earlier_manifest(writer.out)
         complete: dict[str, int | None] = {}
         calls = []
@@ -833,9 +887,15 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 min_rows = min(min_rows, rows)
                 advance(t_map)
             else:
+                relabel = None
                 if (writer.out / seg.relpath).is_file():
-                    recomputed.append(seg.relpath)
-                calls.append((seg, str(writer.staging), meta, job, pre, keep))
+                    old = partition_metadata(writer.out / seg.relpath)
+                    same = old is not None and features_key(old) == features_key(json.loads(json.dumps(meta)))
+                    if same and can_relabel(job):  # (json: the key as the file holds it)
+                        relabel = str(writer.out / seg.relpath)
+                    else:
+                        recomputed.append(seg.relpath)
+                calls.append((seg, str(writer.staging), meta, job, pre, keep, relabel))
         by_rel = {c[0].relpath: c[0] for c in calls}
         for res in _map(calls, cfg, device):
             if isinstance(res, tuple):
@@ -849,6 +909,10 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 advance(t_map)
                 continue
             seg = by_rel[res.relpath]
+            if res.relabelled:
+                relabelled.append(res.relpath)
+                if res.relpath in earlier.get("book_complete_from", {}):
+                    complete[res.relpath] = earlier["book_complete_from"][res.relpath]
             summary.records += res.records
             summary.notes += res.notes
             summary.books_predecoded += res.predecoded
@@ -891,6 +955,10 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             summary.notes.append(f"recomputed {len(recomputed)} partition(s) written earlier with other options or "
                                  f"inputs (each replaced when this run commits): {', '.join(recomputed[:3])}"
                                  + (" ..." if len(recomputed) > 3 else ""))  # fmt: skip
+        if relabelled:
+            summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label options: "
+                                 "their book columns and features kept, labels recomputed from their mid: "
+                                 f"{', '.join(relabelled[:3])}" + (" ..." if len(relabelled) > 3 else ""))  # fmt: skip
         if others["skipped"]:
             fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
                     "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip

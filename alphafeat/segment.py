@@ -93,6 +93,8 @@ class SegmentResult:
         with ``book_complete`` False).
     complete_ts : int or None
         ``ts_recv`` of that row (None: no row of the session is trustworthy, or a snapshot).
+    relabelled : bool
+        Whether only the labels were recomputed, from a partition written earlier.
     """
 
     relpath: str
@@ -105,6 +107,7 @@ class SegmentResult:
     notes: list[str] = field(default_factory=list)
     complete_from: int = -1
     complete_ts: int | None = None
+    relabelled: bool = False
 
 
 def _prefetch(it: Iterable, depth: int = 2) -> Iterator:
@@ -446,7 +449,8 @@ def _slices(b: BookArrays) -> Iterator[tuple[BookArrays, bool]]:
 
 
 def run_segment(
-    seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None, keep: bool = False
+    seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None, keep: bool = False,
+    relabel: str | None = None,
 ) -> SegmentResult:
     """Compute one segment and write its partition to ``staging/seg.relpath``.
 
@@ -471,6 +475,10 @@ def run_segment(
         reads none.
     keep : bool
         Keep this segment's book there when it has to be built.
+    relabel : str or None
+        A partition of this segment written earlier with other label options only
+        (:func:`alphafeat.pipeline.features_key`): its columns are kept and only its labels are
+        recomputed (:func:`alphafeat.pipeline.relabel_table`); no input file is read.
 
     Returns
     -------
@@ -483,7 +491,10 @@ def run_segment(
     """
     res = SegmentResult(seg.relpath)
     try:
-        _map_segment(seg, staging, meta, job, predecoded_dir, keep, res)
+        if relabel:
+            _relabel_segment(seg, staging, meta, job, relabel, res)
+        else:
+            _map_segment(seg, staging, meta, job, predecoded_dir, keep, res)
     finally:
         res.peak_rss = peak_rss()
     return res
@@ -549,6 +560,27 @@ def _map_segment(
     write_partition(Path(staging) / seg.relpath, table, meta, job.compression)
     res.rows = table.num_rows
     res.seconds["write"] = time.perf_counter() - t1
+
+
+def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: str, res: SegmentResult) -> None:
+    """The body of :func:`run_segment` for ``relabel``: read the partition ``src``, recompute its
+    labels, write it to staging; fills ``res`` (``relabelled``, ``rows``, ``crossed``)."""
+    import pyarrow as pa
+
+    from alphafeat.pipeline import relabel_table
+
+    t0 = time.perf_counter()
+    with pa.memory_map(src) as f:
+        table = pa.ipc.open_file(f).read_all()
+    res.seconds["book"] = time.perf_counter() - t0  # the stored book columns and features, read back
+    t1 = time.perf_counter()
+    table = relabel_table(table, job)
+    res.seconds["labels"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    write_partition(Path(staging) / seg.relpath, table, meta, job.compression)
+    res.seconds["write"] = time.perf_counter() - t1
+    res.rows, res.relabelled = table.num_rows, True
+    res.crossed = int(table.column("book_crossed").to_numpy().sum())
 
 
 def _row_bound(seg: Segment, kept: Path | None) -> int:

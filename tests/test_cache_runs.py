@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -62,9 +63,10 @@ def test_rerun_skips_unchanged_and_adding_a_later_session_keeps_earlier(sample, 
     fresh = tmp_path / "fresh"
     precompute(_cfg(sorted(sample.iterdir()), fresh))
     assert _files(out) == _files(fresh)
-    # a changed parameter invalidates every partition
+    # a changed feature parameter invalidates every partition (labels only: relabelled, below)
     cfg = _cfg(sorted(sample.iterdir()), out)
     cfg.horizons = (10, 20)
+    cfg.features = dataclasses.replace(cfg.features, ofi_levels=3)
     s4 = precompute(cfg)
     assert s4.partitions_skipped == 0
     assert any(n.startswith(f"recomputed {len(s4.partitions)} partition(s) written earlier") for n in s4.notes)
@@ -150,3 +152,30 @@ def test_killed_run_then_rerun_equals_uninterrupted(sample, tmp_path):
     assert _files(out) == _files(ref)
     assert compare(out, ref)["mismatches"] == []
     assert not list(out.glob(".staging-*"))
+
+
+def _arrow(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.arrow"))
+            if not any(q.name.startswith(".") for q in p.relative_to(root).parents)}
+
+
+def test_rerun_with_other_label_options_relabels_to_the_same_bytes(sample, tmp_path):
+    """Only label options changed: the partitions' labels are recomputed from their own mid
+    (no input read), and the files equal a fresh run's byte for byte; a feature or a vol
+    barrier change computes afresh."""
+    days = sorted(p for p in sample.iterdir() if "20240308" not in p.name)
+    out, fresh = tmp_path / "c", tmp_path / "fresh"
+    precompute(_cfg(days, out))
+    other = {"horizons": (50, 500, 6000), "horizons_s": (5.0,), "barrier": "ticks:6", "barrier_horizon": 300,
+             "compression": "zstd"}  # fmt: skip
+    s = precompute(dataclasses.replace(_cfg(days, out), **other))
+    assert s.records == 0 and len(s.partitions) > 0
+    assert any(n.startswith(f"relabelled {len(s.partitions)} partition(s)") for n in s.notes), s.notes
+    assert not any(n.startswith("recomputed") for n in s.notes)
+    precompute(dataclasses.replace(_cfg(days, fresh), **other))
+    assert _arrow(out) == _arrow(fresh)
+    assert read_manifest(out)["params"]["horizons"] == [50, 500, 6000]
+    for change in ({"barrier": "vol:2"}, {"features": dataclasses.replace(_cfg(days, out).features, ofi_levels=3)}):
+        s = precompute(dataclasses.replace(_cfg(days, out), **{**other, **change}))
+        assert s.records > 0 and not any(n.startswith("relabelled") for n in s.notes), change
+        assert any(n.startswith("recomputed") for n in s.notes)

@@ -6,7 +6,7 @@
   sample with its trades files; the real ESH4 MBO file).
 * Default output: float32 features (index-point ones float64), at most 256 bytes a row.
 * ``compression`` lz4 / zstd caches read back equal; a Dask LocalCluster writes the same bytes.
-* Kept books: a rerun with other horizons loads every book and gives the same columns.
+* Kept books: a rerun with other features and horizons loads every book and gives the same columns.
 * Bad options through the CLI: exit status, one error line naming the option, no traceback.
 * A segment whose file is gone when the worker runs: an InputError saying so.
 """
@@ -267,17 +267,17 @@ def test_dask_local_cluster_writes_the_same_bytes(default_cache, data, tmp_path)
 # --------------------------------------------------------------------------------------
 
 
-def test_kept_books_rerun_with_other_horizons(data, tmp_path):
+def test_kept_books_rerun_with_other_features(data, tmp_path):
     out = tmp_path / "kept" / "cache"
     s1 = precompute(_cfg([data], out, keep_books="keep", horizons=(30,)))
     assert s1.books_predecoded == 0 and s1.records > 0
     books = [d for d in (tmp_path / "kept" / ".predecoded" / "book").iterdir() if (d / "book.json").is_file()]
     assert len(books) == len(s1.schedule) == 3
-    s2 = precompute(_cfg([data], out, keep_books="keep", horizons=(100, 300)))
+    s2 = precompute(_cfg([data], out, keep_books="keep", horizons=(100, 300), feature_set="default,flow"))
     assert s2.books_predecoded == len(s2.schedule) == 3
     assert s2.records == 0 and s2.partitions_skipped == 0
     fresh = tmp_path / "fresh" / "cache"
-    s3 = precompute(_cfg([data], fresh, keep_books="none", horizons=(100, 300)))
+    s3 = precompute(_cfg([data], fresh, keep_books="none", horizons=(100, 300), feature_set="default,flow"))
     assert s3.books_predecoded == 0 and s3.rows == s2.rows
     assert not (tmp_path / "fresh" / ".predecoded" / "book").exists()
     for p in _partitions(fresh):
