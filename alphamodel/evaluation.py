@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from alphafeat.splits import purge
@@ -118,21 +119,44 @@ def session_groups(sessions: np.ndarray, min_groups: int = 20) -> tuple[np.ndarr
     return gid, f"session part (each of {starts.size} sessions cut in {parts})"
 
 
-def _weighted_pairs(order: np.ndarray, tie_start: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
-    """``(concordant pairs + half the tied ones, all positive-negative pairs)``, weighted by ``w``."""
-    wp, wn = (w * y)[order], (w * (1 - y))[order]
-    gp, gn = np.add.reduceat(wp, tie_start), np.add.reduceat(wn, tie_start)
-    below = np.cumsum(gn) - gn
-    return float(np.sum(gp * (below + 0.5 * gn))), float(gp.sum() * gn.sum())
+@numba.njit(parallel=True, cache=True)
+def _boot_pairs(gi: np.ndarray, y: np.ndarray, ties: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted Mann-Whitney pairs of one score on one stratum, for each weighting at once.
+
+    ``gi`` (n,) int64 group of each row and ``y`` (n,) float64 1/0, both in ascending score
+    order; ``ties`` (T,) int64 the first row of each run of equal scores; ``w`` (B, G) float64
+    the weight of each group in each replicate. Returns ``(concordant pairs + half the tied
+    ones, all positive-negative pairs)``, each (B,) float64: one pass over the rows per
+    replicate, replicates in parallel (numba ``prange``).
+    """
+    n, n_t, n_b = gi.shape[0], ties.shape[0], w.shape[0]
+    num, den = np.zeros(n_b), np.zeros(n_b)
+    for b in numba.prange(n_b):
+        below = pos = acc = 0.0
+        for t in range(n_t):
+            gp = gn = 0.0
+            for i in range(ties[t], ties[t + 1] if t + 1 < n_t else n):
+                x = w[b, gi[i]]
+                if y[i] > 0.5:
+                    gp += x
+                else:
+                    gn += x
+            acc += gp * (below + 0.5 * gn)
+            below += gn
+            pos += gp
+        num[b], den[b] = acc, pos * below
+    return num, den
 
 
-def _weighted_auc(preps: list, y: np.ndarray, w: np.ndarray) -> float:
-    """AUC from the pairs of each stratum (``preps``: its rows, their sort order and tie starts)."""
-    num = den = 0.0
+def _weighted_aucs(preps: list, y: np.ndarray, gi: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """AUC (B,) from the pairs of each stratum (``preps``: its rows, their sort order and tie
+    starts) for each row of group weights ``w`` (B, G); NaN where a class has no weight."""
+    num, den = np.zeros(w.shape[0]), np.zeros(w.shape[0])
     for rows, order, ties in preps:
-        a, b = _weighted_pairs(order, ties, y[rows], w[rows])
+        a, b = _boot_pairs(gi[rows][order], y[rows][order], ties, w)
         num, den = num + a, den + b
-    return num / den if den > 0 else float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
 def bootstrap_aucs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, n_boot: int = 200,
@@ -180,16 +204,17 @@ def bootstrap_aucs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, n
             ss = s[rows, k][order]
             per.append((rows, order, np.flatnonzero(np.r_[True, ss[1:] != ss[:-1]])))
         prep.append(per)
-    point = np.array([_weighted_auc(p, y, np.ones_like(y)) if p else np.nan for p in prep])
+    gi = gi.astype(np.int64)
+    ones = np.ones((1, uniq.size))
+    point = np.array([_weighted_aucs(p, y, gi, ones)[0] if p else np.nan for p in prep])
     if uniq.size < 2 or n_boot <= 0:
         return point, np.zeros((0, m))
     rng = np.random.default_rng(seed)
+    w = np.stack([np.bincount(rng.integers(0, uniq.size, uniq.size), minlength=uniq.size) for _ in range(n_boot)])
     reps = np.full((n_boot, m), np.nan)
-    for b in range(n_boot):
-        w = np.bincount(rng.integers(0, uniq.size, uniq.size), minlength=uniq.size).astype(np.float64)[gi]
-        for k, p in enumerate(prep):
-            if p:
-                reps[b, k] = _weighted_auc(p, y, w)
+    for k, p in enumerate(prep):
+        if p:
+            reps[:, k] = _weighted_aucs(p, y, gi, w.astype(np.float64))
     return point, reps
 
 

@@ -87,3 +87,17 @@ def test_session_groups_cut_sessions_when_few():
     assert np.all(np.diff(g) >= 0)  # contiguous parts
     g, unit = session_groups(np.repeat(np.arange(25), 3), min_groups=20)
     assert unit == "session" and np.unique(g).size == 25
+
+
+def test_bootstrap_replicates_equal_the_auc_of_the_drawn_rows():
+    """Each replicate equals the plain AUC of the rows of the groups drawn, repeated as often as
+    drawn (ties included): the weighted pair count is the resample's, not an approximation."""
+    rng = np.random.default_rng(3)
+    groups = np.repeat(np.arange(12), 25)
+    y = (rng.random(300) < 0.45).astype(float)
+    s = np.round(rng.normal(size=300) + 0.7 * y, 1)  # coarse: many ties
+    _, reps = bootstrap_aucs(s, y, groups, 6, seed=9)
+    draw = np.random.default_rng(9)
+    for b in range(6):
+        counts = np.bincount(draw.integers(0, 12, 12), minlength=12)[groups]
+        assert reps[b, 0] == pytest.approx(auc(np.repeat(s, counts), np.repeat(y, counts)), abs=1e-12)
