@@ -120,20 +120,21 @@ class CfC(nn.Module):
     :func:`_steps`, which :meth:`compile_scan` hands to ``torch.compile`` (one fused kernel set
     per chunk, forward and backward, instead of ~10 kernels per position); ``"triton"`` runs the
     same recurrent half as one Triton kernel for all positions, and its backward as one more
-    (:mod:`alphamodel.cfc_triton`; CUDA, float32 state, ``block_b`` batch rows and ``num_warps``
-    warps per program; the hidden and backbone sizes must be powers of two >= 16, else
-    UsageError, as without the triton package). All are equal to rounding
-    (tests/test_model_context.py, tests/test_cfc_triton.py). The cell is nonlinear in the state (the state enters the
+    (:mod:`alphamodel.cfc_triton`; CUDA, float32 state; ``block_b`` batch rows, ``num_warps``
+    warps and ``num_stages`` pipeline stages per program, see :func:`alphamodel.cfc_triton.scan`;
+    the hidden and backbone sizes must be powers of two >= 16, else UsageError, as without the
+    triton package). All are equal to rounding (tests/test_model_context.py,
+    tests/test_cfc_triton.py). The cell is nonlinear in the state (the state enters the
     backbone's tanh), so there is no exact parallel (associative-scan) form.
     """
 
     def __init__(self, input_size: int, hidden_size: int, impl: str = "fused", chunk: int = 16,
-                 block_b: int = 16, num_warps: int = 4, **kw: float) -> None:
+                 block_b: int = 16, num_warps: int = 4, num_stages: int = 1, **kw: float) -> None:
         super().__init__()
         impl = validate_enum(impl, CfcImpl, "impl")
         self.cell = CfCCell(input_size, hidden_size, **kw)
         self.impl, self.chunk = impl, chunk
-        self.block_b, self.num_warps = block_b, num_warps
+        self.block_b, self.num_warps, self.num_stages = block_b, num_warps, num_stages
         self._steps = _steps
         if impl == CfcImpl.TRITON:
             check_triton(self.cell, block_b)
@@ -199,7 +200,7 @@ class CfC(nn.Module):
         if uw.dtype == torch.float64:
             uw, w_x, w_fgh, b_fgh = uw.to(f32), w_x.to(f32), w_fgh.to(f32), b_fgh.to(f32)
         return cfc_triton.scan(uw, dt.to(f32), keep, x0.to(f32), w_x, w_fgh, b_fgh, inv_tau.to(f32),
-                               self.block_b, self.num_warps)
+                               self.block_b, self.num_warps, self.num_stages)
 
 
 def check_triton(cell: CfCCell, block_b: int = 16) -> None:

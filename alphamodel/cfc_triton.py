@@ -175,8 +175,8 @@ def _programs(batch: int, block_b: int) -> int:
 
 @torch.library.custom_op("alphamodel::cfc_scan", mutates_args=())
 def cfc_scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.Tensor, w_x: torch.Tensor,
-             w_fgh: torch.Tensor, b_fgh: torch.Tensor, inv_tau: torch.Tensor, block_b: int, num_warps: int
-             ) -> torch.Tensor:
+             w_fgh: torch.Tensor, b_fgh: torch.Tensor, inv_tau: torch.Tensor, block_b: int, num_warps: int,
+             num_stages: int) -> torch.Tensor:
     """All states (B, T, n) float32 of the scan. uw (B, T, bb); dt (B, T) float32 seconds; keep
     (B, T) bool; x0 (B, n) float32; w_x (bb, n); w_fgh (3n, bb); b_fgh (3n,); inv_tau (n,) float32."""
     b, t, bb = uw.shape
@@ -185,19 +185,19 @@ def cfc_scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.T
     _fwd_kernel[(_programs(b, block_b),)](
         uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8), x0.contiguous(), w_x.contiguous(),
         w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(), y, b, t,
-        N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), num_warps=num_warps)
+        N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), num_warps=num_warps, num_stages=num_stages)
     return y
 
 
 @cfc_scan.register_fake
-def _(uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps):
+def _(uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps, num_stages):
     return uw.new_empty(*uw.shape[:2], x0.shape[1], dtype=torch.float32)
 
 
 @torch.library.custom_op("alphamodel::cfc_scan_bwd", mutates_args=())
 def cfc_scan_bwd(gy: torch.Tensor, y: torch.Tensor, uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor,
                  x0: torch.Tensor, w_x: torch.Tensor, w_fgh: torch.Tensor, b_fgh: torch.Tensor,
-                 inv_tau: torch.Tensor, block_b: int, num_warps: int, need_ddt: bool
+                 inv_tau: torch.Tensor, block_b: int, num_warps: int, num_stages: int, need_ddt: bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward's sequential chain: ``(da, dfgh, z, dx0, dtau_parts, ddt)``.
 
@@ -211,7 +211,8 @@ def cfc_scan_bwd(gy: torch.Tensor, y: torch.Tensor, uw: torch.Tensor, dt: torch.
         gy.contiguous(), y.contiguous(), uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8),
         x0.contiguous(), w_x.contiguous(), w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(),
         da, dfgh, z, dx0, parts, ddt, b, t,
-        N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), NEED_DDT=need_ddt, num_warps=num_warps)
+        N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), NEED_DDT=need_ddt, num_warps=num_warps,
+        num_stages=num_stages)
     return da, dfgh, z, dx0, parts, ddt
 
 
@@ -225,14 +226,14 @@ def _bwd_empty(uw: torch.Tensor, n: int, block_b: int, need_ddt: bool) -> tuple[
 
 
 @cfc_scan_bwd.register_fake
-def _(gy, y, uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps, need_ddt):
+def _(gy, y, uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps, num_stages, need_ddt):
     return _bwd_empty(uw, x0.shape[1], block_b, need_ddt)
 
 
 def _setup(ctx, inputs, output) -> None:
-    uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps = inputs
-    ctx.save_for_backward(uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, output)
-    ctx.launch = (block_b, num_warps)
+    *tensors, block_b, num_warps, num_stages = inputs
+    ctx.save_for_backward(*tensors, output)
+    ctx.launch = (block_b, num_warps, num_stages)
 
 
 def _backward(ctx, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -247,7 +248,7 @@ def _backward(ctx, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     d_wx = da.reshape(-1, bb).t() @ x_prev
     d_wfgh = dfgh.reshape(-1, 3 * n).t() @ z.reshape(-1, bb)
     d_bfgh = dfgh.sum(dim=(0, 1), dtype=torch.float32).to(b_fgh.dtype)
-    return (da, ddt if need_ddt else None, None, dx0, d_wx, d_wfgh, d_bfgh, parts.sum(0), None, None)
+    return (da, ddt if need_ddt else None, None, dx0, d_wx, d_wfgh, d_bfgh, parts.sum(0), None, None, None)
 
 
 cfc_scan.register_autograd(_backward, setup_context=_setup)
@@ -255,8 +256,9 @@ cfc_scan.register_autograd(_backward, setup_context=_setup)
 
 def scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.Tensor, w_x: torch.Tensor,
          w_fgh: torch.Tensor, b_fgh: torch.Tensor, inv_tau: torch.Tensor, block_b: int = 16,
-         num_warps: int = 4) -> torch.Tensor:
+         num_warps: int = 4, num_stages: int = 1) -> torch.Tensor:
     """The CfC scan (states (B, T, n) float32), differentiable in uw, dt, x0, the weights and
-    inv_tau; arguments as :func:`cfc_scan`. ``block_b`` (a power of two >= 16): batch rows per
-    program; ``num_warps``: warps per program."""
-    return cfc_scan(uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps)
+    inv_tau; arguments as :func:`cfc_scan`. Launch: ``block_b`` (a power of two >= 16) batch rows
+    per program, ``num_warps`` warps, ``num_stages`` software-pipeline stages of the loop over
+    positions (1: none; more buffers the weight tiles in shared memory, which can exceed it)."""
+    return cfc_scan(uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps, num_stages)

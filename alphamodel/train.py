@@ -153,11 +153,14 @@ def resolve_device(name: str) -> torch.device:
 
 def compile_model(model: AlphaModel) -> AlphaModel:
     """``torch.compile`` each Mamba2 block in place, and the chunk body of the CfC's fused scan
-    (:meth:`alphamodel.cfc.CfC.compile_scan`; the loop reference compiles its cell)."""
+    (:meth:`alphamodel.cfc.CfC.compile_scan`; the loop reference compiles its cell, the Triton
+    scan the CfC's forward around its kernels)."""
     for blk in model.blocks:
         blk.compile()
     if model.cfc.impl == "fused":
         model.cfc.compile_scan()
+    elif model.cfc.impl == "triton":
+        model.cfc.compile()
     else:
         model.cfc.cell.compile()
     return model
