@@ -129,7 +129,7 @@ class CfC(nn.Module):
     """
 
     def __init__(self, input_size: int, hidden_size: int, impl: str = "fused", chunk: int = 16,
-                 block_b: int = 16, num_warps: int = 4, num_stages: int = 1, **kw: float) -> None:
+                 block_b: int = 16, num_warps: int = 8, num_stages: int = 1, **kw: float) -> None:
         super().__init__()
         impl = validate_enum(impl, CfcImpl, "impl")
         self.cell = CfCCell(input_size, hidden_size, **kw)

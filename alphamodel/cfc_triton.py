@@ -164,9 +164,10 @@ def interpreted() -> bool:
 
 
 def _precision(w: torch.Tensor) -> str:
-    """``tl.dot`` input precision: float32 products in TF32 when torch allows it on CUDA."""
-    tf32 = w.dtype == torch.float32 and w.is_cuda and torch.backends.cuda.matmul.allow_tf32
-    return "tf32" if tf32 else "ieee"
+    """``tl.dot`` input precision: exact float32 products ("ieee") unless torch allows TF32 on
+    CUDA; 16-bit products ignore it (Triton's default, "tf32")."""
+    exact = w.dtype == torch.float32 and not (w.is_cuda and torch.backends.cuda.matmul.allow_tf32)
+    return "ieee" if exact else "tf32"
 
 
 def _programs(batch: int, block_b: int) -> int:
@@ -244,7 +245,7 @@ def _backward(ctx, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     da, dfgh, z, dx0, parts, ddt = cfc_scan_bwd(gy, y, uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau,
                                                 *ctx.launch, need_ddt)
     bb, n = w_x.shape
-    x_prev = torch.cat([x0[:, None], y[:, :-1]], dim=1).to(w_x.dtype).reshape(-1, n)
+    x_prev = torch.cat([x0[:, None].to(w_x.dtype), y[:, :-1].to(w_x.dtype)], dim=1).reshape(-1, n)
     d_wx = da.reshape(-1, bb).t() @ x_prev
     d_wfgh = dfgh.reshape(-1, 3 * n).t() @ z.reshape(-1, bb)
     d_bfgh = dfgh.sum(dim=(0, 1), dtype=torch.float32).to(b_fgh.dtype)
@@ -256,9 +257,15 @@ cfc_scan.register_autograd(_backward, setup_context=_setup)
 
 def scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.Tensor, w_x: torch.Tensor,
          w_fgh: torch.Tensor, b_fgh: torch.Tensor, inv_tau: torch.Tensor, block_b: int = 16,
-         num_warps: int = 4, num_stages: int = 1) -> torch.Tensor:
+         num_warps: int = 8, num_stages: int = 1) -> torch.Tensor:
     """The CfC scan (states (B, T, n) float32), differentiable in uw, dt, x0, the weights and
     inv_tau; arguments as :func:`cfc_scan`. Launch: ``block_b`` (a power of two >= 16) batch rows
     per program, ``num_warps`` warps, ``num_stages`` software-pipeline stages of the loop over
-    positions (1: none; more buffers the weight tiles in shared memory, which can exceed it)."""
+    positions (1: none; 2 fits bf16 at n = 128 on sm_90, while float32 needs 1: compiled for
+    sm_90 with Triton 3.9, the float32 backward asks 565 KB of shared memory at 2 stages).
+
+    At n = bb = 128, bf16, sm_90 (``python bench/cfc_triton_regs.py``: Triton 3.9 and its ptxas,
+    no GPU): 16 rows x 8 warps x 1 stage uses 216 registers and no spills forward, 255 registers
+    and 496 bytes of spill stores backward; 4 warps spill more (48 / 1244 bytes), 32 rows more
+    again (320 / 1796)."""
     return cfc_scan(uw, dt, keep, x0, w_x, w_fgh, b_fgh, inv_tau, block_b, num_warps, num_stages)

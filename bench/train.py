@@ -16,7 +16,7 @@ bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
 
     python bench/train.py [--device cuda] [--batch 64] [--window 512] [--d-model 128]
                           [--layers 4] [--steps 20] [--modes loop,fused,loop-compile,fused-compile]
-                          [--cfc 64] [--cfc-block 16] [--cfc-warps 4] [--cfc-stages 1]
+                          [--cfc 64] [--cfc-block 16] [--cfc-warps 8] [--cfc-stages 1]
                           [--cache DIR]   (adds the batch loader's tokens/s on that cache)
 """
 
@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--cfc-chunk", dest="cfc_chunk", type=int, default=16, help="steps per fused CfC chunk")
     ap.add_argument("--cfc-block", dest="cfc_block", type=int, default=16, help="triton: batch rows per program")
-    ap.add_argument("--cfc-warps", dest="cfc_warps", type=int, default=4, help="triton: warps per program")
+    ap.add_argument("--cfc-warps", dest="cfc_warps", type=int, default=8, help="triton: warps per program")
     ap.add_argument("--cfc-stages", dest="cfc_stages", type=int, default=1, help="triton: pipeline stages")
     ap.add_argument("--modes", default="loop,fused,loop-compile,fused-compile")
     ap.add_argument("--cache", help="also time the batch loader on this cache (mode 'loader')")
