@@ -159,3 +159,29 @@ def test_triton_scan_in_a_cuda_graph(kernels):
     torch.cuda.synchronize()
     assert max(max_err(captured, outputs_and_grads(tri, fresh))) < 1e-6
 
+
+
+@pytest.mark.skipif(CUDA, reason="checks the refusal on a machine without CUDA")
+def test_triton_training_off_cuda_is_refused_and_a_saved_triton_model_loads_as_fused(tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    from alphamodel.data import Normaliser
+    from alphamodel.train import TrainConfig, _save, load_model, train
+
+    cfg = ModelConfig(n_features=3, d_model=16, headdim=8, cfc_hidden=16, cfc_impl="triton")
+    with pytest.raises(UsageError, match="^model.cfc_impl: 'triton' runs on CUDA"):
+        train(tmp_path / "no-cache", tmp_path / "out", cfg, TrainConfig(device="cpu"), progress=False)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    model = AlphaModel(cfg)
+    norm = Normaliser(["a", "b", "c"], np.zeros(3), np.ones(3), 5.0)
+    (tmp_path / "m").mkdir()
+    _save(tmp_path / "m", model, norm, {"model": dataclasses.asdict(cfg), "normaliser": norm.to_dict()})
+    loaded, _, meta = load_model(tmp_path / "m", "cpu")
+    assert meta["model"]["cfc_impl"] == "triton" and loaded.cfc.impl == "fused"
+    x, dt = torch.randn(2, 5, 3), torch.rand(2, 5) * 0.01
+    with torch.no_grad():
+        want = AlphaModel(dataclasses.replace(cfg, cfc_impl="loop"))
+        want.load_state_dict(loaded.state_dict())
+        assert torch.allclose(loaded(x, dt), want.eval()(x, dt), atol=1e-5)
