@@ -100,6 +100,16 @@ def test_triton_scan_under_torch_compile(kernels):
     compiled.forward = torch.compile(compiled.forward, backend="aot_eager" if not CUDA else "inductor",
                                      fullgraph=True)
     assert max(max_err(outputs_and_grads(compiled, d), eager)) < 1e-6
+    # the op's registration: schema, autograd, fake tensors (what torch.compile relies on)
+    g = torch.Generator().manual_seed(6)
+    args = [torch.randn(s, generator=g).to(DEVICE) * 0.2 for s in ((16, 2, 16), (16, 2), (16, 16), (16, 16),
+                                                                    (48, 16), (48,), (16,))]
+    uw, dt, x0, w_x, w_fgh, b_fgh, inv_tau = (a.requires_grad_() for a in args)
+    keep = torch.tensor([[True, False]] * 16, device=DEVICE)
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    result = torch.library.opcheck(kernels.cfc_scan, (uw, dt.abs(), keep, x0, w_x, w_fgh, b_fgh, inv_tau.abs(),
+                                                      16, 8, 1), test_utils=checks)
+    assert set(result.values()) == {"SUCCESS"}
 
 
 def test_triton_scan_sizes_and_missing_triton_are_usage_errors(kernels, monkeypatch):
