@@ -22,17 +22,19 @@ the state are float32. float32 products follow ``torch.backends.cuda.matmul.allo
 are float32. ``n`` (units) and ``bb`` (backbone width) must be powers of two >= 16 (``tl.dot``).
 
 Runs on CUDA tensors, or on CPU tensors through Triton's interpreter when ``TRITON_INTERPRET=1``
-is set before this module is imported (Triton reads it when the kernels are decorated).
+is set before triton is first imported (Triton reads it when it decorates kernels: these, and
+its own library's at import).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
 import triton.language as tl
 
 __all__ = ["cfc_scan", "cfc_scan_bwd", "interpreted", "scan"]
-
 
 
 @triton.jit
@@ -158,9 +160,13 @@ def _bwd_kernel(gy_ptr, y_ptr, uw_ptr, dt_ptr, keep_ptr, x0_ptr, wx_ptr, wfgh_pt
     tl.store(dtau_ptr + pid * N + cn, tl.sum(dtau, axis=0))
 
 
+_INTERPRETED = not isinstance(_fwd_kernel, triton.runtime.JITFunction)  # fixed at import
+
+
 def interpreted() -> bool:
-    """True when the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` at import)."""
-    return not isinstance(_fwd_kernel, triton.runtime.JITFunction)
+    """True when the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` at import).
+    (A constant: torch.compile need not look at the kernel objects.)"""
+    return _INTERPRETED
 
 
 def _precision(w: torch.Tensor) -> str:
@@ -174,6 +180,11 @@ def _programs(batch: int, block_b: int) -> int:
     return triton.cdiv(batch, block_b)
 
 
+def _on(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """The kernels launch on the current CUDA device: make it ``t``'s."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 @torch.library.custom_op("alphamodel::cfc_scan", mutates_args=())
 def cfc_scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.Tensor, w_x: torch.Tensor,
              w_fgh: torch.Tensor, b_fgh: torch.Tensor, inv_tau: torch.Tensor, block_b: int, num_warps: int,
@@ -183,10 +194,11 @@ def cfc_scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.T
     b, t, bb = uw.shape
     n = x0.shape[1]
     y = torch.empty(b, t, n, dtype=torch.float32, device=uw.device)
-    _fwd_kernel[(_programs(b, block_b),)](
-        uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8), x0.contiguous(), w_x.contiguous(),
-        w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(), y, b, t,
-        N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), num_warps=num_warps, num_stages=num_stages)
+    with _on(uw):
+        _fwd_kernel[(_programs(b, block_b),)](
+            uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8), x0.contiguous(),
+            w_x.contiguous(), w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(), y, b, t,
+            N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), num_warps=num_warps, num_stages=num_stages)
     return y
 
 
@@ -208,12 +220,13 @@ def cfc_scan_bwd(gy: torch.Tensor, y: torch.Tensor, uw: torch.Tensor, dt: torch.
     b, t, bb = uw.shape
     n = x0.shape[1]
     da, dfgh, z, dx0, parts, ddt = _bwd_empty(uw, n, block_b, need_ddt)
-    _bwd_kernel[(_programs(b, block_b),)](
-        gy.contiguous(), y.contiguous(), uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8),
-        x0.contiguous(), w_x.contiguous(), w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(),
-        da, dfgh, z, dx0, parts, ddt, b, t,
-        N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), NEED_DDT=need_ddt, num_warps=num_warps,
-        num_stages=num_stages)
+    with _on(uw):
+        _bwd_kernel[(_programs(b, block_b),)](
+            gy.contiguous(), y.contiguous(), uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8),
+            x0.contiguous(), w_x.contiguous(), w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(),
+            da, dfgh, z, dx0, parts, ddt, b, t,
+            N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), NEED_DDT=need_ddt, num_warps=num_warps,
+            num_stages=num_stages)
     return da, dfgh, z, dx0, parts, ddt
 
 
