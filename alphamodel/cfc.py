@@ -129,7 +129,7 @@ class CfC(nn.Module):
     """
 
     def __init__(self, input_size: int, hidden_size: int, impl: str = "fused", chunk: int = 16,
-                 block_b: int = 16, num_warps: int = 8, num_stages: int = 1, **kw: float) -> None:
+                 block_b: int = 16, num_warps: int = 8, num_stages: int | None = None, **kw: float) -> None:
         super().__init__()
         impl = validate_enum(impl, CfcImpl, "impl")
         self.cell = CfCCell(input_size, hidden_size, **kw)
@@ -195,7 +195,7 @@ class CfC(nn.Module):
 
         if uw.device.type != "cuda" and not cfc_triton.interpreted():
             raise UsageError("impl", "'triton' runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set "
-                             "before alphamodel.cfc_triton is imported)", str(uw.device))
+                             "before triton is imported)", str(uw.device))
         f32 = torch.float32
         if uw.dtype == torch.float64:
             uw, w_x, w_fgh, b_fgh = uw.to(f32), w_x.to(f32), w_fgh.to(f32), b_fgh.to(f32)

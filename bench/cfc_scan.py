@@ -7,11 +7,11 @@ Prints a table and one JSON line.
 
 Modes (``--modes``, comma-separated): ``fused`` / ``fused-compile`` (the chunk body compiled),
 ``loop``, and ``triton`` or ``triton:BLOCKxWARPSxSTAGES`` (launch: batch rows per program,
-warps, pipeline stages; default 16x8x1). A mode that fails (a launch that exceeds the GPU's
-shared memory) is reported with its error and the run goes on.
+warps, pipeline stages, 0 = 2 for bf16 and 1 for float32; default 16x8x0). A mode that fails
+(a launch that exceeds the GPU's shared memory) is reported with its error and the run goes on.
 
     python bench/cfc_scan.py [--device cuda] [--batch 2048] [--window 512] [--d-in 128] [--cfc 128]
-                             [--steps 10] [--modes fused-compile,triton,triton:16x4x1,triton:32x8x1,triton:16x8x2]
+                             [--steps 10] [--modes fused-compile,triton,triton:16x8x1,triton:16x4x2,triton:32x8x2]
 
 On CPU the Triton modes need ``TRITON_INTERPRET=1`` (a correctness run, not a speed figure).
 """
@@ -31,9 +31,9 @@ def make(mode: str, args: argparse.Namespace, device: torch.device) -> CfC:
     """The CfC of ``mode`` with seed-0 weights (the same for every mode)."""
     impl, _, launch = mode.partition(":")
     impl, _, how = impl.partition("-")
-    block, warps, stages = (int(v) for v in (launch or "16x8x1").split("x"))
+    block, warps, stages = (int(v) for v in (launch or "16x8x0").split("x"))
     torch.manual_seed(0)
-    net = CfC(args.d_in, args.cfc, impl=impl, block_b=block, num_warps=warps, num_stages=stages).to(device)
+    net = CfC(args.d_in, args.cfc, impl=impl, block_b=block, num_warps=warps, num_stages=stages or None).to(device)
     if how == "compile":
         net.compile_scan()
     return net
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--cfc", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--modes", default="fused-compile,triton,triton:16x4x1,triton:32x8x1,triton:16x8x2")
+    ap.add_argument("--modes", default="fused-compile,triton,triton:16x8x1,triton:16x4x2,triton:32x8x2")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":

@@ -28,9 +28,9 @@ from triton.compiler import ASTSource
 from alphamodel import cfc_triton
 
 FWD = {"uw_ptr": "*W", "dt_ptr": "*fp32", "keep_ptr": "*u8", "x0_ptr": "*fp32", "wx_ptr": "*W", "wfgh_ptr": "*W",
-       "bfgh_ptr": "*W", "it_ptr": "*fp32", "y_ptr": "*fp32", "B": "i32", "T": "i32"}
-BWD = {**FWD, "gy_ptr": "*fp32", "da_ptr": "*W", "dfgh_ptr": "*W", "z_ptr": "*W", "dx0_ptr": "*fp32",
-       "dtau_ptr": "*fp32", "ddt_ptr": "*fp32"}
+       "bfgh_ptr": "*W", "it_ptr": "*fp32", "y_ptr": "*fp32", "z_ptr": "*W", "fgh_ptr": "*W", "B": "i32", "T": "i32"}
+BWD = {**FWD, "gy_ptr": "*fp32", "da_ptr": "*W", "dfgh_ptr": "*W", "dx0_ptr": "*fp32", "dtau_ptr": "*fp32",
+       "ddt_ptr": "*fp32"}
 
 
 def ptxas() -> Path:
@@ -71,7 +71,7 @@ def main() -> None:
     rows = []
     for text in args.launches.split(","):
         launch = tuple(int(v) for v in text.split("x"))
-        for name, fn, types, extra in (("forward", cfc_triton._fwd_kernel, FWD, {}),
+        for name, fn, types, extra in (("forward", cfc_triton._fwd_kernel, FWD, {"SAVE": True}),
                                        ("backward", cfc_triton._bwd_kernel, BWD, {"NEED_DDT": False})):
             r = compile_one(fn, types, {**consts, **extra}, args.dtype, args.arch, launch)
             rows.append({"kernel": name, "launch": text, **r})

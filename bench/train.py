@@ -16,7 +16,7 @@ bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
 
     python bench/train.py [--device cuda] [--batch 64] [--window 512] [--d-model 128]
                           [--layers 4] [--steps 20] [--modes loop,fused,loop-compile,fused-compile]
-                          [--cfc 64] [--cfc-block 16] [--cfc-warps 8] [--cfc-stages 1]
+                          [--cfc 64] [--cfc-block 16] [--cfc-warps 8] [--cfc-stages 0]
                           [--cache DIR]   (adds the batch loader's tokens/s on that cache)
 """
 
@@ -43,7 +43,8 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
     model.cfc.chunk = args.cfc_chunk
     if impl == "triton":
         check_triton(model.cfc.cell, args.cfc_block)
-        model.cfc.block_b, model.cfc.num_warps, model.cfc.num_stages = args.cfc_block, args.cfc_warps, args.cfc_stages
+        model.cfc.block_b, model.cfc.num_warps = args.cfc_block, args.cfc_warps
+        model.cfc.num_stages = args.cfc_stages or None
     fwd = compile_model(model) if how.startswith("compile") else model
     graph = how.endswith("graph") and device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=graph)
@@ -155,7 +156,8 @@ def main() -> None:
     ap.add_argument("--cfc-chunk", dest="cfc_chunk", type=int, default=16, help="steps per fused CfC chunk")
     ap.add_argument("--cfc-block", dest="cfc_block", type=int, default=16, help="triton: batch rows per program")
     ap.add_argument("--cfc-warps", dest="cfc_warps", type=int, default=8, help="triton: warps per program")
-    ap.add_argument("--cfc-stages", dest="cfc_stages", type=int, default=1, help="triton: pipeline stages")
+    ap.add_argument("--cfc-stages", dest="cfc_stages", type=int, default=0,
+                    help="triton: pipeline stages (0: 2 for bf16, 1 for float32)")
     ap.add_argument("--modes", default="loop,fused,loop-compile,fused-compile")
     ap.add_argument("--cache", help="also time the batch loader on this cache (mode 'loader')")
     ap.add_argument("--loader-threads", dest="loader_threads", type=int, default=2)

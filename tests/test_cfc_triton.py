@@ -89,6 +89,8 @@ def test_triton_scan_equals_the_loop_with_gradients(kernels, b, t, n, bb):
     # a row of padding only leaves the state where it was: x0 at every position, exactly
     assert torch.equal(got[0][0], d["x0"][0].double().expand(t, n))
     assert float(got[0].abs().max()) > 0.1 and all(float(g.abs().max()) > 0 for g in got)  # not all zeros
+    with torch.no_grad():  # the forward that keeps nothing for a backward
+        assert torch.allclose(tri(d["u"], d["dt"], d["x0"], d["mask"]).double(), got[0], rtol=0, atol=1e-6)
 
 
 def test_triton_scan_under_torch_compile(kernels):
@@ -108,7 +110,7 @@ def test_triton_scan_under_torch_compile(kernels):
     keep = torch.tensor([[True, False]] * 16, device=DEVICE)
     checks = ("test_schema", "test_autograd_registration", "test_faketensor")
     result = torch.library.opcheck(kernels.cfc_scan, (uw, dt.abs(), keep, x0, w_x, w_fgh, b_fgh, inv_tau.abs(),
-                                                      16, 8, 1), test_utils=checks)
+                                                      16, 8, 1, True), test_utils=checks)
     assert set(result.values()) == {"SUCCESS"}
 
 
