@@ -79,7 +79,7 @@ def max_err(got: list[torch.Tensor], want: list[torch.Tensor]) -> list[float]:
     return [float((a - b).abs().max() / b.abs().max().clamp(min=1.0)) for a, b in zip(got, want)]
 
 
-@pytest.mark.parametrize(("b", "t", "n", "bb"), [(32, 13, 16, 32), (20, 20, 32, 16)])
+@pytest.mark.parametrize(("b", "t", "n", "bb"), [(32, 8, 16, 32), (20, 12, 32, 16)])
 def test_triton_scan_equals_the_loop_with_gradients(kernels, b, t, n, bb):
     loop, tri = pair(5, n, bb, seed=b + t)
     d = inputs(b, t, 5, n, seed=t)
