@@ -101,7 +101,8 @@ def test_triton_scan_under_torch_compile(kernels):
     compiled = copy.deepcopy(tri)
     compiled.forward = torch.compile(compiled.forward, backend="aot_eager" if not CUDA else "inductor",
                                      fullgraph=True)
-    assert max(max_err(outputs_and_grads(compiled, d), eager)) < 1e-6
+    # aot_eager runs the same ops (exact); inductor may fuse the elementwise ops around the kernels
+    assert max(max_err(outputs_and_grads(compiled, d), eager)) < (1e-5 if CUDA else 1e-6)
     # the op's registration: schema, autograd, fake tensors (what torch.compile relies on)
     g = torch.Generator().manual_seed(6)
     args = [torch.randn(s, generator=g).to(DEVICE) * 0.2 for s in ((16, 2, 16), (16, 2), (16, 16), (16, 16),
