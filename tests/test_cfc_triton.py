@@ -3,9 +3,10 @@ gradient (u, dt, x0, all parameters), with padding masks and a carried state.
 
 Without CUDA the kernels run in Triton's interpreter on CPU tensors: ``TRITON_INTERPRET=1`` must
 be set before triton is imported (Triton reads it when it decorates kernels, its own library's
-at import), which this module does when it is collected. With CUDA the same tests run the compiled kernels,
-and the CUDA-only tests check n = 128 in float32 and under bf16 autocast, ``torch.compile`` and a
-CUDA graph capture. Skipped when triton is not installed.
+at import), which this module does when it is collected. With CUDA the same tests run the
+compiled kernels, and the CUDA-only tests check n = 128 in float32, TF32 and under bf16
+autocast, and a CUDA graph capture (``torch.compile`` runs with inductor there, with aot_eager
+on CPU). Skipped when triton is not installed.
 """
 
 from __future__ import annotations
