@@ -160,7 +160,7 @@ def _bwd_kernel(gy_ptr, z_ptr, fgh_ptr, dt_ptr, keep_ptr, wx_ptr, wfgh_ptr, it_p
         dz = tl.dot(df.to(wd), _tile(wfgh_ptr, cn, cb, BB, 1), input_precision=PREC)
         dz += tl.dot(dg.to(wd), _tile(wfgh_ptr + N * BB, cn, cb, BB, 1), input_precision=PREC)
         dz += tl.dot(dh.to(wd), _tile(wfgh_ptr + 2 * N * BB, cn, cb, BB, 1), input_precision=PREC)
-        da = dz * (1.7159 * 0.666) * (1.0 - lt * lt)
+        da = dz * (1.7159 * 0.666) * tl.maximum(1.0 - lt * lt, 0.0)  # |lt| <= 1 (z rounded in bf16)
         dx = tl.dot(da.to(wd), _tile(wx_ptr, cb, cn, N, 1), input_precision=PREC) + tl.where(k[:, None], 0.0, dx)
         tl.store(da_ptr + bt[:, None] * BB + cb[None, :], da.to(wd), mask=live[:, None])
         tl.store(dfgh_ptr + b3, df.to(wd), mask=live[:, None])
