@@ -11,7 +11,8 @@ When a gradient is wanted the forward also writes ``z_t`` and the heads' pre-act
 ``[f|g|h]_t`` (``bb + 3n`` values per position in the products' dtype: 1 GiB in bf16 for B =
 2048, T = 512, n = bb = 128). The backward keeps only the sequential chain in a kernel, walking
 ``t`` backwards from those (the gates from ``f, g, h``, ``tanh(0.666 a) = z / 1.7159``) with two
-weight products per step instead of six with recomputation; it writes ``da_t`` and
+weight products per step, ``d[f|g|h] W_fgh`` and ``da W_x`` (four with recomputation, and half
+the weight tiles read); it writes ``da_t`` and
 ``d[f|g|h]_t`` for every position, and the weight, bias and ``uw`` gradients are then large
 batched matrix products in torch (``dW_x = da^T x_prev``, ``dW_fgh = d[f|g|h]^T z``). Both
 kernels are ``torch.library`` custom ops (``alphamodel::cfc_scan`` and
@@ -123,7 +124,7 @@ def _bwd_kernel(gy_ptr, z_ptr, fgh_ptr, dt_ptr, keep_ptr, wx_ptr, wfgh_ptr, it_p
                 N: tl.constexpr, BB: tl.constexpr, BLOCK_B: tl.constexpr, PREC: tl.constexpr,
                 NEED_DDT: tl.constexpr):
     """The chain of the scan's backward for the rows ``[pid * BLOCK_B, ...)``, t = T-1 .. 0,
-    from the forward's z and [f|g|h] (no recomputation, two weight products per step).
+    from the forward's z and [f|g|h] (no recomputation: two weight products per step).
 
     Writes da (B, T, BB) and d[f|g|h] (B, T, 3N) in the weights' dtype, dx0 (B, N) float32,
     this program's part of d(1/tau) (N,) at ``dtau_ptr[pid]``, and d dt (B, T) float32 when
