@@ -8,17 +8,16 @@ keeping the state in registers (float32) and reading the weight tiles from L2 at
     s = sigmoid(-f dt_t / tau) ;  new = tanh(h) + s (tanh(g) - tanh(h)) ;  x_t = keep_t ? new : x_{t-1}
 
 When a gradient is wanted the forward also writes ``z_t`` and the heads' pre-activations
-``[f|g|h]_t`` (``bb + 3n`` values per position in the products' dtype: 1 GiB in bf16 for B =
-2048, T = 512, n = bb = 128). The backward keeps only the sequential chain in a kernel, walking
-``t`` backwards from those (the gates from ``f, g, h``, ``tanh(0.666 a) = z / 1.7159``) with two
-weight products per step, ``d[f|g|h] W_fgh`` and ``da W_x`` (four with recomputation, and half
-the weight tiles read); it writes ``da_t`` and
-``d[f|g|h]_t`` for every position, and the weight, bias and ``uw`` gradients are then large
-batched matrix products in torch (``dW_x = da^T x_prev``, ``dW_fgh = d[f|g|h]^T z``). Both
-kernels are ``torch.library`` custom ops (``alphamodel::cfc_scan`` and
-``alphamodel::cfc_scan_bwd``, with fake tensors and autograd registered), so ``torch.compile``
-keeps them in its graph and a CUDA graph can capture them (no host synchronisation,
-allocations through torch's caching allocator).
+``[f|g|h]_t`` (``bb + 3n`` values per position in the products' dtype: 1 GiB in bf16 for
+B = 2048, T = 512, n = bb = 128). The backward keeps only the sequential chain in a kernel,
+walking ``t`` backwards from those (the gates from ``f, g, h``, ``tanh(0.666 a) = z / 1.7159``)
+with two weight products per step, ``d[f|g|h] W_fgh`` and ``da W_x`` (four with recomputation,
+and half the weight tiles read); it writes ``da_t`` and ``d[f|g|h]_t`` for every position, and
+the weight, bias and ``uw`` gradients are then large batched matrix products in torch
+(``dW_x = da^T x_prev``, ``dW_fgh = d[f|g|h]^T z``). Both kernels are ``torch.library`` custom
+ops (``alphamodel::cfc_scan`` and ``alphamodel::cfc_scan_bwd``, with fake tensors and autograd
+registered), so ``torch.compile`` keeps them in its graph and a CUDA graph can capture them (no
+host synchronisation, allocations through torch's caching allocator).
 
 Dtypes: ``uw``, ``w_x``, ``w_fgh``, ``b_fgh`` share one dtype, float32 or bfloat16/float16 (under
 autocast); the products then run in that dtype with float32 accumulation, and ``a``, the gate and
