@@ -626,8 +626,8 @@ def train(
     check_folder(out)
     device = resolve_device(tc.device)
     if mc.cfc_impl == "triton" and device.type != "cuda":
-        raise TrainUsageError("model.cfc_impl", f"'triton' runs on CUDA (train.device is {device.type}); use 'fused'",
-                         "triton")
+        raise TrainUsageError("model.cfc_impl", f"'triton' runs on CUDA (train.device is {device.type}); use "
+                              "'fused'", "triton")
     if device.type == "cpu":
         # small models are bound by per-op overhead: one thread is as fast and is not slowed
         # down by OpenMP spinning on a busy machine; it also makes runs repeatable.
