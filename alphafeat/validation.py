@@ -68,8 +68,8 @@ HorizonWeighting = _enum("HorizonWeighting", "alphamodel's loss weight per horiz
                          "window", "equal")  # fmt: skip
 Context = _enum("Context", "alphamodel's context: the state carried across a session's windows, or each window alone.",
                 "stateful", "window")  # fmt: skip
-CfcImpl = _enum("CfcImpl", "alphamodel's CfC scan: the fused chunked scan, or the reference loop over the cell.",
-                "fused", "loop")  # fmt: skip
+CfcImpl = _enum("CfcImpl", "alphamodel's CfC scan: the fused chunked scan, the Triton kernels (CUDA), or the "
+                "reference loop over the cell.", "fused", "triton", "loop")  # fmt: skip
 Baseline = _enum("Baseline", "Baselines alphamodel train fits beside the model (alphamodel.baselines).",
                  "base_rate", "logistic", "lightgbm", "mlp")  # fmt: skip
 ModeKind = _enum("ModeKind", "--instrument-mode: every instrument, one id, or the front month of --root.",

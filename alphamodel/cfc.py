@@ -18,6 +18,7 @@ for some shapes, so this is an implementation of its own.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
@@ -26,7 +27,7 @@ from torch import nn
 from alphafeat.validation import CfcImpl, validate_enum
 from alphamodel.errors import UsageError
 
-__all__ = ["CfCCell", "CfC", "lecun_tanh"]
+__all__ = ["CfCCell", "CfC", "check_triton", "lecun_tanh"]
 
 
 def lecun_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -117,18 +118,26 @@ class CfC(nn.Module):
     ``"fused"`` (default) computes the input half of the backbone for all positions in one
     matrix product and runs the recurrent half in chunks of ``chunk`` steps through
     :func:`_steps`, which :meth:`compile_scan` hands to ``torch.compile`` (one fused kernel set
-    per chunk, forward and backward, instead of ~10 kernels per position). Both are equal to
-    rounding (tests/test_model_cfc.py). The cell is nonlinear in the state (the state enters the
+    per chunk, forward and backward, instead of ~10 kernels per position); ``"triton"`` runs the
+    same recurrent half as one Triton kernel for all positions, and its backward as one more
+    (:mod:`alphamodel.cfc_triton`; CUDA, float32 state; ``block_b`` batch rows, ``num_warps``
+    warps and ``num_stages`` pipeline stages per program, see :func:`alphamodel.cfc_triton.scan`;
+    the hidden and backbone sizes must be powers of two >= 16, else UsageError, as without the
+    triton package). All are equal to rounding (tests/test_model_context.py,
+    tests/test_cfc_triton.py). The cell is nonlinear in the state (the state enters the
     backbone's tanh), so there is no exact parallel (associative-scan) form.
     """
 
     def __init__(self, input_size: int, hidden_size: int, impl: str = "fused", chunk: int = 16,
-                 **kw: float) -> None:
+                 block_b: int = 16, num_warps: int = 8, num_stages: int | None = None, **kw: float) -> None:
         super().__init__()
         impl = validate_enum(impl, CfcImpl, "impl")
         self.cell = CfCCell(input_size, hidden_size, **kw)
         self.impl, self.chunk = impl, chunk
+        self.block_b, self.num_warps, self.num_stages = block_b, num_warps, num_stages
         self._steps = _steps
+        if impl == CfcImpl.TRITON:
+            check_triton(self.cell, block_b)
 
     def compile_scan(self, **kw: object) -> None:
         """``torch.compile`` the chunk body of the fused scan (``kw`` go to ``torch.compile``)."""
@@ -150,25 +159,57 @@ class CfC(nn.Module):
                 x = new if mask is None else torch.where(mask[:, t : t + 1], new, x)
                 out.append(x)
             return torch.stack(out, dim=1)
-        c = self.cell
-        n_in = c.input_size
-        w = c.backbone.weight
-        # under autocast the products run in bf16; the gate and the state stay in `work`
-        uw = nn.functional.linear(u, w[:, :n_in], c.backbone.bias)
-        w_x = w[:, n_in:]
-        w_fgh, b_fgh = c.fgh.weight, c.fgh.bias
-        if torch.is_autocast_enabled(u.device.type):
-            lp = torch.get_autocast_dtype(u.device.type)
-            uw, w_x, w_fgh, b_fgh = uw.to(lp), w_x.to(lp), w_fgh.to(lp), b_fgh.to(lp)
-        else:
-            uw, w_x, w_fgh, b_fgh = uw.to(work), w_x.to(work), w_fgh.to(work), b_fgh.to(work)
-        inv_tau = torch.exp(-c.log_tau.to(work))
-        dtw = dt.to(work)
+        uw, w_x, w_fgh, b_fgh = self._recurrent_weights(u)
+        inv_tau = torch.exp(-self.cell.log_tau.to(work))
         keep = torch.ones(b, L, dtype=torch.bool, device=u.device) if mask is None else mask.bool()
+        if self.impl == CfcImpl.TRITON:
+            return self._triton(uw, dt, keep, x, w_x, w_fgh, b_fgh, inv_tau).to(work)
         outs = []
         with torch.autocast(device_type=u.device.type, enabled=False):
             for s in range(0, L, self.chunk):
                 e = min(L, s + self.chunk)
-                y, x = self._steps(uw[:, s:e], dtw[:, s:e], keep[:, s:e], x, w_x, w_fgh, b_fgh, inv_tau)
+                y, x = self._steps(uw[:, s:e], dt[:, s:e].to(work), keep[:, s:e], x, w_x, w_fgh, b_fgh, inv_tau)
                 outs.append(y)
         return torch.cat(outs, dim=1)
+
+    def _recurrent_weights(self, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(uw, w_x, w_fgh, b_fgh)`` of the fused scans: ``uw = W_u u + b`` (B, L, bb) for all
+        positions in one product, ``w_x`` (bb, n) the state's half of the backbone, the heads
+        (3n, bb) and (3n,); all in the autocast dtype under autocast, else in float32 at least."""
+        c = self.cell
+        n_in = c.input_size
+        w = c.backbone.weight
+        # under autocast the products run in bf16; the gate and the state stay in float32
+        uw = nn.functional.linear(u, w[:, :n_in], c.backbone.bias)
+        parts = (uw, w[:, n_in:], c.fgh.weight, c.fgh.bias)
+        if torch.is_autocast_enabled(u.device.type):
+            lp = torch.get_autocast_dtype(u.device.type)
+            return tuple(p.to(lp) for p in parts)
+        work = torch.promote_types(u.dtype, torch.float32)
+        return tuple(p.to(work) for p in parts)
+
+    def _triton(self, uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.Tensor,
+                w_x: torch.Tensor, w_fgh: torch.Tensor, b_fgh: torch.Tensor, inv_tau: torch.Tensor) -> torch.Tensor:
+        """The scan in :mod:`alphamodel.cfc_triton` (float32 states; float64 inputs run in float32)."""
+        from alphamodel import cfc_triton
+
+        if uw.device.type != "cuda" and not cfc_triton.interpreted():
+            raise UsageError("impl", "'triton' runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set "
+                             "before triton is imported)", str(uw.device))
+        f32 = torch.float32
+        if uw.dtype == torch.float64:
+            uw, w_x, w_fgh, b_fgh = uw.to(f32), w_x.to(f32), w_fgh.to(f32), b_fgh.to(f32)
+        return cfc_triton.scan(uw, dt.to(f32), keep, x0.to(f32), w_x, w_fgh, b_fgh, inv_tau.to(f32),
+                               self.block_b, self.num_warps, self.num_stages)
+
+
+def check_triton(cell: CfCCell, block_b: int = 16) -> None:
+    """UsageError unless ``impl="triton"`` can run ``cell``: the triton package importable, and
+    the hidden size, the backbone width and ``block_b`` powers of two >= 16 (``tl.dot`` tiles)."""
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError("impl", "'triton' needs the triton package (pip install triton; it comes with CUDA "
+                         "builds of torch)", "triton")
+    sizes = {"hidden_size": cell.hidden_size, "backbone_size": cell.fgh.in_features, "block_b": block_b}
+    for name, v in sizes.items():
+        if v < 16 or v & (v - 1):
+            raise UsageError(name, "expected a power of two >= 16 with impl 'triton' (its tl.dot tiles)", v)

@@ -192,6 +192,9 @@ def _check_together(v: dict[str, Any], section: str) -> None:
     elif (v["expand"] * v["d_model"]) % v["headdim"]:
         raise UsageError(f"{section}.headdim", f"expected a divisor of expand * d_model = {v['expand'] * v['d_model']}",
                          v["headdim"])  # fmt: skip
+    elif v["cfc_impl"] == CfcImpl.TRITON and (v["cfc_hidden"] < 16 or v["cfc_hidden"] & (v["cfc_hidden"] - 1)):
+        raise UsageError(f"{section}.cfc_hidden", "expected a power of two >= 16 with cfc_impl 'triton' (its tl.dot "
+                         "tiles)", v["cfc_hidden"])  # fmt: skip
 
 
 def from_dict(cls: type[T], d: dict, section: str) -> T:

@@ -153,11 +153,14 @@ def resolve_device(name: str) -> torch.device:
 
 def compile_model(model: AlphaModel) -> AlphaModel:
     """``torch.compile`` each Mamba2 block in place, and the chunk body of the CfC's fused scan
-    (:meth:`alphamodel.cfc.CfC.compile_scan`; the loop reference compiles its cell)."""
+    (:meth:`alphamodel.cfc.CfC.compile_scan`; the loop reference compiles its cell, the Triton
+    scan the CfC's forward around its kernels)."""
     for blk in model.blocks:
         blk.compile()
     if model.cfc.impl == "fused":
         model.cfc.compile_scan()
+    elif model.cfc.impl == "triton":
+        model.cfc.compile()
     else:
         model.cfc.cell.compile()
     return model
@@ -316,7 +319,9 @@ def _save(out: Path, model: AlphaModel, norm: Normaliser, meta: dict) -> None:
 def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaModel, Normaliser, dict]:
     """Load ``model.safetensors`` + ``config.json`` written by :func:`train`.
 
-    Returns ``(model in eval mode, normaliser, config dict)``.
+    Returns ``(model in eval mode, normaliser, config dict)``. A model trained with
+    ``cfc_impl: "triton"`` loads with the fused scan (same weights and function) on a device other
+    than CUDA.
 
     Raises
     ------
@@ -338,6 +343,10 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
         model_cfg, norm = meta["model"], Normaliser.from_dict(meta["normaliser"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(cfg_path, f"not an alphamodel config ({type(e).__name__}: {e})") from e
+    if model_cfg.get("cfc_impl") == "triton" and torch.device(device).type != "cuda":
+        # the same weights and function; the Triton kernels run on CUDA only
+        log.info("%s: cfc_impl 'triton' runs as 'fused' on %s", cfg_path, device)
+        model_cfg = {**model_cfg, "cfc_impl": "fused"}
     try:
         model = AlphaModel(ModelConfig.from_dict(model_cfg))
     except UsageError as e:
@@ -616,6 +625,9 @@ def train(
     mc = check_config(model_cfg or ModelConfig(), "model")
     check_folder(out)
     device = resolve_device(tc.device)
+    if mc.cfc_impl == "triton" and device.type != "cuda":
+        raise TrainUsageError("model.cfc_impl", f"'triton' runs on CUDA (train.device is {device.type}); use "
+                              "'fused'", "triton")
     if device.type == "cpu":
         # small models are bound by per-op overhead: one thread is as fast and is not slowed
         # down by OpenMP spinning on a busy machine; it also makes runs repeatable.

@@ -7,12 +7,16 @@ already on the device (the model's own speed, not the data loader's): windows/s 
 Modes (``--modes``, comma-separated): ``loop`` / ``loop-compile`` — the CfC as a Python loop
 over :class:`CfCCell` (before; ``-compile``: blocks and cell compiled, as on main), ``fused`` /
 ``fused-compile`` — the chunked CfC scan (after; ``-compile``: blocks and the scan's chunk body
-compiled); ``-graph`` / ``-compilegraph`` (CUDA): one whole step (forward, backward, AdamW)
-captured in a CUDA graph and replayed (no per-kernel launch cost), eager or compiled. On CUDA:
+compiled), ``triton`` / ``triton-compile`` — the CfC scan as Triton kernels (CUDA;
+:mod:`alphamodel.cfc_triton`; ``-compile``: blocks and the CfC's forward around the kernels
+compiled; launch set by ``--cfc-block/--cfc-warps/--cfc-stages``); ``-graph`` /
+``-compilegraph`` (CUDA): one whole step (forward, backward, AdamW) captured in a CUDA graph
+and replayed (no per-kernel launch cost), eager or compiled. On CUDA:
 bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
 
     python bench/train.py [--device cuda] [--batch 64] [--window 512] [--d-model 128]
                           [--layers 4] [--steps 20] [--modes loop,fused,loop-compile,fused-compile]
+                          [--cfc 64] [--cfc-block 16] [--cfc-warps 8] [--cfc-stages 0]
                           [--cache DIR]   (adds the batch loader's tokens/s on that cache)
 """
 
@@ -24,6 +28,7 @@ import time
 
 import torch
 
+from alphamodel.cfc import check_triton
 from alphamodel.model import AlphaModel, ModelConfig, masked_bce_loss
 from alphamodel.train import compile_model
 
@@ -36,6 +41,10 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
                       cfc_impl=impl)
     model = AlphaModel(cfg).to(device)
     model.cfc.chunk = args.cfc_chunk
+    if impl == "triton":
+        check_triton(model.cfc.cell, args.cfc_block)
+        model.cfc.block_b, model.cfc.num_warps = args.cfc_block, args.cfc_warps
+        model.cfc.num_stages = args.cfc_stages or None
     fwd = compile_model(model) if how.startswith("compile") else model
     graph = how.endswith("graph") and device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=graph)
@@ -145,6 +154,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--cfc-chunk", dest="cfc_chunk", type=int, default=16, help="steps per fused CfC chunk")
+    ap.add_argument("--cfc-block", dest="cfc_block", type=int, default=16, help="triton: batch rows per program")
+    ap.add_argument("--cfc-warps", dest="cfc_warps", type=int, default=8, help="triton: warps per program")
+    ap.add_argument("--cfc-stages", dest="cfc_stages", type=int, default=0,
+                    help="triton: pipeline stages (0: 2 for bf16, 1 for float32)")
     ap.add_argument("--modes", default="loop,fused,loop-compile,fused-compile")
     ap.add_argument("--cache", help="also time the batch loader on this cache (mode 'loader')")
     ap.add_argument("--loader-threads", dest="loader_threads", type=int, default=2)
@@ -159,7 +172,8 @@ def main() -> None:
     if args.cache:
         rows.append(loader(args))
     size = {k: getattr(args, k) for k in ("batch", "window", "features", "d_model", "layers", "d_state",
-                                          "headdim", "chunk", "cfc", "cfc_chunk")}
+                                          "headdim", "chunk", "cfc", "cfc_chunk", "cfc_block", "cfc_warps",
+                                          "cfc_stages")}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     print(f"alphamodel training throughput on {name} (torch {torch.__version__}), size {size}")
     print(f"{'mode':>14} {'windows/s':>11} {'tokens/s':>12} {'step ms':>9} {'warm-up s':>10} {'peak GiB':>9}")
