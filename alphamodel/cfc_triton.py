@@ -21,7 +21,7 @@ host synchronisation, allocations through torch's caching allocator).
 
 Dtypes: ``uw``, ``w_x``, ``w_fgh``, ``b_fgh`` share one dtype, float32 or bfloat16/float16 (under
 autocast); the products then run in that dtype with float32 accumulation, and ``a``, the gate and
-the state are float32. float32 products follow ``torch.backends.cuda.matmul.allow_tf32``
+the state are float32. float32 products follow ``torch.get_float32_matmul_precision()`` (TF32 unless ``"highest"``)
 (``"tf32"`` when set, else ``"ieee"``, exact float32). ``dt``, ``x0``, ``inv_tau`` and the states
 are float32. ``n`` (units) and ``bb`` (backbone width) must be powers of two >= 16 (``tl.dot``).
 
@@ -182,7 +182,7 @@ def interpreted() -> bool:
 def _precision(w: torch.Tensor) -> str:
     """``tl.dot`` input precision: exact float32 products ("ieee") unless torch allows TF32 on
     CUDA; 16-bit products ignore it (Triton's default, "tf32")."""
-    exact = w.dtype == torch.float32 and not (w.is_cuda and torch.backends.cuda.matmul.allow_tf32)
+    exact = w.dtype == torch.float32 and not (w.is_cuda and torch.get_float32_matmul_precision() != "highest")
     return "ieee" if exact else "tf32"
 
 

@@ -138,12 +138,19 @@ def test_triton_scan_sizes_and_missing_triton_are_usage_errors(kernels, monkeypa
 
 @needs_cuda
 @pytest.mark.parametrize(("precision", "slack"), [("fp32", 1e-4), ("tf32", 5e-3), ("bf16-autocast", 1e-2)])
-def test_triton_scan_on_cuda_at_model_size(kernels, precision, slack, monkeypatch):
+def test_triton_scan_on_cuda_at_model_size(kernels, precision, slack):
     """n = bb = 128, B = T = 64: no less accurate than the loop in the same precision (both
     against the loop in float64): within 2x its error + ``slack`` (relative to the largest value;
     float32 products exact, in TF32, or bf16 under autocast)."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", precision == "tf32")
-    autocast = precision == "bf16-autocast"
+    before = torch.get_float32_matmul_precision()  # (allow_tf32 is not readable in every torch)
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    try:
+        _check_at_model_size(precision == "bf16-autocast", slack)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _check_at_model_size(autocast: bool, slack: float) -> None:
     loop, tri = pair(32, 128, 128, seed=7)
     d = inputs(64, 64, 32, 128, seed=8, dt_max=0.01)
     truth = outputs_and_grads(copy.deepcopy(loop).double(), d, torch.float64)  # (no TF32 in float64)
