@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import joblib
 import numpy as np
 
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, file_identity, open_dbn
@@ -360,11 +359,12 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
                  skipped: list) -> dict[Path, dict]:  # fmt: skip
     """The scans of ``tasks`` (file, trades only), in parallel with ``jobs`` processes; a bad
     file raises, or is skipped with ``on_error="skip"``."""
-    calls = [joblib.delayed(_survey)(str(f.path), only, store) for f, only in tasks]
-    if jobs == 1 or len(calls) <= 1:
-        results = [c[0](*c[1], **c[2]) for c in calls]
+    if jobs == 1 or len(tasks) <= 1:
+        results = [_survey(str(f.path), only, store) for f, only in tasks]
     else:
-        results = joblib.Parallel(n_jobs=jobs)(calls)
+        import joblib  # here: a one-process plan need not load it
+
+        results = joblib.Parallel(n_jobs=jobs)(joblib.delayed(_survey)(str(f.path), only, store) for f, only in tasks)
     surveys: dict[Path, dict] = {}
     for (f, _), res in zip(tasks, results, strict=True):
         if "error" in res:
