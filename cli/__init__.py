@@ -10,7 +10,9 @@ traceback).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import gc
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -91,7 +93,8 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
         handlers=[RichHandler(console=console, show_path=False)],
     )
     try:
-        return args.func(args)
+        with _collector_for_a_command():
+            return args.func(args)
     except (AlphafeatError, OSError) as e:
         if verbose:
             console.print_exception()
@@ -100,6 +103,31 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     except KeyboardInterrupt:
         console.print("interrupted; outputs are written atomically, so nothing half-written was left")
         return 130
+
+
+#: Allocations between two young-generation collections while a command runs (CPython: 700).
+GC_THRESHOLD = 10_000
+
+
+@contextlib.contextmanager
+def _collector_for_a_command() -> Iterator[None]:
+    """The cyclic garbage collector's settings for one command; the threshold is restored after.
+
+    A command imports numba, pyarrow and databento: ~170 k objects that live to the end. At the
+    default threshold (700 allocations) the collector runs ~440 times while they are made; at
+    :data:`GC_THRESHOLD`, ~50. At exit the interpreter's last collections would walk and tear
+    down their reference cycles; ``gc.freeze()`` at exit (an ``atexit`` handler: a caller that
+    runs commands in-process keeps its collector until its own exit) spares that. On the
+    embedded sample (``alphafeat precompute``, 2 cores) the two take a run from ~1.3 s to ~1.0 s.
+    """
+    atexit.unregister(gc.freeze)  # once, however many commands a process runs
+    atexit.register(gc.freeze)
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], GC_THRESHOLD), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def _line(e: BaseException) -> str:
