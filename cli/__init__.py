@@ -113,12 +113,13 @@ GC_THRESHOLD = 10_000
 def _collector_for_a_command() -> Iterator[None]:
     """The cyclic garbage collector's settings for one command; the threshold is restored after.
 
-    A command imports numba, pyarrow and databento: ~170 k objects that live to the end. At the
-    default threshold (700 allocations) the collector runs ~440 times while they are made; at
-    :data:`GC_THRESHOLD`, ~50. At exit the interpreter's last collections would walk and tear
-    down their reference cycles; ``gc.freeze()`` at exit (an ``atexit`` handler: a caller that
-    runs commands in-process keeps its collector until its own exit) spares that. On the
-    embedded sample (``alphafeat precompute``, 2 cores) the two take a run from ~1.3 s to ~1.0 s.
+    A command imports its libraries (``precompute``: numba, pyarrow, databento; ~170 k objects
+    that live to the end). At the default threshold (700 allocations) the collector runs ~440
+    times while they are made; at :data:`GC_THRESHOLD`, ~50. At exit the interpreter's last
+    collections would walk and tear down their reference cycles; ``gc.freeze()`` at exit (an
+    ``atexit`` handler: a caller that runs commands in-process keeps its collector until its own
+    exit) spares that. On the embedded sample (``alphafeat precompute``, 2 cores) the two take a
+    run from ~1.3 s to ~1.0 s.
     """
     atexit.unregister(gc.freeze)  # once, however many commands a process runs
     atexit.register(gc.freeze)
