@@ -2,7 +2,7 @@
 
 A *segment* is the unit of work, memory and resumption of :func:`alphafeat.pipeline.precompute`:
 one CME Globex trade session x one chosen instrument x the files that hold its records. The
-plan reads, per file (in parallel, joblib processes):
+plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
 
 * the DBN header (``databento_dbn.Metadata``: schema, start/end, symbol mappings) of every file;
 * the records of trades and definition files (small), for traded volume and expirations;

@@ -70,14 +70,20 @@ def test_feature_stream_gives_the_kernel_one_layout(monkeypatch) -> None:
     assert {w for w, _ in seen} >= {10, 11, 6} and all(c for _, c in seen)
 
 
-def test_cli_collector_settings_are_restored() -> None:
-    """cli.run raises the young-generation threshold while a command runs and restores it."""
+def test_cli_collector_settings_are_restored(monkeypatch) -> None:
+    """cli.run raises the young-generation threshold while a command runs and restores it; it
+    freezes the collector at exit only for a process that is the command (the program's
+    ``alphafeat``), not for one that runs commands in-process (tests, notebooks)."""
+    import cli
     from cli import GC_THRESHOLD, Parser, run
 
+    registered = []
+    monkeypatch.setattr(cli.atexit, "register", registered.append)
     before = gc.get_threshold()
     during = []
     p = Parser(prog="x")
     p.set_defaults(func=lambda args: during.append(gc.get_threshold()) or 0)
     assert run(p, []) == 0
     assert during[0][0] == max(before[0], GC_THRESHOLD) and during[0][1:] == before[1:]
-    assert gc.get_threshold() == before
+    assert gc.get_threshold() == before and registered == []
+    assert run(p, [], freeze_at_exit=True) == 0 and registered == [gc.freeze]
