@@ -46,11 +46,10 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import numpy as np
-import pandas as pd
-from databento.common.symbology import InstrumentMap
 
 from alphafeat.types import UNDEF_TIMESTAMP
 from alphafeat.validation import InstrumentMode, RollRule, validate_enum  # noqa: F401 (InstrumentMode: re-exported)
@@ -60,6 +59,12 @@ MONTH_CODES = "FGHJKMNQUVXZ"
 SESSION_END_HOUR_CT = 16
 
 _NS = 1_000_000_000
+
+# databento is imported where an InstrumentMap is built (Symbology.build): importing it loads its
+# whole package (pandas, aiohttp, its HTTP clients: ~0.4 s), which segment workers and the
+# commands that only need sessions do not use.
+if TYPE_CHECKING:
+    from databento.common.symbology import InstrumentMap
 
 
 #: Databento continuous symbol ``ROOT.{c,n,v}.RANK`` (calendar, open interest, volume rank).
@@ -80,6 +85,8 @@ class _MappingMsg:
     """The attributes ``InstrumentMap.insert_symbol_mapping_msg`` reads, from a record."""
 
     def __init__(self, rec: np.void) -> None:
+        import pandas as pd  # loaded by databento's InstrumentMap already
+
         self.instrument_id = int(rec["instrument_id"])
         self.start_ts = int(rec["start_ts"])
         self.end_ts = int(rec["end_ts"])
@@ -194,6 +201,8 @@ class Symbology:
             inserted with ``InstrumentMap.insert_symbol_mapping_msg``. v1 records carry
             22-byte symbols, v2/v3 71-byte ones: both are read from the record's own dtype.
         """
+        from databento.common.symbology import InstrumentMap
+
         imap = InstrumentMap()
         fallback: dict[int, str] = {}
         for md in metadatas:

@@ -2,7 +2,7 @@
 
 A *segment* is the unit of work, memory and resumption of :func:`alphafeat.pipeline.precompute`:
 one CME Globex trade session x one chosen instrument x the files that hold its records. The
-plan reads, per file (in parallel, joblib processes):
+plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
 
 * the DBN header (``databento_dbn.Metadata``: schema, start/end, symbol mappings) of every file;
 * the records of trades and definition files (small), for traded volume and expirations;
@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import joblib
 import numpy as np
 
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, file_identity, open_dbn
@@ -243,19 +242,29 @@ def _groups_of(survey: dict, schema: str) -> dict[tuple[int, int], list]:
     return groups
 
 
+def _kept_scan(path: Path, store: str | None) -> tuple[Path | None, dict | None]:
+    """Where the scan of ``path`` is kept in ``store`` (None: no store) and the scan kept there
+    (None when there is none, or it cannot be read)."""
+    if not store:
+        return None, None
+    kept = Path(store) / f"{_survey_key(path)}.pkl"
+    if kept.is_file():
+        try:
+            with open(kept, "rb") as fh:
+                return kept, pickle.load(fh)
+        except (OSError, pickle.PickleError, EOFError):
+            pass
+    return kept, None
+
+
 def _survey(path: str, trades_only: bool, store: str | None) -> dict:
     """One task: the scan of ``path``, from ``store`` when kept there. Errors are returned
     (an InputError does not survive pickling)."""
     p = Path(path)
     try:
-        key = _survey_key(p)
-        kept = Path(store) / f"{key}.pkl" if store else None
-        if kept is not None and kept.is_file():
-            try:
-                with open(kept, "rb") as fh:
-                    return pickle.load(fh)
-            except (OSError, pickle.PickleError, EOFError):
-                pass
+        kept, res = _kept_scan(p, store)
+        if res is not None:
+            return res
         res = _scan_file(p, trades_only)
         if kept is not None:
             tmp = kept.with_name(f".{kept.name}.{uuid.uuid4().hex[:8]}")
@@ -358,13 +367,23 @@ def _check_symbology(book: list[DBNFile], surveys: dict[Path, dict]) -> str | No
 
 def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None, on_error: str,
                  skipped: list) -> dict[Path, dict]:  # fmt: skip
-    """The scans of ``tasks`` (file, trades only), in parallel with ``jobs`` processes; a bad
-    file raises, or is skipped with ``on_error="skip"``."""
-    calls = [joblib.delayed(_survey)(str(f.path), only, store) for f, only in tasks]
+    """The scans of ``tasks`` (file, trades only): those kept in ``store`` read here, the others
+    in parallel with ``jobs`` processes; a bad file raises, or is skipped with ``on_error="skip"``."""
+    kept: dict[Path, dict | None] = {}
+    for f, _ in tasks:
+        try:
+            kept[f.path] = _kept_scan(f.path, store)[1]
+        except (OSError, InputError):  # the task reports it
+            kept[f.path] = None
+    calls = [(str(f.path), only, store) for f, only in tasks if kept[f.path] is None]
     if jobs == 1 or len(calls) <= 1:
-        results = [c[0](*c[1], **c[2]) for c in calls]
+        scanned = [_survey(*c) for c in calls]
     else:
-        results = joblib.Parallel(n_jobs=jobs)(calls)
+        import joblib  # here: a one-process plan need not load it
+
+        scanned = joblib.Parallel(n_jobs=jobs)(joblib.delayed(_survey)(*c) for c in calls)
+    new = iter(scanned)
+    results = [kept[f.path] if kept[f.path] is not None else next(new) for f, _ in tasks]
     surveys: dict[Path, dict] = {}
     for (f, _), res in zip(tasks, results, strict=True):
         if "error" in res:
@@ -377,6 +396,22 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
             continue
         surveys[f.path] = res
     return surveys
+
+
+def _scan_jobs(jobs: int, tasks: list[tuple[DBNFile, bool]], book: list[DBNFile]) -> int:
+    """Processes for the scans of ``tasks``: ``jobs`` when some read a book file (large) or the
+    book files span more than one session (the map then runs on worker processes too, and joblib
+    reuses those the plan started); else 1: starting workers (an interpreter, imports, numba's
+    cache: ~1 CPU-second each) to read the trades and definition files of one session costs more
+    than reading them."""
+    if jobs == 1 or any(not trades_only for _, trades_only in tasks):
+        return jobs
+    sessions: set[dt.date] = set()
+    for f in book:
+        if _file_range(f)[1] is None:  # open-ended (a live recording)
+            return jobs
+        sessions.update(_sessions_of(f))
+    return jobs if len(sessions) > 1 else 1
 
 
 def _mapped_ids(f: DBNFile) -> set[int] | None:
@@ -500,7 +535,8 @@ def make_plan(
     need_volume = mode.kind == "front-month" and roll_rule == "volume" and not trades and not continuous
     scan_book = book if (need_volume or mode.kind != "front-month") else no_maps
     tasks = [(f, True) for f in trades + defs] + [(f, False) for f in scan_book]
-    surveys.update(_run_surveys([t for t in tasks if t[0].path not in surveys], jobs, store, on_error, skipped))
+    tasks = [t for t in tasks if t[0].path not in surveys]
+    surveys.update(_run_surveys(tasks, _scan_jobs(jobs, tasks, book), store, on_error, skipped))
     dropped = {p for p, _ in skipped}
     book = [f for f in book if f.path not in dropped]
     trades = [f for f in trades if f.path not in dropped]

@@ -414,8 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line)."""
-    return run(build_parser(), argv, verbose_level=logging.DEBUG)
+    """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line).
+    Without ``argv`` (the program's own command line) the process ends with the command, and
+    the interpreter skips its last collections (:func:`cli.run`'s ``freeze_at_exit``)."""
+    return run(build_parser(), argv, verbose_level=logging.DEBUG, freeze_at_exit=argv is None)
 
 
 if __name__ == "__main__":

@@ -1055,7 +1055,11 @@ class FeatureStream:
         self.rows = 0  # segment rows pushed so far
         self.carry = Carry(np.zeros(S), np.full(N_LF, -1, dtype=np.int64), np.zeros(N_LF),
                            np.zeros(N_LF, dtype=np.int64), np.full(max(W - 1, 1), np.nan))  # fmt: skip
-        self.out = reserve("features:stream", (plan.n_out, int(max_rows) + 1), np.float64)
+        self.max_rows = int(max_rows)
+        # one flat buffer; each push views its start as a C-contiguous (n_out, rows) matrix, so the
+        # kernel has one compiled form (a column slice of a wider matrix would be another: a second
+        # cached version for numba to load in every process)
+        self.out = reserve("features:stream", (plan.n_out * (self.max_rows + 1),), np.float64)
         self._kernel = kernel_of(plan)
         self._declared = row_kernel(plan, "cpu")
 
@@ -1072,17 +1076,18 @@ class FeatureStream:
         if halo != (self.rows > 0):
             raise UsageError("halo", "FeatureStream.push: the first push has no halo row, every later push has one")
         m = n - lo
-        if m > self.out.shape[1] - 1:
-            raise UsageError("cols", f"FeatureStream.push: {m} rows, more than max_rows = {self.out.shape[1] - 1}")
+        if m > self.max_rows:
+            raise UsageError("cols", f"FeatureStream.push: {m} rows, more than max_rows = {self.max_rows}")
+        n_out = self.plan.n_out
         if m <= 0:
-            return self.out[:, :0]
+            return self.out[:0].reshape(n_out, 0)
         g0 = self.rows - lo  # segment row of array row 0
         far = np.int64(2**62)  # a last finite row before the arrays: "seen, not the previous row"
         cj = self.carry.cj
         jloc = np.where(cj >= 0, np.maximum(cj - g0, 0), -1)
         jloc = np.where((cj >= 0) & (cj < g0), far, jloc).astype(np.int64)
         io = self.carry._replace(cj=jloc)
-        out = self.out[:, :n]
+        out = self.out[: n_out * n].reshape(n_out, n)
         inp = inputs_of(cols)
         lastf, ab = np.empty(N_LF, np.int64), np.empty((2, self.plan.s_kind.shape[0]))
         mode = _MODE_CONTINUE

@@ -1,0 +1,89 @@
+"""What every ``precompute`` process pays whatever its rows (imports, worker start-up, numba's
+cached kernels, the collector), kept from growing back."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import joblib
+import pytest
+from conftest import PROJECT
+
+from alphafeat.plan import make_plan
+
+DATA = PROJECT / "data"
+
+
+def _no_workers(*args: object, **kw: object) -> None:
+    raise AssertionError("the plan started worker processes")
+
+
+def test_pipeline_import_loads_neither_databento_nor_pandas() -> None:
+    """A segment worker imports alphafeat.pipeline: databento's package (pandas, aiohttp, its
+    HTTP clients; ~0.35 s) is loaded only where the plan builds its InstrumentMap."""
+    code = "import sys, alphafeat.pipeline; print(sorted({'databento', 'pandas', 'joblib'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PROJECT,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
+    assert out.stdout.strip() == "[]"
+
+
+def test_plan_of_one_session_or_of_kept_scans_starts_no_workers(tmp_path, monkeypatch) -> None:
+    """``--jobs N`` starts worker processes in the plan only for scans that pay for them: not for
+    the trades file of one session, nor for scans kept by an earlier run."""
+    one = sorted(DATA.glob("glbx-mdp3-20240306.*.dbn.zst"))
+    if len(one) != 2:
+        pytest.skip("data/ has no embedded sample")
+    kept = tmp_path / "pre"
+    ref = make_plan(sorted(DATA.glob("*.dbn.zst")), survey_dir=kept)  # one process: keeps the scans
+    monkeypatch.setattr(joblib, "Parallel", _no_workers)
+    assert [s.relpath for s in make_plan(one, jobs=2).segments] == [ref.segments[0].relpath]
+    again = make_plan(sorted(DATA.glob("*.dbn.zst")), jobs=2, survey_dir=kept)  # three sessions, scans kept
+    assert again.schedule == ref.schedule and again.segments == ref.segments
+    with pytest.raises(AssertionError, match="worker processes"):  # three sessions, nothing kept: workers
+        make_plan(sorted(DATA.glob("*.dbn.zst")), jobs=2)
+
+
+def test_feature_stream_gives_the_kernel_one_layout(monkeypatch) -> None:
+    """Every push (first, full, last partial) hands _run_chunk a C-contiguous result matrix, so
+    numba loads one compiled version of it per process, not one per layout."""
+    from test_features import random_book
+
+    from alphafeat.features import FeatureParams, _prepare, cpu
+    from alphafeat.features.registry import make_plan as feature_plan
+
+    book = random_book(25, 3)
+    seen = []
+    kernel = cpu._run_chunk
+
+    def spy(mode, inp, kp, out, *rest):  # noqa: ANN001, ANN202
+        seen.append((out.shape[1], out.flags.c_contiguous))
+        return kernel(mode, inp, kp, out, *rest)
+
+    monkeypatch.setattr(cpu, "_run_chunk", spy)
+    stream = cpu.FeatureStream(feature_plan(FeatureParams()), 10)
+    cols = _prepare(book, FeatureParams())
+    for a, b in ((0, 10), (10, 20), (20, 25)):  # no halo, then each led by the row before
+        stream.push({k: v[max(a - 1, 0) : b] for k, v in cols.items()}, a > 0)
+    assert {w for w, _ in seen} >= {10, 11, 6} and all(c for _, c in seen)
+
+
+def test_cli_collector_settings_are_restored(monkeypatch) -> None:
+    """cli.run raises the young-generation threshold while a command runs and restores it; it
+    freezes the collector at exit only for a process that is the command (the program's
+    ``alphafeat``), not for one that runs commands in-process (tests, notebooks)."""
+    import cli
+    from cli import GC_THRESHOLD, Parser, run
+
+    registered = []
+    monkeypatch.setattr(cli.atexit, "register", registered.append)
+    before = gc.get_threshold()
+    during = []
+    p = Parser(prog="x")
+    p.set_defaults(func=lambda args: during.append(gc.get_threshold()) or 0)
+    assert run(p, []) == 0
+    assert during[0][0] == max(before[0], GC_THRESHOLD) and during[0][1:] == before[1:]
+    assert gc.get_threshold() == before and registered == []
+    assert run(p, [], freeze_at_exit=True) == 0 and registered == [gc.freeze]
