@@ -615,7 +615,7 @@ def can_relabel(job: Job) -> bool:
 def relabel_table(table: pa.Table, job: Job) -> pa.Table:
     """``table`` (a partition) with its label columns recomputed for ``job``'s label options
     from its own mid and ``ts_recv``: the same values and columns as computing the segment
-    afresh (``tests/test_pipeline_relabel.py``); the other columns are kept as they are.
+    afresh (``tests/test_cache_runs.py``); the other columns are kept as they are.
     Requires :func:`can_relabel`."""
     n = table.num_rows
     x = table.column("book_crossed").to_numpy()
