@@ -994,6 +994,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         manifest = dict(common, schedule=schedule, sources=[e for _, e in sources], notes=summary.notes,
                         partitions=sorted(ours + others["earlier"]), earlier_partitions=others["earlier"],
                         replaced=others["replaced"], pruned=others["pruned"], book_complete_from=complete,
+                        skipped=[{"path": str(p), "problem": why} for p, why in summary.skipped],
                         run=stats)  # fmt: skip
         writer.commit(manifest)
     summary.peak_rss = max(summary.peak_rss, peak_rss())
