@@ -21,9 +21,10 @@ host synchronisation, allocations through torch's caching allocator).
 
 Dtypes: ``uw``, ``w_x``, ``w_fgh``, ``b_fgh`` share one dtype, float32 or bfloat16/float16 (under
 autocast); the products then run in that dtype with float32 accumulation, and ``a``, the gate and
-the state are float32. float32 products follow ``torch.get_float32_matmul_precision()`` (TF32 unless ``"highest"``)
-(``"tf32"`` when set, else ``"ieee"``, exact float32). ``dt``, ``x0``, ``inv_tau`` and the states
-are float32. ``n`` (units) and ``bb`` (backbone width) must be powers of two >= 16 (``tl.dot``).
+the state are float32. float32 products run in TF32 (``input_precision="tf32"``) unless
+``torch.get_float32_matmul_precision()`` is ``"highest"`` (then ``"ieee"``, exact float32).
+``dt``, ``x0``, ``inv_tau`` and the states are float32. ``n`` (units) and ``bb`` (backbone
+width) must be powers of two >= 16 (``tl.dot``).
 
 Runs on CUDA tensors, or on CPU tensors through Triton's interpreter when ``TRITON_INTERPRET=1``
 is set before triton is first imported (Triton reads it when it decorates kernels: these, and
