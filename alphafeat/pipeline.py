@@ -208,7 +208,8 @@ class Summary:
     """What a run did; the CLI prints it as a table.
 
     ``stage_seconds`` sums worker time per stage (``plan`` is the parent's): ``book`` (decode
-    and book, or the predecoded load), ``features``, ``labels``, ``write``. ``peak_rss`` is the
+    and book, or the predecoded load), ``features``, ``labels``, ``write``; ``read`` for
+    relabelled partitions (the earlier partition read back). ``peak_rss`` is the
     largest peak resident memory of any process of the run (bytes); ``cache_bytes`` the size
     of the run's partitions, those written and those already current.
     """

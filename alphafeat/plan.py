@@ -519,7 +519,8 @@ def make_plan(
     on_error = validate_enum(on_error, OnError, "--on-error").value
     jobs = validate_jobs(jobs)
     skipped: list[tuple[Path, str]] = []
-    files = list(dict.fromkeys(p.resolve() for p in discover(inputs)))  # a path given twice is read once
+    # absolute, links kept as given (errors name the path the user gave); a path given twice is read once
+    files = list(dict.fromkeys(Path(os.path.abspath(p)) for p in discover(inputs)))
     headers = _headers(files, on_error, skipped)
     store = None if survey_dir is None else str(Path(survey_dir) / "survey")
     live = [f for f in headers if f.schema is None]  # live recordings: the schema comes from the records

@@ -572,7 +572,7 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
     t0 = time.perf_counter()
     with pa.memory_map(src) as f:
         table = pa.ipc.open_file(f).read_all()
-    res.seconds["book"] = time.perf_counter() - t0  # the stored book columns and features, read back
+    res.seconds["read"] = time.perf_counter() - t0  # the partition's columns, read back
     t1 = time.perf_counter()
     table = relabel_table(table, job)
     res.seconds["labels"] = time.perf_counter() - t1

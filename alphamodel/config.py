@@ -247,7 +247,13 @@ def read_config(path: str | os.PathLike[str] | None, train: dict | None = None) 
             tcfg = {**tcfg, **(train or {})}
         return from_dict(ModelConfig, doc.get("model", {}), "model"), from_dict(TrainConfig, tcfg, "train")
     except af.UsageError as e:  # alphafeat's validate_* or ours
-        raise ConfigError(p, e.option, e.problem) from None
+        given = train or {}
+        if e.option.removeprefix("train.") in given:
+            raise  # the command line's value: a usage error of that option, not of the file
+        problem = e.problem
+        if e.option == "train.burn_in" and "window" in given:
+            problem += f" (window {given['window']} from the command line)"
+        raise ConfigError(p, e.option, problem) from None
 
 
 def _read_object(p: Path, what: str) -> dict:

@@ -316,6 +316,14 @@ def _save(out: Path, model: AlphaModel, norm: Normaliser, meta: dict) -> None:
     (out / "config.json").write_text(json.dumps(meta, indent=1))
 
 
+def check_device(mc: ModelConfig, device: torch.device) -> None:
+    """UsageError (``model.cfc_impl``) when the model cannot run on ``device``: the Triton CfC
+    scan runs on CUDA only."""
+    if mc.cfc_impl == "triton" and device.type != "cuda":
+        raise TrainUsageError("model.cfc_impl", f"'triton' runs on CUDA (train.device is {device.type}); use "
+                              "'fused'", "triton")
+
+
 def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaModel, Normaliser, dict]:
     """Load ``model.safetensors`` + ``config.json`` written by :func:`train`.
 
@@ -625,9 +633,7 @@ def train(
     mc = check_config(model_cfg or ModelConfig(), "model")
     check_folder(out)
     device = resolve_device(tc.device)
-    if mc.cfc_impl == "triton" and device.type != "cuda":
-        raise TrainUsageError("model.cfc_impl", f"'triton' runs on CUDA (train.device is {device.type}); use "
-                              "'fused'", "triton")
+    check_device(mc, device)
     if device.type == "cpu":
         # small models are bound by per-op overhead: one thread is as fast and is not slowed
         # down by OpenMP spinning on a busy machine; it also makes runs repeatable.

@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--modes", default="fused-compile,triton,triton:16x8x1,triton:16x4x2,triton:32x8x2")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch sees no CUDA device")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     g = torch.Generator().manual_seed(1)

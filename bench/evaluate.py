@@ -1,4 +1,4 @@
-"""The model beside its baselines on generated sessions: the "Must show" table of issue 19.
+"""The model beside its baselines on generated sessions, per horizon with intervals.
 
 Generates ``--sessions`` sessions with ``alphafeat synth`` (unless ``--cache`` is given),
 builds the cache with ``alphafeat precompute``, runs ``alphamodel train`` (walk-forward folds,
@@ -9,8 +9,10 @@ best baseline with its paired 95% interval) and one JSON line with the evaluatio
     python bench/evaluate.py --sessions 24 --scale normal --jobs 16 --work /tmp/eval24 \\
         --config alphamodel/configs/synth-normal-gpu.json --device cuda
     python bench/evaluate.py --cache /tmp/x/cache20 --config alphamodel/configs/synth-quiet-cpu.json
-    python bench/evaluate.py --sessions 24 --scale quiet --signal-kind history --signal 16 --work /tmp/h24 \
+    python bench/evaluate.py --sessions 24 --scale quiet --signal-kind history --signal 16 --work /tmp/h24 \\
         --config alphamodel/configs/synth-quiet-cpu.json
+    python bench/evaluate.py --sessions 160 --scale quiet --signal-kind history --signal 16 --jobs 16 \\
+        --work /tmp/h160 --config alphamodel/configs/synth-quiet-cpu.json --device cuda --set threads=12
 
 Extra options of the training config can be given as ``--set key=value`` (``train`` keys) and
 ``--set model.key=value`` (``model`` keys, e.g. ``--set 'model.ema_rows=[32,128,512,2048]'``).
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 from alphafeat.cache import MANIFEST
+from alphafeat.errors import AlphafeatError
 from alphafeat.validation import SignalKind
 from alphamodel.config import from_dict, read_config
 from alphamodel.model import ModelConfig
@@ -111,4 +114,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AlphafeatError as e:  # a bad cache, config or option: one line, as alphamodel train says it
+        sys.exit(f"error: {e}")

@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="--jobs of the coldJ case (0: no such case)")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout to time beside this one")
     args = ap.parse_args()
+    if args.baseline and not (args.baseline / "cli").is_dir():
+        ap.error(f"--baseline {args.baseline}: not a checkout of this project (no cli/ folder there)")
     roots = [PROJECT] + ([args.baseline.resolve()] if args.baseline else [])
     with tempfile.TemporaryDirectory(prefix="fixed_cost_") as tmp:
         todo = cases(args.input.resolve(), args.jobs, Path(tmp))

@@ -199,6 +199,8 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--pandas-worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.scratch is not None and not args.scratch.is_dir():
+        ap.error(f"--scratch {args.scratch}: no such directory")
     if args.pandas_worker:
         pandas_route(*map(Path, args.pandas_worker))
         return

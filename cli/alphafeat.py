@@ -157,7 +157,9 @@ def _synth(args: argparse.Namespace) -> int:
     rep = out / synth.REPORT_NAME
     if rep.is_file():
         r = json.loads(rep.read_text())
-        print(f"{r['mbp10_records']:,} MBP-10 records (from {r['mbo_records']:,} simulated MBO records); report: {rep}")
+        wrote = "MBO records" if "mbp-10" not in args.schemas else \
+            f"MBO records, {r['mbp10_records']:,} MBP-10 records from them"  # fmt: skip
+        print(f"{r['mbo_records']:,} simulated {wrote}; report: {rep}")
         ci = r["auc_ceiling"].get("interval_95", {})
         print("AUC ceiling per label horizon (snapshots) of "
               f"{r['auc_ceiling']['instrument']} on {r['auc_ceiling']['session']}: "
@@ -326,8 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DBN files or directories (default: the embedded sample in data/)")
     p.add_argument("--out", default="cache", type=_PATH, help="cache directory (default: ./cache)")
     p.add_argument("--device", default=val.Device.AUTO, **_enum(val.Device),
-                   help="where features are computed; auto: the CPU, whose streamed path is the faster one "
-                        "for this job even beside a GPU (README)")
+                   help="where features are computed; auto: the CPU, whose streamed path keeps memory bounded "
+                        "(the GPU path holds whole books; about as fast on a quarter: README)")
     p.add_argument("--root", default="ES", type=option(val.validate_root),
                    help="product root for front-month (default: ES)")
     p.add_argument("--horizons", default=None, type=option(val.validate_horizons),

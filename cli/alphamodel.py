@@ -63,12 +63,17 @@ def _need_torch() -> None:
 def _train(args: argparse.Namespace) -> int:
     _need_torch()
     from alphamodel.config import read_config
-    from alphamodel.train import train
+    from alphamodel.errors import ConfigError, UsageError
+    from alphamodel.train import check_device, resolve_device, train
 
     tcfg = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
     if args.compile:
         tcfg["compile"] = True
     mc, tc = read_config(args.config, tcfg)  # ConfigError names the file and the key
+    try:
+        check_device(mc, resolve_device(tc.device))  # before a default cache is built
+    except UsageError as e:  # cfc_impl comes from the config file
+        raise ConfigError(args.config, e.option, e.problem) from None
     cache = args.cache or _default_cache(args.out, args.quiet)
     s = train(cache, args.out, mc, tc, progress=not args.quiet)
 

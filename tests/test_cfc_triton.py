@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import sys
 
@@ -208,3 +209,18 @@ def test_triton_training_off_cuda_is_refused_and_a_saved_triton_model_loads_as_f
         want = AlphaModel(dataclasses.replace(cfg, cfc_impl="loop"))
         want.load_state_dict(loaded.state_dict())
         assert torch.allclose(loaded(x, dt), want.eval()(x, dt), atol=1e-5)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the refusal on a machine without CUDA")
+def test_cli_triton_config_off_cuda_is_one_line_naming_the_file(tmp_path, capsys):
+    """``alphamodel train --config F`` with ``cfc_impl: "triton"`` on a CPU: exit 1, one line
+    naming the file and the key, before the default cache is built."""
+    from cli.alphamodel import main
+
+    cfg = tmp_path / "triton.json"
+    cfg.write_text(json.dumps({"model": {"cfc_impl": "triton", "cfc_hidden": 16}}))
+    rc = main(["train", "-q", "--config", str(cfg), "--out", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(cfg) in err and "model.cfc_impl" in err and "CUDA" in err
+    assert not (tmp_path / "out" / "cache").exists()

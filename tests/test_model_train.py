@@ -344,6 +344,13 @@ def test_config_values_are_checked_before_anything_is_written(cache, tmp_path):
     with pytest.raises(UsageError, match=r"train\.epochs: expected a whole number >= 1, got 0"):
         train(cache, tmp_path / "o", train_cfg=TrainConfig(epochs=0))  # the Python API checks too
     assert not (tmp_path / "o").exists()
+    from alphamodel.config import read_config
+    from alphamodel.errors import ConfigError
+
+    f = tmp_path / "c.json"
+    f.write_text('{"train": {"burn_in": 16}}')
+    with pytest.raises(ConfigError, match=r"c\.json: train\.burn_in: .*window=8.*\(window 8 from the command line\)"):
+        read_config(f, {"window": 8})  # the conflict is named with where each value came from
 
 
 # ---- data-dependent bad input: one line, exit 1, before training ----------------------------
