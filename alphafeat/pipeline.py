@@ -601,8 +601,8 @@ def features_key(meta: dict) -> str:
     """What a partition's features were computed from: its schema metadata without the label
     options, label columns and fingerprint (JSON text; equal keys: the same non-label bytes)."""
     m = {k: v for k, v in meta.items() if k not in ("fingerprint", "columns", "params")}
-    m["params"] = {k: v for k, v in meta["params"].items() if k not in LABEL_OPTIONS}
-    m["columns"] = [c for c in meta["columns"] if not _is_label(c["name"])]
+    m["params"] = {k: v for k, v in (meta.get("params") or {}).items() if k not in LABEL_OPTIONS}
+    m["columns"] = [c for c in meta.get("columns") or [] if not _is_label(str(c.get("name", "")))]
     return json.dumps(m, sort_keys=True)
 
 
