@@ -169,9 +169,9 @@ class CacheWriter:
         self.kept: list[str] = []
         self._done = False
 
-    def current(self, relpath: str, fingerprint: str) -> bool:
-        """True (and the file is kept) when ``out/relpath`` already has this fingerprint."""
-        meta = partition_metadata(self.out / relpath)
+    def current(self, relpath: str, fingerprint: str, meta: dict | None) -> bool:
+        """True (and the file is kept) when ``meta``, the metadata of ``out/relpath``
+        (:func:`partition_metadata`; None: no readable partition there), has this fingerprint."""
         if meta is not None and meta.get("fingerprint") == fingerprint:
             self.kept.append(relpath)
             return True

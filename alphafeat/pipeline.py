@@ -390,7 +390,18 @@ def crossed(b: BookArrays) -> np.ndarray:
 def book_mid(b: BookArrays) -> np.ndarray:
     """The mid price, float64 (n,), as the ``mid`` feature computes it: ``0.5 * (bid + ask)``
     of the best levels, NaN where either is empty (the same operations, so bit-identical)."""
-    return 0.5 * (b.bid_px[:, 0] + b.ask_px[:, 0])
+    return _mid(b.bid_px[:, 0], b.ask_px[:, 0])
+
+
+def _mid(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:
+    return 0.5 * (bid + ask)
+
+
+def label_mid(bid: np.ndarray, ask: np.ndarray, crossed: np.ndarray) -> np.ndarray:
+    """The mid the labels read, float64 (n,), from the best bid and ask (n,): :func:`book_mid`,
+    NaN where the book is crossed (no label there). A partition's stored ``bid_px_00``,
+    ``ask_px_00`` and ``book_crossed`` give the same bits (:func:`relabel_table`)."""
+    return np.where(crossed, np.nan, _mid(bid, ask))
 
 
 def _min_depth(params: FeatureParams) -> dict[str, int]:
@@ -444,7 +455,7 @@ class SegmentColumns:
         self.index = {s.name: k for k, s in enumerate(feature_specs(job.features))}
         self.min_depth = _min_depth(job.features)
         self.stream = None
-        self.labels = LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, cap)
+        self.labels = _label_stream(job, cap)
         self.seconds = {"features": 0.0, "store": 0.0, "labels": 0.0}  # "store" and "labels": the worker's
         self._worker = ThreadPoolExecutor(1)  # stores and labels block by block beside the next block's features
         self._pending: list[Future] = []
@@ -528,7 +539,7 @@ class SegmentColumns:
         c["book_complete"][k0:k1] = True  # until mark_complete says otherwise
         self.crossed += int(x.sum())
         mid = c["_mid"][k0:k1]
-        mid[:] = np.where(x, np.nan, book_mid(b)[lo:])
+        mid[:] = label_mid(b.bid_px[lo:, 0], b.ask_px[lo:, 0], x)
         if release is not None:
             release()
         if self.job.barrier:
@@ -569,6 +580,11 @@ class SegmentColumns:
         del c
         cols.update(_label_arrays(labels))
         return pa.table(cols), self.crossed
+
+
+def _label_stream(job: Job, capacity: int) -> LabelStream:
+    """The labels of ``job`` (direction horizons, triple barrier) for a segment of at most ``capacity`` rows."""
+    return LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, capacity)
 
 
 def _finish_labels(stream: LabelStream, mid: np.ndarray, ts: np.ndarray, w: np.ndarray | None,
@@ -620,11 +636,10 @@ def relabel_table(table: pa.Table, job: Job) -> pa.Table:
     Requires :func:`can_relabel`."""
     n = table.num_rows
     x = table.column("book_crossed").to_numpy()
-    mid = np.where(x, np.nan, 0.5 * (table.column("bid_px_00").to_numpy() + table.column("ask_px_00").to_numpy()))
+    mid = label_mid(table.column("bid_px_00").to_numpy(), table.column("ask_px_00").to_numpy(), x)
     ts = table.column("ts_recv").cast(pa.int64()).to_numpy().copy()  # writable: the cold path's kernel types
     w = _barrier_widths(mid, None, validate_barrier(job.barrier), job) if job.barrier else None
-    labels = _finish_labels(LabelStream(job.horizons, job.barrier_horizon if job.barrier else None, n), mid, ts, w,
-                            job)  # fmt: skip
+    labels = _finish_labels(_label_stream(job, n), mid, ts, w, job)
     kept = {k: table.column(k) for k in table.column_names if not _is_label(k)}
     return pa.table({**kept, **_label_arrays(labels)})
 
@@ -875,7 +890,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         calls = []
         for seg in plan.segments:
             meta = _partition_metadata(common, seg, schedule, sources)
-            if writer.current(seg.relpath, meta["fingerprint"]):
+            path = writer.out / seg.relpath
+            old = partition_metadata(path)  # None: no partition there (or not readable)
+            if writer.current(seg.relpath, meta["fingerprint"], old):
                 summary.partitions_skipped += 1
                 summary.partitions.append(writer.out / seg.relpath)
                 rows, n_x = _partition_stats(writer.out / seg.relpath)
@@ -888,13 +905,11 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 advance(t_map)
             else:
                 relabel = None
-                if (writer.out / seg.relpath).is_file():
-                    old = partition_metadata(writer.out / seg.relpath)
-                    same = old is not None and features_key(old) == features_key(json.loads(json.dumps(meta)))
-                    if same and can_relabel(job):  # (json: the key as the file holds it)
-                        relabel = str(writer.out / seg.relpath)
-                    else:
-                        recomputed.append(seg.relpath)
+                if old is not None and can_relabel(job) and \
+                        features_key(old) == features_key(json.loads(json.dumps(meta))):  # (json: as the file holds it)
+                    relabel = str(path)
+                elif path.is_file():
+                    recomputed.append(seg.relpath)
                 calls.append((seg, str(writer.staging), meta, job, pre, keep, relabel))
         by_rel = {c[0].relpath: c[0] for c in calls}
         for res in _map(calls, cfg, device):
@@ -948,17 +963,15 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                                      "pruned)")):  # fmt: skip
             listed = [r for r in others[key] if r not in others["skipped"]]  # those have a note of their own
             if listed:
-                summary.notes.append(what.format(n=len(listed)) + f": {', '.join(listed[:5])}"
-                                     + (" ..." if len(listed) > 5 else ""))  # fmt: skip
+                summary.notes.append(what.format(n=len(listed)) + f": {_first(listed, 5)}")
         recomputed = [r for r in recomputed if r not in others["skipped"]]
         if recomputed:
             summary.notes.append(f"recomputed {len(recomputed)} partition(s) written earlier with other options or "
-                                 f"inputs (each replaced when this run commits): {', '.join(recomputed[:3])}"
-                                 + (" ..." if len(recomputed) > 3 else ""))  # fmt: skip
+                                 f"inputs (each replaced when this run commits): {_first(recomputed, 3)}")
         if relabelled:
             summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label options: "
                                  "their book columns and features kept, labels recomputed from their mid: "
-                                 f"{', '.join(relabelled[:3])}" + (" ..." if len(relabelled) > 3 else ""))  # fmt: skip
+                                 f"{_first(relabelled, 3)}")
         if others["skipped"]:
             fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
                     "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip
@@ -1003,6 +1016,11 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     release_buffers()  # the buffers this process kept for its segments (arena) go back
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary
+
+
+def _first(items: list[str], k: int) -> str:
+    """The first ``k`` of ``items`` for a note, comma-separated, `` ...`` when there are more."""
+    return ", ".join(items[:k]) + (" ..." if len(items) > k else "")
 
 
 def _earlier_manifest(out: Path) -> dict:
