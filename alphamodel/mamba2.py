@@ -65,7 +65,7 @@ def ssd_chunked(
     chunk_size: int = 64,
     initial_state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked SSD scan (Dao & Gu 2024, listing 1), exact, with padding and a carried state.
+    """Chunked SSD scan (Dao & Gu 2024, listing 1), exact, with padding, groups and a carried state.
 
     Parameters
     ----------
@@ -73,8 +73,10 @@ def ssd_chunked(
         Inputs already multiplied by the step ``dt`` (float32 or float64).
     a : torch.Tensor, shape (batch, L, H)
         Log decays ``A * dt`` (<= 0).
-    B, C : torch.Tensor, shape (batch, L, H, N)
-        Input and output projections of the state, per head.
+    B, C : torch.Tensor, shape (batch, L, G, N)
+        Input and output projections of the state, per group of ``H / G`` heads (``G = H``:
+        one per head; Mamba2's ``ngroups``). A group's ``C_l . B_s`` is computed once for its
+        heads, and its heads are one matrix product in the chunk states and their outputs.
     chunk_size : int
         Chunk length Q; L need not be a multiple (the tail is padded with ``a = 0, x = 0``,
         which leaves the state unchanged).
@@ -85,45 +87,54 @@ def ssd_chunked(
     -------
     y : torch.Tensor, shape (batch, L, H, P)
     final_state : torch.Tensor, shape (batch, H, P, N), the state after position L-1.
+
+    Within a chunk the decay from position s to l is ``exp(cumsum_l - cumsum_s)`` of the
+    chunk's log decays (as ``mamba_ssm``'s kernels; the differences of a cumulative sum lose
+    ~1 ulp of its magnitude, well inside float32's tolerance for chunks of 64-256); between
+    chunks :func:`segsum`.
     """
     b, L, h, p = x.shape
-    n = B.shape[-1]
+    g, n = B.shape[-2], B.shape[-1]
+    if h % g:
+        raise UsageError("ngroups", f"expected a divisor of the {h} heads", g)
+    r = h // g
     pad = (-L) % chunk_size
     if pad:
         x = F.pad(x, (0, 0, 0, 0, 0, pad))
         a = F.pad(a, (0, 0, 0, pad))
         B = F.pad(B, (0, 0, 0, 0, 0, pad))
         C = F.pad(C, (0, 0, 0, 0, 0, pad))
-    c = (L + pad) // chunk_size
-    x = x.reshape(b, c, chunk_size, h, p)
-    B = B.reshape(b, c, chunk_size, h, n)
-    C = C.reshape(b, c, chunk_size, h, n)
-    a = a.reshape(b, c, chunk_size, h).permute(0, 3, 1, 2)  # (b, h, c, l)
-    a_cs = torch.cumsum(a, dim=-1)
+    c, q = (L + pad) // chunk_size, chunk_size
+    x = x.reshape(b, c, q, g, r, p)
+    B = B.reshape(b, c, q, g, n)
+    C = C.reshape(b, c, q, g, n)
+    a_cs = torch.cumsum(a.reshape(b, c, q, g, r), dim=2)  # (b, c, l, g, r)
 
     # 1. within chunks: y_l = sum_{s<=l} (C_l . B_s) exp(a_{s+1..l}) x_s
-    decay = torch.exp(segsum(a))  # (b, h, c, l, s)
-    cb = torch.einsum("bclhn,bcshn->bchls", C, B)
-    y_diag = torch.einsum("bchls,bcshp->bclhp", cb * decay.permute(0, 2, 1, 3, 4), x)
+    cb = torch.einsum("bclgn,bcsgn->bcgls", C, B)  # once per group
+    t = a_cs.permute(0, 1, 3, 4, 2)  # (b, c, g, r, l)
+    causal = torch.tril(torch.ones(q, q, dtype=torch.bool, device=x.device))
+    decay = torch.exp((t[..., :, None] - t[..., None, :]).masked_fill(~causal, -math.inf))  # (b, c, g, r, l, s)
+    y_diag = torch.einsum("bcgrls,bcsgrp->bclgrp", cb.unsqueeze(3) * decay, x)
 
     # 2. state at the end of each chunk, from that chunk's inputs
-    decay_states = torch.exp(a_cs[..., -1:] - a_cs)  # (b, h, c, l)
-    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_states, x)
+    decay_states = torch.exp(a_cs[:, :, -1:] - a_cs)  # (b, c, l, g, r)
+    states = torch.einsum("bclgn,bclgrp->bcgrpn", B, x * decay_states.unsqueeze(-1))
 
     # 3. recurrence over chunks
     if initial_state is None:
-        init = torch.zeros(b, 1, h, p, n, dtype=x.dtype, device=x.device)
+        init = torch.zeros(b, 1, g, r, p, n, dtype=x.dtype, device=x.device)
     else:
-        init = initial_state.to(x.dtype).unsqueeze(1)
-    states = torch.cat([init, states], dim=1)  # (b, c+1, h, p, n)
-    decay_chunk = torch.exp(segsum(F.pad(a_cs[..., -1], (1, 0))))  # (b, h, c+1, c+1)
-    new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+        init = initial_state.to(x.dtype).reshape(b, 1, g, r, p, n)
+    states = torch.cat([init, states], dim=1)  # (b, c+1, g, r, p, n)
+    last = F.pad(a_cs[:, :, -1].permute(0, 2, 3, 1), (1, 0))  # (b, g, r, c+1)
+    new_states = torch.einsum("bgrzc,bcgrpn->bzgrpn", torch.exp(segsum(last)), states)
     states, final_state = new_states[:, :-1], new_states[:, -1]
 
     # 4. contribution of the state entering each chunk
-    y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(a_cs))
-    y = (y_diag + y_off).reshape(b, c * chunk_size, h, p)[:, :L]
-    return y, final_state
+    y_off = torch.einsum("bclgn,bcgrpn->bclgrp", C, states) * torch.exp(a_cs).unsqueeze(-1)
+    y = (y_diag + y_off).reshape(b, c * q, h, p)[:, :L]
+    return y, final_state.reshape(b, h, p, n)
 
 
 class RMSNormGated(nn.Module):
@@ -263,16 +274,14 @@ class Mamba2(nn.Module):
                 dt = dt * mask.unsqueeze(-1).to(scan_dtype)
             A = -torch.exp(self.A_log.to(scan_dtype))  # (H,)
             xh = x.to(scan_dtype).reshape(bsz, L, self.nheads, self.headdim)
-            rep = self.nheads // self.ngroups
-            Bh = Bm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
-            Ch = Cm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state).repeat_interleave(rep, dim=2)
+            Bg = Bm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state)
+            Cg = Cm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state)
             if self.use_triton and _triton_ssd is not None and u.is_cuda and scan_dtype == torch.float32:
                 # mamba_ssm's kernel: the same scan (x times dt inside), carried state in and out
-                y, new_ssm = _triton_ssd(xh, dt, A, Bm.float().reshape(bsz, L, self.ngroups, self.d_state),
-                                         Cm.float().reshape(bsz, L, self.ngroups, self.d_state), self.chunk_size,
+                y, new_ssm = _triton_ssd(xh, dt, A, Bg, Cg, self.chunk_size,
                                          initial_states=ssm_state, return_final_states=True)
             else:
-                y, new_ssm = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bh, Ch, self.chunk_size, ssm_state)
+                y, new_ssm = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bg, Cg, self.chunk_size, ssm_state)
             y = y + xh * self.D.to(scan_dtype).unsqueeze(-1)
             y = y.reshape(bsz, L, self.d_inner)
         out = self.out_proj(self.norm(y, z))  # under autocast the projection runs in bf16

@@ -44,6 +44,20 @@ def test_chunked_equals_sequential(dtype, tol, chunk):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_grouped_B_C_equal_per_head_copies(dtype, tol, groups):
+    """B and C shared by groups of heads (Mamba2's ngroups) == the sequential scan with each
+    head given its group's B and C."""
+    x, a, B, C, h0 = inputs(dtype, H=4)
+    Bg, Cg = B[:, :, :groups], C[:, :, :groups]
+    rep = 4 // groups
+    y_ref, h_ref = ssd_sequential(x, a, Bg.repeat_interleave(rep, 2), Cg.repeat_interleave(rep, 2), h0)
+    y, h = ssd_chunked(x, a, Bg, Cg, chunk_size=16, initial_state=h0)
+    assert float((y - y_ref).abs().max()) <= tol * max(1.0, float(y_ref.abs().max()))
+    assert float((h - h_ref).abs().max()) <= tol * max(1.0, float(h_ref.abs().max()))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 def test_two_halves_with_carried_state_equal_the_whole(dtype, tol):
     x, a, B, C, _ = inputs(dtype, L=50)
     y_all, h_all = ssd_chunked(x, a, B, C, chunk_size=16)
