@@ -76,7 +76,9 @@ def ssd_chunked(
     B, C : torch.Tensor, shape (batch, L, G, N)
         Input and output projections of the state, per group of ``H / G`` heads (``G = H``:
         one per head; Mamba2's ``ngroups``). A group's ``C_l . B_s`` is computed once for its
-        heads, and its heads are one matrix product in the chunk states and their outputs.
+        heads; the products are batched matmuls in head-major layouts (on the H200 the
+        einsum form with B and C copied to every head trained 4.53 M tokens/s, this 5.14 M:
+        ``bench/train.py``, batch 2048 x 512, d_model 128, 4 layers).
     chunk_size : int
         Chunk length Q; L need not be a multiple (the tail is padded with ``a = 0, x = 0``,
         which leaves the state unchanged).
@@ -105,21 +107,21 @@ def ssd_chunked(
         B = F.pad(B, (0, 0, 0, 0, 0, pad))
         C = F.pad(C, (0, 0, 0, 0, 0, pad))
     c, q = (L + pad) // chunk_size, chunk_size
-    x = x.reshape(b, c, q, g, r, p)
-    B = B.reshape(b, c, q, g, n)
-    C = C.reshape(b, c, q, g, n)
-    a_cs = torch.cumsum(a.reshape(b, c, q, g, r), dim=2)  # (b, c, l, g, r)
+    # head-major layouts, so that every product below is one batched matmul over (b, c, g[, r])
+    x = x.reshape(b, c, q, g, r, p).permute(0, 1, 3, 4, 2, 5).contiguous()  # (b, c, g, r, s, p)
+    B = B.reshape(b, c, q, g, n).permute(0, 1, 3, 2, 4).contiguous()  # (b, c, g, s, n)
+    C = C.reshape(b, c, q, g, n).permute(0, 1, 3, 2, 4).contiguous()  # (b, c, g, l, n)
+    a_cs = torch.cumsum(a.reshape(b, c, q, g, r).permute(0, 1, 3, 4, 2), dim=-1)  # (b, c, g, r, l)
 
     # 1. within chunks: y_l = sum_{s<=l} (C_l . B_s) exp(a_{s+1..l}) x_s
-    cb = torch.einsum("bclgn,bcsgn->bcgls", C, B)  # once per group
-    t = a_cs.permute(0, 1, 3, 4, 2)  # (b, c, g, r, l)
+    cb = torch.matmul(C, B.transpose(-1, -2))  # (b, c, g, l, s), once per group
     causal = torch.tril(torch.ones(q, q, dtype=torch.bool, device=x.device))
-    decay = torch.exp((t[..., :, None] - t[..., None, :]).masked_fill(~causal, -math.inf))  # (b, c, g, r, l, s)
-    y_diag = torch.einsum("bcgrls,bcsgrp->bclgrp", cb.unsqueeze(3) * decay, x)
+    decay = torch.exp((a_cs[..., :, None] - a_cs[..., None, :]).masked_fill(~causal, -math.inf))  # (b, c, g, r, l, s)
+    y_diag = torch.matmul(cb.unsqueeze(3) * decay, x)  # (b, c, g, r, l, p)
 
-    # 2. state at the end of each chunk, from that chunk's inputs
-    decay_states = torch.exp(a_cs[:, :, -1:] - a_cs)  # (b, c, l, g, r)
-    states = torch.einsum("bclgn,bclgrp->bcgrpn", B, x * decay_states.unsqueeze(-1))
+    # 2. state at the end of each chunk, from that chunk's inputs: sum_s decay_s x_s B_s^T
+    decay_states = torch.exp(a_cs[..., -1:] - a_cs)  # (b, c, g, r, s)
+    states = torch.matmul((x * decay_states.unsqueeze(-1)).transpose(-1, -2), B.unsqueeze(3))  # (b, c, g, r, p, n)
 
     # 3. recurrence over chunks
     if initial_state is None:
@@ -127,13 +129,13 @@ def ssd_chunked(
     else:
         init = initial_state.to(x.dtype).reshape(b, 1, g, r, p, n)
     states = torch.cat([init, states], dim=1)  # (b, c+1, g, r, p, n)
-    last = F.pad(a_cs[:, :, -1].permute(0, 2, 3, 1), (1, 0))  # (b, g, r, c+1)
+    last = F.pad(a_cs[..., -1].permute(0, 2, 3, 1), (1, 0))  # (b, g, r, c+1)
     new_states = torch.einsum("bgrzc,bcgrpn->bzgrpn", torch.exp(segsum(last)), states)
     states, final_state = new_states[:, :-1], new_states[:, -1]
 
-    # 4. contribution of the state entering each chunk
-    y_off = torch.einsum("bclgn,bcgrpn->bclgrp", C, states) * torch.exp(a_cs).unsqueeze(-1)
-    y = (y_diag + y_off).reshape(b, c * q, h, p)[:, :L]
+    # 4. contribution of the state entering each chunk: C_l states^T exp(a_cs_l)
+    y_off = torch.matmul(C.unsqueeze(3), states.transpose(-1, -2)) * torch.exp(a_cs).unsqueeze(-1)  # (b, c, g, r, l, p)
+    y = (y_diag + y_off).permute(0, 1, 4, 2, 3, 5).reshape(b, c * q, h, p)[:, :L]
     return y, final_state.reshape(b, h, p, n)
 
 
