@@ -601,10 +601,12 @@ def _is_label(name: str) -> bool:
     return name.startswith(("label_", "t1_", "tb_"))
 
 
-def _label_arrays(labels: dict[str, np.ndarray]) -> dict[str, pa.Array]:
-    """The label columns as Arrow arrays: end times as UTC timestamps, null where unknown (< 0)."""
+def _label_arrays(labels: dict[str, np.ndarray | pa.ChunkedArray]) -> dict[str, pa.Array | pa.ChunkedArray]:
+    """The label columns as Arrow arrays: end times as UTC timestamps, null where unknown (< 0);
+    a column already in Arrow (kept from a partition) as it is."""
     ts = pa.timestamp("ns", tz="UTC")
-    return {k: pa.array(v, ts, mask=v < 0) if k.startswith("t1_") or k == "tb_t1" else pa.array(v)
+    return {k: v if isinstance(v, pa.ChunkedArray) else
+            pa.array(v, ts, mask=v < 0) if k.startswith("t1_") or k == "tb_t1" else pa.array(v)
             for k, v in labels.items()}  # fmt: skip
 
 
@@ -633,15 +635,63 @@ def relabel_table(table: pa.Table, job: Job) -> pa.Table:
     """``table`` (a partition) with its label columns recomputed for ``job``'s label options
     from its own mid and ``ts_recv``: the same values and columns as computing the segment
     afresh (``tests/test_cache_runs.py``); the other columns are kept as they are.
-    Requires :func:`can_relabel`."""
-    n = table.num_rows
-    x = table.column("book_crossed").to_numpy()
-    mid = label_mid(table.column("bid_px_00").to_numpy(), table.column("ask_px_00").to_numpy(), x)
-    ts = table.column("ts_recv").cast(pa.int64()).to_numpy().copy()  # writable: the cold path's kernel types
-    w = _barrier_widths(mid, None, validate_barrier(job.barrier), job) if job.barrier else None
-    labels = _finish_labels(_label_stream(job, n), mid, ts, w, job)
-    kept = {k: table.column(k) for k in table.column_names if not _is_label(k)}
-    return pa.table({**kept, **_label_arrays(labels)})
+
+    A label column whose options the partition's metadata (``alphafeat`` schema key) shows
+    unchanged is kept as it is (it was computed from the same mid: ``label_h{h}`` / ``t1_h{h}``
+    of a horizon it holds, the triple barrier of the same ``barrier`` and ``barrier_horizon``,
+    a horizon in seconds it holds); the others are computed whole-segment
+    (:func:`alphafeat.labels.direction_labels`, numpy; :func:`alphafeat.labels.triple_barrier`
+    and :func:`alphafeat.labels.direction_labels_seconds`), which equal the streamed labels of
+    a fresh run bit for bit. Requires :func:`can_relabel`."""
+    from alphafeat.labels import direction_labels, triple_barrier
+
+    old = _label_params(table)
+    mid: list[np.ndarray] = []  # computed once, when a label needs it
+
+    def inputs() -> tuple[np.ndarray, np.ndarray]:
+        if not mid:
+            x = table.column("book_crossed").to_numpy()
+            mid.append(label_mid(table.column("bid_px_00").to_numpy(), table.column("ask_px_00").to_numpy(), x))
+            mid.append(table.column("ts_recv").cast(pa.int64()).to_numpy().copy())  # writable: the kernels' types
+        return mid[0], mid[1]
+
+    def kept(names: list[str], same: bool) -> dict[str, pa.ChunkedArray] | None:
+        ok = same and all(table.schema.get_field_index(k) >= 0 for k in names)  # -1: absent (or twice)
+        return {k: table.column(k) for k in names} if ok else None
+
+    labels: dict[str, np.ndarray | pa.ChunkedArray] = {}
+    for h in job.horizons:
+        names = [f"label_h{h}", f"t1_h{h}"]
+        labels.update(kept(names, h in old["horizons"]) or direction_labels(inputs()[0], [h], ts=inputs()[1]))
+    if job.barrier:
+        same = old["barrier"] == job.barrier and old["barrier_horizon"] == job.barrier_horizon
+        tb = kept(["tb_label", "tb_t1"], same)
+        if tb is None:
+            m, ts = inputs()
+            w = _barrier_widths(m, None, validate_barrier(job.barrier), job)
+            y, t1, _ = triple_barrier(m, w, w, job.barrier_horizon, ts)
+            tb = {"tb_label": y, "tb_t1": t1}
+        labels.update(tb)
+    for sec in job.horizons_s:
+        names = [f"label_h{sec:g}s", f"t1_h{sec:g}s"]
+        labels.update(kept(names, old["horizons_s"].count(sec) == 1) or
+                      direction_labels_seconds(*inputs(), [sec]))  # fmt: skip
+    kept_cols = {k: table.column(k) for k in table.column_names if not _is_label(k)}
+    return pa.table({**kept_cols, **_label_arrays(labels)})
+
+
+def _label_params(table: pa.Table) -> dict:
+    """The label options a partition's metadata records (those absent: empty / None, so that
+    none of its label columns is kept)."""
+    from alphafeat.cache import META_KEY
+
+    try:
+        params = json.loads((table.schema.metadata or {})[META_KEY]).get("params") or {}
+    except (KeyError, ValueError, AttributeError):
+        params = {}
+    return {"horizons": [int(h) for h in params.get("horizons") or []],
+            "horizons_s": [float(s) for s in params.get("horizons_s") or []],
+            "barrier": params.get("barrier"), "barrier_horizon": params.get("barrier_horizon")}  # fmt: skip
 
 
 #: Rows of one push of the CPU features (:meth:`SegmentColumns.add`): their float64 result
