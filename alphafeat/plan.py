@@ -11,11 +11,11 @@ plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
   That scan keeps per (session, instrument) a record count, the trade volume of ``T``
   records and the first ``ts_recv``, plus in-band symbol mappings: a few kilobytes.
 
-Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size and mtime, so a
-rerun plans without decoding; the plan itself is kept in ``<predecoded dir>/survey/plan/``
-(:func:`plan_key`: every input file's path, size, mtime, ctime and inode, the plan options and
-a hash of the planning code), so a rerun over the same files plans without opening them (nor
-loading databento, which the symbology needs). Front-month selection itself is
+Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size, mtime, ctime and
+inode (:func:`_identity`), so a rerun plans without decoding; the plan itself is kept in
+``<predecoded dir>/plan/`` (:func:`plan_key`: every input file's identity, the plan options
+and a hash of the planning code), so a rerun over the same files plans without opening them
+(nor loading databento, which the symbology needs: ~0.3 s). Front-month selection itself is
 :func:`alphafeat.instruments.front_month_schedule` (no look-ahead: a session's choice uses the
 previous session's volume); this module is its only caller (``precompute``,
 ``roll-schedule`` and ``bench/`` all plan through :func:`make_plan`).
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, file_identity, open_dbn
+from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
 from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
     CONTINUOUS_RE,
@@ -192,8 +192,23 @@ def _file_range(f: DBNFile) -> tuple[int, int | None]:
     return start, end
 
 
+def _identity(path: Path) -> list:
+    """What a kept scan or plan is keyed by for one file: its path as given and resolved, size,
+    mtime, ctime, inode and device. Stricter than :func:`alphafeat.dbn.file_identity` (path,
+    size, mtime): a file replaced by another of the same size whose mtime was kept (``cp -p``,
+    ``rsync -t``) has another inode or ctime, so it is read again.
+
+    Raises
+    ------
+    OSError
+        The file cannot be stat'ed.
+    """
+    st = os.stat(path)
+    return [str(path), os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
 def _survey_key(path: Path) -> str:
-    ident = [*file_identity(path), SURVEY_VERSION]
+    ident = [*_identity(path), SURVEY_VERSION]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
 
@@ -300,11 +315,10 @@ def _survey(path: str, trades_only: bool, store: str | None) -> dict:
 
 
 def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
-    """Key of a kept plan: each input file's path (as given and resolved), size, mtime, ctime,
-    inode and device (a touched, rewritten or replaced file, or one added to or taken from an
-    input folder, gives another key), the plan ``options``, :data:`PLAN_VERSION`, a hash of
-    the planning code (:data:`_PLAN_CODE`) and the identity of the installed databento and
-    databento_dbn (their symbology decides the symbols).
+    """Key of a kept plan: each input file's :func:`_identity` (a touched, rewritten or replaced
+    file, or one added to or taken from an input folder, gives another key), the plan
+    ``options``, :data:`PLAN_VERSION`, a hash of the planning code (:data:`_PLAN_CODE`) and the
+    identity of the installed databento and databento_dbn (their symbology decides the symbols).
 
     Raises
     ------
@@ -322,11 +336,7 @@ def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
         spec = importlib.util.find_spec(mod)
         origin = spec.origin if spec is not None else None
         libs.append([origin, os.stat(origin).st_mtime_ns if origin else None])
-    ident = []
-    for p in files:
-        st = os.stat(p)
-        ident.append([str(p), os.path.realpath(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev])
-    key = [PLAN_VERSION, code.hexdigest(), libs, ident, [str(o) for o in options]]
+    key = [PLAN_VERSION, code.hexdigest(), libs, [_identity(p) for p in files], [str(o) for o in options]]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
 
 
@@ -593,9 +603,9 @@ def make_plan(
     files = list(dict.fromkeys(Path(os.path.abspath(p)) for p in discover(inputs)))
     store = None if survey_dir is None else str(Path(survey_dir) / "survey")
     kept = None
-    if store is not None:
+    if survey_dir is not None:
         try:
-            kept = Path(store) / "plan" / f"{plan_key(files, [mode, root, roll_rule, roll_days, on_error])}.pkl"
+            kept = Path(survey_dir) / "plan" / f"{plan_key(files, [mode, root, roll_rule, roll_days, on_error])}.pkl"
         except OSError:  # a file that cannot be stat'ed: the plan names it
             kept = None
         plan = None if kept is None else _thawed(_load_kept(kept))
