@@ -21,7 +21,8 @@ Rows (``--cases``, comma-separated; default all that the input allows):
   (the partitions are relabelled: their features kept, labels recomputed), then one with
   another feature set (features from the kept books; ``warm_features``); ``same``: a rerun
   with nothing changed. ``--repeat K`` runs the relabel and the unchanged rerun K times each,
-  interleaved (horizons 50,500 and 60,600 in turn, so each relabels), median reported.
+  interleaved (horizons 50,500 and 60,600 in turn, so each relabels), median reported; ``start``
+  is what each run pays before its work: python's start and the imports of a run.
 * ``bytes``: bytes per row of the default cache, of ``--features all`` and of each compression.
 * ``dask``: every session on a Dask LocalCluster of 1, then 2 workers.
 * ``pandas``: what a user writes in an afternoon (``databento``'s ``to_df`` -> 12 pandas
@@ -284,6 +285,8 @@ def main() -> None:
             res["same"], spread = median(same)
             r = res["same"]
             rows.append(("  rerun, nothing changed" + spread, r["seconds"], r["peak_rss_gb"], r["rows"]))
+            r = res["start"] = run_measured([sys.executable, "-c", "import cli.alphafeat, alphafeat.pipeline"])
+            rows.append(("  (of each: python start and the imports of a run)", r["seconds"], r["peak_rss_gb"], ""))
             r = res["warm_features"] = precompute(first, out, "--predecoded", "keep", "--horizons", h,
                                                   "--features", "default,flow")  # fmt: skip
             rows.append(("  rerun, other features (book kept)", r["seconds"], r["peak_rss_gb"], r["rows"]))
