@@ -87,18 +87,29 @@ def direction_labels(
     ------
     UsageError
         If a horizon is not a positive integer.
+
+    Notes
+    -----
+    Whole-segment numpy (no numba kernel to load: a relabelled partition's new horizons,
+    :func:`alphafeat.pipeline.relabel_table`); the same values, bit for bit, as the row kernel
+    :func:`_direction_h` that :class:`LabelStream` runs (the same float64 difference and the
+    same comparisons; ``tests/test_segment.py``).
     """
-    mid = np.ascontiguousarray(mid, dtype=np.float64)
+    mid = np.asarray(mid, dtype=np.float64)
     n = mid.shape[0]
-    tt = np.zeros(n, dtype=np.int64) if ts is None else np.ascontiguousarray(ts, dtype=np.int64)
     out: dict[str, np.ndarray] = {}
     for h in horizons:
         h = validate_horizon(h, "horizons")
-        y = np.empty(n, dtype=np.float32)
-        t1 = np.empty(n, dtype=np.int64)
-        _direction_h(mid, tt, h, y, t1)
+        m = max(n - h, 0)
+        y = np.full(n, np.nan, dtype=np.float32)  # NaN: a tie, a NaN mid, or past the end
+        with np.errstate(invalid="ignore"):
+            d = mid[h:] - mid[:m]
+        y[:m][d > 0.0] = 1.0
+        y[:m][d < 0.0] = 0.0
         out[f"label_h{h}"] = y
         if ts is not None:
+            t1 = np.full(n, NO_TIME, dtype=np.int64)
+            t1[:m] = np.asarray(ts, dtype=np.int64)[h:]
             out[f"t1_h{h}"] = t1
     return out
 

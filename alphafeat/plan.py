@@ -11,8 +11,11 @@ plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
   That scan keeps per (session, instrument) a record count, the trade volume of ``T``
   records and the first ``ts_recv``, plus in-band symbol mappings: a few kilobytes.
 
-Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size and mtime, so a
-rerun plans without decoding. Front-month selection itself is
+Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size, mtime, ctime and
+inode (:func:`_identity`), so a rerun plans without decoding; the plan itself is kept in
+``<predecoded dir>/plan/`` (:func:`plan_key`: every input file's identity, the plan options
+and a hash of the planning code), so a rerun over the same files plans without opening them
+(nor loading databento, which the symbology needs: ~0.3 s). Front-month selection itself is
 :func:`alphafeat.instruments.front_month_schedule` (no look-ahead: a session's choice uses the
 previous session's volume); this module is its only caller (``precompute``,
 ``roll-schedule`` and ``bench/`` all plan through :func:`make_plan`).
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, file_identity, open_dbn
+from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
 from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
     CONTINUOUS_RE,
@@ -70,6 +73,10 @@ _BOOK_RTYPES = {SCHEMA_RTYPES[s] for s in BOOK_SCHEMAS}
 _ROOT_RE = re.compile(rf"^(.+?)[{MONTH_CODES}]\d{{1,2}}(?:-.*)?$")
 #: Version of the survey records kept on disk; bump to invalidate them.
 SURVEY_VERSION = 2
+#: Version of the plans kept on disk (:func:`plan_key`); bump to invalidate them.
+PLAN_VERSION = 1
+#: The modules whose code decides a plan: their source is hashed into :func:`plan_key`.
+_PLAN_CODE = ("plan.py", "instruments.py", "dbn.py", "types.py", "validation.py", "errors.py")
 
 
 @dataclass(frozen=True)
@@ -185,8 +192,23 @@ def _file_range(f: DBNFile) -> tuple[int, int | None]:
     return start, end
 
 
+def _identity(path: Path) -> list:
+    """What a kept scan or plan is keyed by for one file: its path as given and resolved, size,
+    mtime, ctime, inode and device. Stricter than :func:`alphafeat.dbn.file_identity` (path,
+    size, mtime): a file replaced by another of the same size whose mtime was kept (``cp -p``,
+    ``rsync -t``) has another inode or ctime, so it is read again.
+
+    Raises
+    ------
+    OSError
+        The file cannot be stat'ed.
+    """
+    st = os.stat(path)
+    return [str(path), os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
 def _survey_key(path: Path) -> str:
-    ident = [*file_identity(path), SURVEY_VERSION]
+    ident = [*_identity(path), SURVEY_VERSION]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
 
@@ -242,19 +264,38 @@ def _groups_of(survey: dict, schema: str) -> dict[tuple[int, int], list]:
     return groups
 
 
+def _load_kept(kept: Path) -> object | None:
+    """What :func:`_keep` kept at ``kept``, or None when there is none or it cannot be read."""
+    if kept.is_file():
+        try:
+            with open(kept, "rb") as fh:
+                return pickle.load(fh)
+        except (OSError, pickle.PickleError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+            pass
+    return None
+
+
+def _keep(kept: Path, obj: object, what: str) -> None:
+    """Pickle ``obj`` to ``kept`` atomically (a temporary file renamed); a write refused (disk
+    full, ...) is logged and costs only the next run the work again."""
+    tmp = kept.with_name(f".{kept.name}.{uuid.uuid4().hex[:8]}")
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, kept)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        log.warning("%s: %s not kept (%s)", kept, what, e.strerror or e)
+
+
 def _kept_scan(path: Path, store: str | None) -> tuple[Path | None, dict | None]:
     """Where the scan of ``path`` is kept in ``store`` (None: no store) and the scan kept there
     (None when there is none, or it cannot be read)."""
     if not store:
         return None, None
     kept = Path(store) / f"{_survey_key(path)}.pkl"
-    if kept.is_file():
-        try:
-            with open(kept, "rb") as fh:
-                return kept, pickle.load(fh)
-        except (OSError, pickle.PickleError, EOFError):
-            pass
-    return kept, None
+    return kept, _load_kept(kept)
 
 
 def _survey(path: str, trades_only: bool, store: str | None) -> dict:
@@ -267,18 +308,58 @@ def _survey(path: str, trades_only: bool, store: str | None) -> dict:
             return res
         res = _scan_file(p, trades_only)
         if kept is not None:
-            tmp = kept.with_name(f".{kept.name}.{uuid.uuid4().hex[:8]}")
-            try:
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "wb") as fh:
-                    pickle.dump(res, fh, protocol=pickle.HIGHEST_PROTOCOL)
-                os.replace(tmp, kept)
-            except OSError as e:  # a scan not kept (disk full, ...) only costs the next run a rescan
-                tmp.unlink(missing_ok=True)
-                log.warning("%s: scan of %s not kept (%s)", kept, p, e.strerror or e)
+            _keep(kept, res, f"scan of {p}")
         return res
     except InputError as e:
         return {"error": (e.path, e.problem, e.offset, e.record)}
+
+
+def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
+    """Key of a kept plan: each input file's :func:`_identity` (a touched, rewritten or replaced
+    file, or one added to or taken from an input folder, gives another key), the plan
+    ``options``, :data:`PLAN_VERSION`, a hash of the planning code (:data:`_PLAN_CODE`) and the
+    identity of the installed databento and databento_dbn (their symbology decides the symbols).
+
+    Raises
+    ------
+    OSError
+        A file that cannot be stat'ed (the plan then reads it and names it).
+    """
+    import importlib.util
+
+    here = Path(__file__).parent
+    code = hashlib.sha256()
+    for name in _PLAN_CODE:
+        code.update((here / name).read_bytes())
+    libs = []
+    for mod in ("databento", "databento_dbn"):
+        spec = importlib.util.find_spec(mod)
+        origin = spec.origin if spec is not None else None
+        libs.append([origin, os.stat(origin).st_mtime_ns if origin else None])
+    key = [PLAN_VERSION, code.hexdigest(), libs, [_identity(p) for p in files], [str(o) for o in options]]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+
+
+def _frozen(plan: Plan) -> dict:
+    """``plan`` as picklable data (a header's ``databento_dbn.Metadata`` as its encoded bytes)."""
+    files = [dataclasses.replace(f, metadata=None) for f in plan.files]
+    return {"plan": dataclasses.replace(plan, files=files), "metadata": [f.metadata.encode() for f in plan.files]}
+
+
+def _thawed(kept: object) -> Plan | None:
+    """The plan :func:`_frozen` kept (None when ``kept`` is not one)."""
+    import databento_dbn
+
+    if not isinstance(kept, dict) or not isinstance(kept.get("plan"), Plan):
+        return None
+    plan = kept["plan"]
+    policy = databento_dbn.VersionUpgradePolicy.AS_IS
+    try:
+        files = [dataclasses.replace(f, metadata=databento_dbn.Metadata.decode(m, policy))
+                 for f, m in zip(plan.files, kept["metadata"], strict=True)]  # fmt: skip
+    except Exception:  # databento_dbn's decoder refused it: plan again
+        return None
+    return dataclasses.replace(plan, files=files)
 
 
 def _headers(files: list[Path], on_error: str, skipped: list) -> list[DBNFile]:
@@ -498,7 +579,7 @@ def make_plan(
     jobs : int
         joblib processes for the scans (-1: all cores).
     survey_dir : path, optional
-        Where scans are kept between runs; None keeps none.
+        Where scans and plans are kept between runs (module docstring); None keeps none.
 
     Returns
     -------
@@ -518,11 +599,29 @@ def make_plan(
     roll_rule = validate_enum(roll_rule, RollRule, "--roll-rule").value
     on_error = validate_enum(on_error, OnError, "--on-error").value
     jobs = validate_jobs(jobs)
-    skipped: list[tuple[Path, str]] = []
     # absolute, links kept as given (errors name the path the user gave); a path given twice is read once
     files = list(dict.fromkeys(Path(os.path.abspath(p)) for p in discover(inputs)))
-    headers = _headers(files, on_error, skipped)
     store = None if survey_dir is None else str(Path(survey_dir) / "survey")
+    kept = None
+    if survey_dir is not None:
+        try:
+            kept = Path(survey_dir) / "plan" / f"{plan_key(files, [mode, root, roll_rule, roll_days, on_error])}.pkl"
+        except OSError:  # a file that cannot be stat'ed: the plan names it
+            kept = None
+        plan = None if kept is None else _thawed(_load_kept(kept))
+        if plan is not None:
+            return plan
+    plan = _make_plan(files, mode, root, roll_rule, roll_days, on_error, jobs, store)
+    if kept is not None and not plan.skipped:  # a plan that left out a file is made again each time
+        _keep(kept, _frozen(plan), "plan")
+    return plan
+
+
+def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: str, roll_days: int, on_error: str,
+               jobs: int, store: str | None) -> Plan:  # fmt: skip
+    """The body of :func:`make_plan` (options checked, files discovered, no kept plan)."""
+    skipped: list[tuple[Path, str]] = []
+    headers = _headers(files, on_error, skipped)
     live = [f for f in headers if f.schema is None]  # live recordings: the schema comes from the records
     surveys = _run_surveys([(f, False) for f in live], jobs, store, on_error, skipped)
     headers = [f if f.schema else dataclasses.replace(f, schema=infer_schema(f, surveys[f.path]["rtypes"]))

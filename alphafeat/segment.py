@@ -567,7 +567,7 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
     labels, write it to staging; fills ``res`` (``relabelled``, ``rows``, ``crossed``)."""
     import pyarrow as pa
 
-    from alphafeat.pipeline import relabel_table
+    from alphafeat.pipeline import column_array, relabel_table
 
     t0 = time.perf_counter()
     with pa.memory_map(src) as f:
@@ -580,7 +580,7 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
     write_partition(Path(staging) / seg.relpath, table, meta, job.compression)
     res.seconds["write"] = time.perf_counter() - t1
     res.rows, res.relabelled = table.num_rows, True
-    res.crossed = int(table.column("book_crossed").to_numpy().sum())
+    res.crossed = int(column_array(table, "book_crossed", np.bool_).sum())
 
 
 def _row_bound(seg: Segment, kept: Path | None) -> int:

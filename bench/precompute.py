@@ -20,7 +20,9 @@ Rows (``--cases``, comma-separated; default all that the input allows):
 * ``warm``: after a run that kept its books (``--predecoded keep``), a rerun with other horizons
   (the partitions are relabelled: their features kept, labels recomputed), then one with
   another feature set (features from the kept books; ``warm_features``); ``same``: a rerun
-  with nothing changed.
+  with nothing changed. ``--repeat K`` runs the relabel and the unchanged rerun K times each,
+  interleaved (horizons 50,500 and 60,600 in turn, so each relabels), median reported; ``start``
+  is what each run pays before its work: python's start and the imports of a run.
 * ``bytes``: bytes per row of the default cache, of ``--features all`` and of each compression.
 * ``dask``: every session on a Dask LocalCluster of 1, then 2 workers.
 * ``pandas``: what a user writes in an afternoon (``databento``'s ``to_df`` -> 12 pandas
@@ -150,6 +152,17 @@ def sessions(inp: Path) -> dict[str, list[Path]]:
     return out
 
 
+def median(runs: list[dict]) -> tuple[dict, str]:
+    """The median run by seconds (the lower middle one of an even count), with ``runs``,
+    ``min_s`` and ``max_s`` when there are several; and the table's note of the spread."""
+    runs = sorted(runs, key=lambda r: r["seconds"])
+    r = dict(runs[(len(runs) - 1) // 2])
+    if len(runs) == 1:
+        return r, ""
+    r.update(runs=len(runs), min_s=runs[0]["seconds"], max_s=runs[-1]["seconds"])
+    return r, f" (median of {len(runs)}: {runs[0]['seconds']}-{runs[-1]['seconds']})"
+
+
 def pandas_route(book: Path, trades: Path, out: Path) -> None:
     """A user's afternoon: ``DBNStore.to_df`` -> 12 features, 5 labels -> Parquet (one session)."""
     import databento as db
@@ -194,7 +207,8 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--extra", default="--device cpu",
                     help="options added to every precompute run (default '--device cpu')")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of zstd, cold1 and coldN each (median reported)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of zstd, cold1, coldN and of the warm reruns each (median reported)")
     ap.add_argument("--scratch", type=Path, default=None, help="where caches are written (default: a temp folder)")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--pandas-worker", nargs=3, help=argparse.SUPPRESS)
@@ -249,12 +263,9 @@ def main() -> None:
                  "cold1": "precompute, 1 session, cold",
                  "coldN": f"precompute, {len(days)} sessions, cold, --jobs {args.jobs}"}  # fmt: skip
         for key, runs in reps.items():
-            runs = sorted(runs, key=lambda r: r["seconds"])
-            r = res[key] = dict(runs[(len(runs) - 1) // 2])  # the median (the lower middle one of an even count)
-            if len(runs) > 1:
-                r.update(runs=len(runs), min_s=runs[0]["seconds"], max_s=runs[-1]["seconds"])
-            spread = f" (median of {len(runs)}: {runs[0]['seconds']}-{runs[-1]['seconds']})" if len(runs) > 1 else ""
-            rows.append((names[key] + spread, r["seconds"], r.get("peak_rss_gb", ""), r.get("rows", "")))
+            res[key], spread = median(runs)
+            rows.append((names[key] + spread, res[key]["seconds"], res[key].get("peak_rss_gb", ""),
+                         res[key].get("rows", "")))  # fmt: skip
         if "coldN1" in cases:
             r = res["coldN_jobs1"] = precompute(every, fresh("cN1"), "--predecoded", "none")
             rows.append((f"precompute, {len(days)} sessions, cold, --jobs 1", r["seconds"], r["peak_rss_gb"],
@@ -263,11 +274,20 @@ def main() -> None:
             out = fresh("w")
             r = res["keep"] = precompute(first, out, "--predecoded", "keep")
             rows.append(("precompute, 1 session, cold, keeping its book", r["seconds"], r["peak_rss_gb"], r["rows"]))
-            r = res["warm"] = precompute(first, out, "--predecoded", "keep", "--horizons", "50,500")
-            rows.append(("  rerun, other horizons (book kept)", r["seconds"], r["peak_rss_gb"], r["rows"]))
-            r = res["same"] = precompute(first, out, "--predecoded", "keep", "--horizons", "50,500")
-            rows.append(("  rerun, nothing changed", r["seconds"], r["peak_rss_gb"], r["rows"]))
-            r = res["warm_features"] = precompute(first, out, "--predecoded", "keep", "--horizons", "50,500",
+            warm, same = [], []
+            for k in range(max(1, args.repeat)):  # each rerun after the first relabels from the one before
+                h = ("50,500", "60,600")[k % 2]
+                warm.append(precompute(first, out, "--predecoded", "keep", "--horizons", h))
+                same.append(precompute(first, out, "--predecoded", "keep", "--horizons", h))
+            res["warm"], spread = median(warm)
+            r = res["warm"]
+            rows.append(("  rerun, other horizons (book kept)" + spread, r["seconds"], r["peak_rss_gb"], r["rows"]))
+            res["same"], spread = median(same)
+            r = res["same"]
+            rows.append(("  rerun, nothing changed" + spread, r["seconds"], r["peak_rss_gb"], r["rows"]))
+            r = res["start"] = run_measured([sys.executable, "-c", "import cli.alphafeat, alphafeat.pipeline"])
+            rows.append(("  (of each: python start and the imports of a run)", r["seconds"], r["peak_rss_gb"], ""))
+            r = res["warm_features"] = precompute(first, out, "--predecoded", "keep", "--horizons", h,
                                                   "--features", "default,flow")  # fmt: skip
             rows.append(("  rerun, other features (book kept)", r["seconds"], r["peak_rss_gb"], r["rows"]))
         if "bytes" in cases:

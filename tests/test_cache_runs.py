@@ -57,6 +57,8 @@ def test_rerun_skips_unchanged_and_adding_a_later_session_keeps_earlier(sample, 
     s2 = precompute(_cfg(first_two, out))
     assert s2.partitions_skipped == len(s2.partitions)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.arrow")} == before  # untouched
+    crossed = [n for n in s1.notes if "crossed book" in n]  # counted again from the current partitions
+    assert crossed and [n for n in s2.notes if "crossed book" in n] == crossed and s2.rows == s1.rows
     # a later session added: the earlier partitions stay current, the new ones are written
     s3 = precompute(_cfg(sorted(sample.iterdir()), out))
     assert s3.partitions_skipped == len(s2.partitions) < len(s3.partitions)
@@ -158,6 +160,61 @@ def test_killed_run_then_rerun_equals_uninterrupted(sample, tmp_path):
 def _arrow(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.arrow"))
             if not any(q.name.startswith(".") for q in p.relative_to(root).parents)}
+
+
+def test_relabel_keeps_the_label_columns_of_unchanged_options(sample, tmp_path, monkeypatch):
+    """A relabel computes only the label columns whose options changed (the triple barrier of
+    the same barrier, the horizons, in rows or seconds, the partition holds are kept as they
+    are) and the files still equal a fresh run's byte for byte."""
+    import alphafeat.labels as lb
+    import alphafeat.pipeline as pl
+
+    days = sorted(p for p in sample.iterdir() if "20240308" not in p.name)
+    out, fresh = tmp_path / "c", tmp_path / "fresh"
+    precompute(dataclasses.replace(_cfg(days, out), horizons_s=(5.0,)))
+    other = {"horizons": (30, 70, 6000), "horizons_s": (5.0, 2.5)}
+    computed: list = []
+    rows, seconds = lb.direction_labels, lb.direction_labels_seconds
+    with monkeypatch.context() as m:
+        m.setattr(lb, "triple_barrier", lambda *a, **k: pytest.fail("the kept triple barrier was computed"))
+        m.setattr(lb, "direction_labels", lambda mid, hs, ts: computed.extend(hs) or rows(mid, hs, ts))
+        m.setattr(pl, "direction_labels_seconds", lambda mid, ts, hs: computed.extend(hs) or seconds(mid, ts, hs))
+        s = precompute(dataclasses.replace(_cfg(days, out), **other))
+    n = len(s.partitions)
+    assert s.records == 0 and any(x.startswith(f"relabelled {n} partition(s)") for x in s.notes), s.notes
+    assert sorted(computed) == sorted([70, 2.5] * n)
+    precompute(dataclasses.replace(_cfg(days, fresh), **other))
+    assert _arrow(out) == _arrow(fresh)
+
+
+def test_column_array_and_from_numpy_equal_pyarrow() -> None:
+    """The pandas-free conversions a relabel uses equal pyarrow's own (sliced arrays, nulls,
+    several chunks, empty)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from alphafeat.pipeline import _from_numpy, column_array
+
+    rng = np.random.default_rng(7)
+    ts = pa.timestamp("ns", tz="UTC")
+    for n in (0, 1, 13, 1000):
+        b = rng.random(n) < 0.3
+        f = rng.normal(size=n)
+        t = rng.integers(0, 2**62, size=n)
+        table = pa.table({"b": pa.array(b), "f": pa.array(f), "t": pa.array(t, ts)})
+        for k in (0, min(n, 3)):  # a slice: Arrow offsets into its buffers
+            sl = table.slice(k)
+            assert np.array_equal(column_array(sl, "b", np.bool_), b[k:])
+            assert np.array_equal(column_array(sl, "f", np.float64), f[k:])
+            assert np.array_equal(column_array(sl, "t", np.int64), t[k:])
+        two = pa.concat_tables([table, table])
+        assert np.array_equal(column_array(two, "f", np.float64), np.concatenate([f, f]))
+        y = rng.random(n).astype(np.float32)
+        assert _from_numpy(y, pa.float32()).equals(pa.array(y))
+        null = t % 3 == 0
+        assert _from_numpy(t, ts, null).equals(pa.array(t, ts, mask=null))
+    g = pa.table({"f": pa.array([1.0, None, 3.0])})
+    assert np.array_equal(column_array(g, "f", np.float64), [1.0, np.nan, 3.0], equal_nan=True)
 
 
 def test_rerun_with_other_label_options_relabels_to_the_same_bytes(sample, tmp_path):

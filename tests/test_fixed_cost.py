@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
 
@@ -40,10 +41,41 @@ def test_plan_of_one_session_or_of_kept_scans_starts_no_workers(tmp_path, monkey
     ref = make_plan(sorted(DATA.glob("*.dbn.zst")), survey_dir=kept)  # one process: keeps the scans
     monkeypatch.setattr(joblib, "Parallel", _no_workers)
     assert [s.relpath for s in make_plan(one, jobs=2).segments] == [ref.segments[0].relpath]
+    shutil.rmtree(kept / "plan")  # the kept scans, not the kept plan
     again = make_plan(sorted(DATA.glob("*.dbn.zst")), jobs=2, survey_dir=kept)  # three sessions, scans kept
     assert again.schedule == ref.schedule and again.segments == ref.segments
     with pytest.raises(AssertionError, match="worker processes"):  # three sessions, nothing kept: workers
         make_plan(sorted(DATA.glob("*.dbn.zst")), jobs=2)
+
+
+def test_reruns_load_neither_databento_nor_pandas_nor_a_numba_kernel(tmp_path) -> None:
+    """A rerun with nothing changed, then one with other horizons (relabelled, the triple
+    barrier kept), in a fresh process: the plan is the kept one (no databento, whose package
+    loads pandas), the partition is read and written without pyarrow's pandas conversions, the
+    new horizons come from numpy: no numba kernel is loaded (~0.3-0.6 s of each rerun)."""
+    one = sorted(DATA.glob("glbx-mdp3-20240306.*.dbn.zst"))
+    if len(one) != 2:
+        pytest.skip("data/ has no embedded sample")
+    code = f"""
+import sys
+from pathlib import Path
+from alphafeat.pipeline import PrecomputeConfig, precompute
+import alphafeat.labels as lb
+cfg = PrecomputeConfig(inputs={[str(p) for p in one]!r}, out=Path({str(tmp_path / "c")!r}), device="cpu")
+same = precompute(cfg)
+cfg.horizons = (30, 70, 6000)
+other = precompute(cfg)
+print(same.partitions_skipped, len(same.partitions), any(n.startswith("relabelled") for n in other.notes))
+print(sorted({{"databento", "pandas"}} & set(sys.modules)), lb._direction_h.signatures, lb._tb_rows.signatures)
+"""
+    from alphafeat.pipeline import PrecomputeConfig, precompute
+
+    precompute(PrecomputeConfig(inputs=one, out=tmp_path / "c", device="cpu"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
+    counts, loaded = out.stdout.strip().splitlines()
+    assert counts == "1 1 True"
+    assert loaded == "[] [] []"
 
 
 def test_feature_stream_gives_the_kernel_one_layout(monkeypatch) -> None:

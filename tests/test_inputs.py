@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from pathlib import Path
 
 import joblib
@@ -91,6 +92,107 @@ def test_plan_scans_kept_and_invalidated(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(plan_mod, "SURVEY_VERSION", plan_mod.SURVEY_VERSION + 1)
     assert plan_mod._survey_key(p) != key
     assert not [c for c in (pre / "survey").iterdir() if c.name.startswith(".")]  # no temporary left
+
+
+def _plain(tmp: Path, name: str, ids=(17077, 5602)) -> Path:
+    """An uncompressed MBP-10 file of 50 records (its size does not depend on the ids)."""
+    p = tmp / name
+    p.write_bytes(_metadata() + _mbp10(50, instrument_ids=ids).tobytes())
+    return p
+
+
+def _same_plan(a: plan_mod.Plan, b: plan_mod.Plan) -> bool:
+    heads = lambda p: [(f.path, f.version, f.schema, f.ts_out, f.compressed, f.header_size, f.metadata.start,  # noqa: E731
+                        f.metadata.end, f.metadata.symbols, f.metadata.mappings, str(f.metadata.stype_in))
+                       for f in p.files]  # fmt: skip
+    return (heads(a) == heads(b) and a.schedule == b.schedule and a.segments == b.segments and a.notes == b.notes
+            and (a.schema, a.skipped, a.scanned, a.continuous) == (b.schema, b.skipped, b.scanned, b.continuous))
+
+
+def test_plan_kept_and_never_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun over the same files takes the kept plan (no header opened, no scan read); a
+    touched file, a file replaced (even by one of the same size with its mtime kept), a file
+    added to the input folder or other plan options plan again, and that plan sees the new data."""
+    d = tmp_path / "in"
+    d.mkdir()
+    p, q = _plain(d, "p.dbn"), _plain(d, "q.dbn")
+    pre = tmp_path / "pre"
+    opened: list[Path] = []
+    open_dbn = plan_mod.open_dbn
+    monkeypatch.setattr(plan_mod, "open_dbn", lambda f: opened.append(f) or open_dbn(f))
+
+    def plan(**kw: object) -> plan_mod.Plan:
+        opened.clear()
+        return make_plan([d], mode=kw.pop("mode", ALL), survey_dir=pre, **kw)
+
+    def planned_again(**kw: object) -> bool:  # the plan opened every file, and equals one made afresh
+        got = plan(**kw)
+        n = len(opened)
+        return n == len(list(d.iterdir())) and _same_plan(got, make_plan([d], mode=kw.get("mode", ALL)))
+
+    cold = plan()
+    assert len(opened) == 2 and len(list((pre / "plan").glob("*.pkl"))) == 1
+    assert _same_plan(plan(), cold) and opened == []  # the kept plan: nothing opened
+    assert _same_plan(make_plan([d], mode=ALL), cold)  # equal to a plan made afresh
+    assert planned_again(mode=InstrumentMode.parse("id=5602"))  # other options
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))  # touched
+    assert planned_again()
+    # q replaced by another file of the same size, its mtime kept: the new instrument is seen
+    mtime = q.stat().st_mtime_ns
+    r = _plain(tmp_path, "r.dbn", ids=(17077, 9999))
+    assert r.stat().st_size == q.stat().st_size
+    os.replace(r, q)
+    os.utime(q, ns=(mtime, mtime))
+    assert planned_again()
+    assert {s.instrument_id for s in plan().segments} == {17077, 5602, 9999}
+    _plain(d, "s.dbn", ids=(4242,))  # a file added to the input folder
+    assert planned_again()
+    assert 4242 in {s.instrument_id for s in plan().segments}
+    assert not [c for c in (pre / "plan").iterdir() if c.name.startswith(".")]  # no temporary left
+
+
+def test_kept_plan_unreadable_or_of_other_code_is_planned_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    p = _plain(tmp_path, "p.dbn")
+    pre = tmp_path / "pre"
+    cold = make_plan([p], mode=ALL, survey_dir=pre)
+    (kept,) = (pre / "plan").glob("*.pkl")
+    kept.write_bytes(b"not a pickle")
+    assert _same_plan(make_plan([p], mode=ALL, survey_dir=pre), cold)  # planned again, and kept again
+    assert kept.read_bytes() != b"not a pickle"
+    key = plan_mod.plan_key([p], ["all"])
+    monkeypatch.setattr(plan_mod, "PLAN_VERSION", plan_mod.PLAN_VERSION + 1)
+    assert plan_mod.plan_key([p], ["all"]) != key
+    monkeypatch.setattr(plan_mod, "PLAN_VERSION", plan_mod.PLAN_VERSION - 1)
+    monkeypatch.setattr(plan_mod, "_PLAN_CODE", (*plan_mod._PLAN_CODE, "segment.py"))  # the code hashed
+    assert plan_mod.plan_key([p], ["all"]) != key
+
+
+def test_kept_plan_headers_round_trip_every_dbn_version() -> None:
+    """A kept plan stores each header's metadata encoded; decoded again it equals the header
+    read from the file, for DBN v1, v2 and v3 samples and the real files."""
+    from conftest import REAL, SAMPLES, SKIP_REASON
+
+    files = sorted(SAMPLES.glob("*.dbn*")) + sorted(REAL.glob("*.dbn*"))
+    if not files:
+        pytest.skip(SKIP_REASON)
+    heads = [plan_mod.open_dbn(f) for f in files]
+    plan = plan_mod.Plan("mbo", heads, [], [])
+    back = plan_mod._thawed(pickle.loads(pickle.dumps(plan_mod._frozen(plan))))
+    assert {f.version for f in back.files} == {1, 2, 3}
+    for a, b in zip(heads, back.files, strict=True):
+        assert dataclasses.replace(a, metadata=None) == dataclasses.replace(b, metadata=None)
+        for k in ("dataset", "schema", "start", "end", "limit", "stype_in", "stype_out", "symbols", "partial",
+                  "not_found", "mappings", "ts_out", "version", "symbol_cstr_len"):  # fmt: skip
+            assert getattr(a.metadata, k) == getattr(b.metadata, k), (a.path, k)
+
+
+def test_plan_that_skipped_a_file_is_not_kept(tmp_path: Path) -> None:
+    good, bad = _plain(tmp_path, "good.dbn"), tmp_path / "bad.dbn"
+    bad.write_bytes(b"DBN\x09 not a dbn file")
+    pre = tmp_path / "pre"
+    plan = make_plan([good, bad], mode=ALL, on_error="skip", survey_dir=pre)
+    assert [p for p, _ in plan.skipped] == [bad]
+    assert not list((pre / "plan").glob("*.pkl"))
 
 
 def test_kept_book_keys_and_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
