@@ -52,7 +52,7 @@ def test_row_columns_are_what_the_row_stage_writes(declared) -> None:
 def test_push_block_equals_one_call_bit_for_bit(threads: int, declared) -> None:
     """push_block over random blocks in pieces of 97 rows: every column of every row handed
     over exactly once, final when handed over, equal to one compute_features call bit for bit;
-    with threads the row-wise part comes from pool threads."""
+    with threads, taken on the pool threads."""
     rng = np.random.default_rng(threads)
     n = 6000
     book = random_book(n, 5)
@@ -63,7 +63,7 @@ def test_push_block_equals_one_call_bit_for_bit(threads: int, declared) -> None:
         stream = FeatureStream(make_plan(FeatureParams()), 97, threads)
         got = np.full((len(ref), n), -7.0)
         seen = np.zeros((len(ref), n), dtype=np.int64)
-        pool_rows = []
+        pool, here = [], []  # the columns taken on pool threads, on this one
         cuts = [0, *np.sort(rng.choice(np.arange(1, n), 6, replace=False)).tolist(), n]
         for a, c in zip(cuts[:-1], cuts[1:]):
             lo = 1 if a > 0 else 0
@@ -73,15 +73,17 @@ def test_push_block_equals_one_call_bit_for_bit(threads: int, declared) -> None:
                 for j in which:
                     got[j, r0:r1] = out[j]
                     seen[j, r0:r1] += 1
-                if threading.get_ident() != main:
-                    pool_rows.append(which)
+                (pool if threading.get_ident() != main else here).append(which)
 
             stream.push_block({k: v[a - lo : c] for k, v in cols.items()}, lo, take)
         stream.close()
     assert (seen == 1).all()
     for j, name in enumerate(ref):
         assert np.array_equal(got[j], ref[name], equal_nan=True), name
-    assert (set(pool_rows) == {stream.row_cols}) if threads > 1 else not pool_rows
+    if threads > 1:
+        assert set(pool) == {stream.row_cols, stream.rest_cols} and not here
+    else:
+        assert set(here) == {stream.all_cols} and not pool
 
 
 def _cache(out: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, threads: int,

@@ -1046,7 +1046,8 @@ def _rows_of(cols: dict[str, np.ndarray], i0: int, i1: int) -> dict[str, np.ndar
     return {k: v[a:i1] for k, v in cols.items()}
 
 
-#: Row-wise pieces a threaded stream computes ahead per pool thread (result matrices in flight).
+#: Row-wise pieces a threaded stream computes ahead per pool thread (its result matrices: this
+#: many per pool thread, and two more whose results are being taken).
 _AHEAD = 2
 
 
@@ -1064,9 +1065,10 @@ class FeatureStream:
     columns of :func:`row_columns`) of the coming pieces on ``threads - 1`` pool threads, the
     recurrences, post transforms and fractional difference (which carry state from piece to
     piece and read the row-wise mid, spread, return and signed volume) on the calling thread,
-    piece by piece in order. Every feature is computed by the same code on the same rows as
-    in one :meth:`push` (the kernels release the GIL), so the values are identical whatever
-    the thread count (``tests/test_features_threads.py``).
+    piece by piece in order; the caller's copies of the results on the pool threads. Every
+    feature is computed by the same code on the same rows as in one :meth:`push` (the kernels
+    release the GIL), so the values are identical whatever the thread count
+    (``tests/test_features_threads.py``).
 
     Parameters
     ----------
@@ -1107,7 +1109,7 @@ class FeatureStream:
 
             self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="features-rows")
             self._ring = [reserve(f"features:ring{k}", self.out.shape, np.float64)
-                          for k in range(_AHEAD * (self.threads - 1))]  # fmt: skip
+                          for k in range(_AHEAD * (self.threads - 1) + 2)]  # fmt: skip
 
     def close(self) -> None:
         """Let the pool threads go (a threaded stream)."""
@@ -1138,9 +1140,11 @@ class FeatureStream:
 
         For each piece ``[i0, i1)`` of ``cols``, ``take(i0, i1, out, which)`` gets its features,
         ``out`` a float64 view ``(n_out, i1 - i0)`` valid during the call, of which the columns
-        in ``which`` are final: with one thread, one call per piece with :attr:`all_cols`; with
-        more, a call with :attr:`row_cols` on a pool thread, and one with :attr:`rest_cols` on
-        the calling thread, piece by piece in order. Every piece is done when this returns.
+        in ``which`` are final: with one thread, one call per piece with :attr:`all_cols`, in
+        order; with more, on the pool threads in any order, one call with :attr:`row_cols`
+        (after the piece's row-wise stage) and one with :attr:`rest_cols` (after its
+        recurrences, which run on the calling thread in row order). Every call is done when
+        this returns.
         """
         n = int(cols["ts_recv"].shape[0])
         spans = [(i0, min(i0 + self.max_rows, n)) for i0 in range(lo, n, self.max_rows)]
@@ -1150,18 +1154,25 @@ class FeatureStream:
             return
         from concurrent.futures import wait
 
-        ring, futs = self._ring, []
+        pool, ring = self._pool, self._ring
+        rows, rest = [], []  # per piece: its row-wise stage, the take of its other columns
         try:
             for j, (i0, i1) in enumerate(spans):
-                while len(futs) < min(j + len(ring), len(spans)):  # that buffer's last piece is done
-                    k = len(futs)
-                    futs.append(self._pool.submit(self._rows_piece, cols, spans[k], ring[k % len(ring)], take))
-                futs[j].result()
+                # row-wise stages ahead, each in the buffer of the piece len(ring) before, taken by now
+                while len(rows) < min(j + len(ring) - 1, len(spans)):
+                    k = len(rows)
+                    if k >= len(ring):
+                        rest[k - len(ring)].result()
+                    rows.append(pool.submit(self._rows_piece, cols, spans[k], ring[k % len(ring)], take))
+                rows[j].result()
                 piece = _rows_of(cols, i0, i1)
                 out = self._matrix(ring[j % len(ring)], self._check(piece, i0 > 0))
-                take(i0, i1, self._continue(_MODE_CONTINUE_SCAN, piece, i0 > 0, out), self.rest_cols)
+                new = self._continue(_MODE_CONTINUE_SCAN, piece, i0 > 0, out)
+                rest.append(pool.submit(take, i0, i1, new, self.rest_cols))
         finally:
-            wait(futs)  # nothing of the block is read after this returns
+            wait(rows + rest)  # nothing of the block is read after this returns
+        for f in rest:
+            f.result()
 
     def _rows_piece(self, cols: dict[str, np.ndarray], span: tuple[int, int], buf: np.ndarray,
                     take: Callable[[int, int, np.ndarray, frozenset[int]], None]) -> None:
