@@ -70,7 +70,8 @@ from alphafeat.validation import (
     validate_scheduler,
 )
 
-__all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "check_config", "discover", "precompute",
+__all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "check_config", "discover", "feature_threads",
+           "precompute",
            "resolve_device"]
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,8 @@ class PrecomputeConfig:
         ``raise`` (a bad input file stops the run) or ``skip`` (warn, leave out the file or
         the segments it holds, list it in ``Summary.skipped``).
     jobs : int
-        Worker processes (joblib, loky) computing segments in parallel; -1 for all cores.
+        Worker processes (joblib, loky) computing segments in parallel; -1 for all cores. Each
+        segment's CPU features use the cores left per worker (:func:`feature_threads`).
     scheduler : str or None
         Address of a Dask distributed scheduler (``tcp://host:8786``): segments run on its
         workers, which must see ``inputs`` and ``out`` at the same paths.
