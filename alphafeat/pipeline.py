@@ -71,8 +71,7 @@ from alphafeat.validation import (
 )
 
 __all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "check_config", "discover", "feature_threads",
-           "precompute",
-           "resolve_device"]
+           "precompute", "resolve_device"]
 
 log = logging.getLogger(__name__)
 
