@@ -334,12 +334,14 @@ def feature_threads(cfg: PrecomputeConfig, segments: int) -> int:
     """Threads for each segment's CPU features (:meth:`alphafeat.features.cpu.FeatureStream.push_block`):
     the cores each worker has while ``segments`` segments run on the configured workers
     (``os.cpu_count()`` over the workers running at once: ``--jobs`` or ``--dask-local``, at
-    most one per segment), at most :data:`MAX_FEATURE_THREADS`; 1 on a ``--scheduler``'s
-    workers (their cores are not known here) and whenever several segments share the cores."""
+    most one per segment), less one for the segment's decode thread, at most
+    :data:`MAX_FEATURE_THREADS`, at least 1; 1 on a ``--scheduler``'s workers (their cores are
+    not known here)."""
     if cfg.scheduler:
         return 1
     workers = cfg.dask_local or _local_jobs(cfg)
-    return max(1, min(MAX_FEATURE_THREADS, (os.cpu_count() or 1) // max(1, min(workers, segments))))
+    per_worker = (os.cpu_count() or 1) // max(1, min(workers, segments))
+    return max(1, min(MAX_FEATURE_THREADS, per_worker - 1))
 
 
 def _local_jobs(cfg: PrecomputeConfig) -> int:

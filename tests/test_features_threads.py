@@ -118,14 +118,16 @@ def test_threaded_cache_equals_sequential_bytes(tmp_path, monkeypatch, caplog, f
     [
         ({}, 1, 16, 4),  # one session on a big host: the most
         ({}, 8, 16, 4),  # --jobs 1: one segment at a time
-        ({"jobs": 8}, 8, 16, 2),
+        ({"jobs": 4}, 8, 16, 3),  # 4 cores a worker, one of them for its decode thread
+        ({"jobs": 8}, 8, 16, 1),
         ({"jobs": 16}, 63, 16, 1),  # every core has a segment
         ({"jobs": -1}, 63, 16, 1),
         ({"jobs": 8}, 1, 16, 4),  # fewer segments than workers
+        ({}, 1, 4, 3),
+        ({}, 1, 2, 1),  # two cores: the decode thread has the other one
         ({"jobs": 2}, 3, 2, 1),
-        ({}, 1, 2, 2),
         ({"dask_local": 2}, 10, 16, 4),
-        ({"dask_local": 8}, 10, 16, 2),
+        ({"dask_local": 8}, 10, 16, 1),
         ({"scheduler": "tcp://host:8786"}, 1, 16, 1),  # its workers' cores are not known here
     ],
 )
