@@ -70,8 +70,8 @@ from alphafeat.validation import (
     validate_scheduler,
 )
 
-__all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "check_config", "discover", "precompute",
-           "resolve_device"]
+__all__ = ["DEFAULT_DATA_DIR", "Job", "PrecomputeConfig", "Summary", "check_config", "discover", "feature_threads",
+           "precompute", "resolve_device"]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,8 @@ class PrecomputeConfig:
         ``raise`` (a bad input file stops the run) or ``skip`` (warn, leave out the file or
         the segments it holds, list it in ``Summary.skipped``).
     jobs : int
-        Worker processes (joblib, loky) computing segments in parallel; -1 for all cores.
+        Worker processes (joblib, loky) computing segments in parallel; -1 for all cores. Each
+        segment's CPU features use the cores left per worker (:func:`feature_threads`).
     scheduler : str or None
         Address of a Dask distributed scheduler (``tcp://host:8786``): segments run on its
         workers, which must see ``inputs`` and ``out`` at the same paths.
@@ -201,6 +202,8 @@ class Job:
     barrier_horizon: int
     bar_volume: float
     device: str
+    #: threads of each segment's CPU features (:func:`feature_threads`; the values do not depend on it)
+    feature_threads: int = 1
 
 
 @dataclass
@@ -320,6 +323,30 @@ def _job(cfg: PrecomputeConfig, device: str) -> Job:
     bar_volume = validate_sample(cfg.sample).volume
     return Job(cfg.features, tuple(names), LEVELS if book else 1, cfg.dtype, cfg.compression, cfg.horizons,
                cfg.horizons_s, cfg.barrier, cfg.barrier_horizon, bar_volume, device)  # fmt: skip
+
+
+#: Most threads one segment's CPU features use: the recurrences (one thread, in row order) set the
+#: pace once the row-wise features of the coming pieces are spread over two or three more.
+MAX_FEATURE_THREADS = 4
+
+
+def feature_threads(cfg: PrecomputeConfig, segments: int) -> int:
+    """Threads for each segment's CPU features (:meth:`alphafeat.features.cpu.FeatureStream.push_block`):
+    the cores each worker has while ``segments`` segments run on the configured workers
+    (``os.cpu_count()`` over the workers running at once: ``--jobs`` or ``--dask-local``, at
+    most one per segment), less one for the segment's decode thread, at most
+    :data:`MAX_FEATURE_THREADS`, at least 1; 1 on a ``--scheduler``'s workers (their cores are
+    not known here)."""
+    if cfg.scheduler:
+        return 1
+    workers = cfg.dask_local or _local_jobs(cfg)
+    per_worker = (os.cpu_count() or 1) // max(1, min(workers, segments))
+    return max(1, min(MAX_FEATURE_THREADS, per_worker - 1))
+
+
+def _local_jobs(cfg: PrecomputeConfig) -> int:
+    """Worker processes of the local (joblib) map: ``--jobs``, all cores for -1."""
+    return (os.cpu_count() or 1) if cfg.jobs < 0 else max(1, cfg.jobs)
 
 
 def _col(name: str, unit: str, description: str, source: str) -> dict:
@@ -498,21 +525,24 @@ class SegmentColumns:
         if self.stream is None:
             from alphafeat.features.cpu import FeatureStream
 
-            self.stream = FeatureStream(make_plan(self.job.features), _PIECE)
-        inputs = _prepare(b, self.job.features)
-        n = len(b)
-        for i0 in range(lo, n, _PIECE):
-            i1 = min(i0 + _PIECE, n)
-            a = i0 - 1 if i0 > 0 else 0
-            out = self.stream.push({k: v[a:i1] for k, v in inputs.items()}, i0 > 0)
-            feats = {name: out[self.index[name]] for name in (*self.job.names, "ema_ret2_60s")}
+            self.stream = FeatureStream(make_plan(self.job.features), _PIECE, self.job.feature_threads)
+        wanted = (*self.job.names, "ema_ret2_60s")
+
+        def take(i0: int, i1: int, out: np.ndarray, which: frozenset[int]) -> None:
+            """The stored features among the final columns ``which`` of rows ``i0:i1`` of ``b``."""
+            feats = {name: out[self.index[name]] for name in wanted if self.index[name] in which}
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
+        self.stream.push_block(_prepare(b, self.job.features), lo, take)
+
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
+        """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
+        part of a threaded stream's piece that is final: :meth:`FeatureStream.push_block`)."""
         c = self.cols
         for name in self.job.names:
-            c[name][k0:k1] = np.nan if self.min_depth[name] > depth else feats[name]
-        if "_ema" in c:  # a vol barrier's widths read it
+            if name in feats:
+                c[name][k0:k1] = np.nan if self.min_depth[name] > depth else feats[name]
+        if "_ema" in c and "ema_ret2_60s" in feats:  # a vol barrier's widths read it
             c["_ema"][k0:k1] = feats["ema_ret2_60s"]
 
     def _wait(self, most: int) -> None:
@@ -563,6 +593,8 @@ class SegmentColumns:
         c = {k: v[:n] for k, v in self.cols.items()}
         self._wait(0)
         self._worker.shutdown()
+        if self.stream is not None:
+            self.stream.close()
         t0 = time.perf_counter()
         labels = _finish_labels(self.labels, c["_mid"], c["ts_recv"], c.get("_w"), self.job)
         seconds["features"] = seconds.get("features", 0.0) + self.seconds["features"] + self.seconds["store"]
@@ -843,7 +875,7 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
             if cluster is not None:
                 cluster.close()
         return
-    n_jobs = (os.cpu_count() or 1) if cfg.jobs < 0 else max(1, cfg.jobs)
+    n_jobs = _local_jobs(cfg)
     if n_jobs == 1 or len(calls) == 1:
         for c in calls:
             yield _map_one(*c)
@@ -994,7 +1026,12 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                     relabel = str(path)
                 elif path.is_file():
                     recomputed.append(seg.relpath)
-                calls.append((seg, str(writer.staging), meta, job, pre, keep, relabel))
+                calls.append((seg, str(writer.staging), meta, relabel))
+        threads = feature_threads(cfg, len(calls))
+        log.debug("CPU features of each segment on %d thread(s) (%d segment(s) to compute, %d core(s))",
+                  threads, len(calls), os.cpu_count() or 1)  # fmt: skip
+        job_t = dataclasses.replace(job, feature_threads=threads)
+        calls = [(seg, staging, meta, job_t, pre, keep, relabel) for seg, staging, meta, relabel in calls]
         by_rel = {c[0].relpath: c[0] for c in calls}
         for res in _map(calls, cfg, device):
             if isinstance(res, tuple):

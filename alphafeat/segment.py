@@ -9,7 +9,9 @@ Streamed CPU path (the default)
     decoding) and turned into book rows (:class:`alphafeat.book.MBPBookBuilder`, numba) on a
     thread of their own, in blocks of :data:`BLOCK_ROWS` rows written into two column sets
     used in turn. The calling thread takes each block and continues the features from the
-    block before (:class:`alphafeat.features.cpu.FeatureStream`), fills the stored columns
+    block before (:class:`alphafeat.features.cpu.FeatureStream`; with cores to spare, the
+    row-wise features of the coming rows on threads of their own:
+    :func:`alphafeat.pipeline.feature_threads`), fills the stored columns
     (:class:`alphafeat.pipeline.SegmentColumns`), and hands the rows whose label horizons are
     complete to a third thread (:class:`alphafeat.labels.LabelStream`). Memory: a few blocks
     and the session's stored columns, never the records nor the whole book. MBO: the

@@ -62,6 +62,7 @@ import math
 import os
 import sys
 import threading
+from collections.abc import Callable
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -1031,6 +1032,25 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     return out
 
 
+def row_columns(plan: Plan) -> frozenset[int]:
+    """Columns the row-wise stage leaves final (no state: a function of rows i and i - 1,
+    declared rows included): every output column but the post-transform targets and the
+    fractional difference, which the recurrence stage writes."""
+    rest = {int(c) for c in plan.p_int[:, 1]} | {int(plan.fd_col)}
+    return frozenset(c for c in range(plan.n_out) if c not in rest)
+
+
+def _rows_of(cols: dict[str, np.ndarray], i0: int, i1: int) -> dict[str, np.ndarray]:
+    """Rows ``[i0, i1)`` of ``cols`` led by their halo row ``i0 - 1`` when ``i0 > 0``."""
+    a = i0 - 1 if i0 > 0 else 0
+    return {k: v[a:i1] for k, v in cols.items()}
+
+
+#: Row-wise pieces a threaded stream computes ahead per pool thread (its result matrices: this
+#: many per pool thread, and two more whose results are being taken).
+_AHEAD = 2
+
+
 class FeatureStream:
     """The CPU features of one segment computed block by block as its rows arrive.
 
@@ -1040,15 +1060,28 @@ class FeatureStream:
     the same order as one :func:`compute_cpu` call over the whole segment, so the values are
     identical (``tests/test_segment.py``), while memory is one block's result matrix.
 
+    :meth:`push_block` pushes a block in pieces; with ``threads > 1`` it splits each piece's
+    work by feature along the kernel's own stages: the row-wise features (no state, the
+    columns of :func:`row_columns`) of the coming pieces on ``threads - 1`` pool threads, the
+    recurrences, post transforms and fractional difference (which carry state from piece to
+    piece and read the row-wise mid, spread, return and signed volume) on the calling thread,
+    piece by piece in order; the caller's copies of the results on the pool threads. Every
+    feature is computed by the same code on the same rows as in one :meth:`push` (the kernels
+    release the GIL), so the values are identical whatever the thread count
+    (``tests/test_features_threads.py``).
+
     Parameters
     ----------
     plan : Plan
         :func:`alphafeat.features.registry.make_plan` of the feature parameters.
     max_rows : int
-        Most new rows one push may bring (the result matrix is allocated once for them).
+        Most new rows one push (one piece of :meth:`push_block`) may bring (the result
+        matrices are allocated once for them).
+    threads : int
+        Threads :meth:`push_block` computes on (1: the calling thread only).
     """
 
-    def __init__(self, plan: Plan, max_rows: int) -> None:
+    def __init__(self, plan: Plan, max_rows: int, threads: int = 1) -> None:
         S = plan.s_kind.shape[0]
         W = plan.fd_w.shape[0]
         self.plan = plan
@@ -1062,6 +1095,26 @@ class FeatureStream:
         self.out = reserve("features:stream", (plan.n_out * (self.max_rows + 1),), np.float64)
         self._kernel = kernel_of(plan)
         self._declared = row_kernel(plan, "cpu")
+        self.threads = max(1, int(threads))
+        self.row_cols = row_columns(plan)
+        self.rest_cols = frozenset(range(plan.n_out)) - self.row_cols
+        self.all_cols = frozenset(range(plan.n_out))
+        # the row-wise stage's carry: read by the kernel (copied), never changed
+        self._still = Carry(np.zeros(S), np.full(N_LF, -1, dtype=np.int64), np.zeros(N_LF),
+                            np.zeros(N_LF, dtype=np.int64), np.zeros(1))  # fmt: skip
+        self._pool = None
+        self._ring: list[np.ndarray] = []
+        if self.threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="features-rows")
+            self._ring = [reserve(f"features:ring{k}", self.out.shape, np.float64)
+                          for k in range(_AHEAD * (self.threads - 1) + 2)]  # fmt: skip
+
+    def close(self) -> None:
+        """Let the pool threads go (a threaded stream)."""
+        if self._pool is not None:
+            self._pool.shutdown()
 
     def push(self, cols: dict[str, np.ndarray], halo: bool) -> np.ndarray:
         """Features of the new rows of ``cols`` as a float64 view ``(n_out, m)``, valid until
@@ -1071,31 +1124,101 @@ class FeatureStream:
         rows, preceded when ``halo`` by the last row of the previous push (the row-wise
         differences read it). The first push has no halo.
         """
+        n = self._check(cols, halo)
+        out = self._matrix(self.out, n)
+        if n - halo <= 0:
+            return out[:, :0]
+        if self._declared is None:
+            return self._continue(_MODE_CONTINUE, cols, halo, out)
+        self._row_stage(cols, halo, out)  # row-wise stage, declared rows, then the rest
+        return self._continue(_MODE_CONTINUE_SCAN, cols, halo, out)
+
+    def push_block(self, cols: dict[str, np.ndarray], lo: int,
+                   take: Callable[[int, int, np.ndarray, frozenset[int]], None]) -> None:
+        """Push rows ``lo`` on of ``cols`` (row ``lo - 1`` is the halo when ``lo > 0``; ``lo`` is
+        0 only for the first push) in pieces of at most ``max_rows`` rows.
+
+        For each piece ``[i0, i1)`` of ``cols``, ``take(i0, i1, out, which)`` gets its features,
+        ``out`` a float64 view ``(n_out, i1 - i0)`` valid during the call, of which the columns
+        in ``which`` are final: with one thread, one call per piece with :attr:`all_cols`, in
+        order; with more, on the pool threads in any order, one call with :attr:`row_cols`
+        (after the piece's row-wise stage) and one with :attr:`rest_cols` (after its
+        recurrences, which run on the calling thread in row order). Every call is done when
+        this returns.
+        """
         n = int(cols["ts_recv"].shape[0])
-        lo = 1 if halo else 0
+        spans = [(i0, min(i0 + self.max_rows, n)) for i0 in range(lo, n, self.max_rows)]
+        if self._pool is None:
+            for i0, i1 in spans:
+                take(i0, i1, self.push(_rows_of(cols, i0, i1), i0 > 0), self.all_cols)
+            return
+        from concurrent.futures import wait
+
+        pool, ring = self._pool, self._ring
+        rows, rest = [], []  # per piece: its row-wise stage, the take of its other columns
+        try:
+            for j, (i0, i1) in enumerate(spans):
+                # row-wise stages ahead, each in the buffer of the piece len(ring) before, taken by now
+                while len(rows) < min(j + len(ring) - 1, len(spans)):
+                    k = len(rows)
+                    if k >= len(ring):
+                        rest[k - len(ring)].result()
+                    rows.append(pool.submit(self._rows_piece, cols, spans[k], ring[k % len(ring)], take))
+                rows[j].result()
+                piece = _rows_of(cols, i0, i1)
+                out = self._matrix(ring[j % len(ring)], self._check(piece, i0 > 0))
+                new = self._continue(_MODE_CONTINUE_SCAN, piece, i0 > 0, out)
+                rest.append(pool.submit(take, i0, i1, new, self.rest_cols))
+        finally:
+            wait(rows + rest)  # nothing of the block is read after this returns
+        for f in rest:
+            f.result()
+
+    def _rows_piece(self, cols: dict[str, np.ndarray], span: tuple[int, int], buf: np.ndarray,
+                    take: Callable[[int, int, np.ndarray, frozenset[int]], None]) -> None:
+        """A pool thread's part of :meth:`push_block`: the row-wise stage of one piece into ``buf``."""
+        i0, i1 = span
+        lo = 1 if i0 > 0 else 0
+        out = self._matrix(buf, i1 - i0 + lo)
+        self._row_stage(_rows_of(cols, i0, i1), i0 > 0, out)
+        take(i0, i1, out[:, lo:], self.row_cols)
+
+    def _matrix(self, buf: np.ndarray, n: int) -> np.ndarray:
+        """The start of the flat ``buf`` as a C-contiguous ``(n_out, n)`` matrix."""
+        return buf[: self.plan.n_out * n].reshape(self.plan.n_out, n)
+
+    def _check(self, cols: dict[str, np.ndarray], halo: bool) -> int:
+        """Rows of ``cols`` (halo included); UsageError on a halo out of place or too many rows."""
+        n = int(cols["ts_recv"].shape[0])
         if halo != (self.rows > 0):
             raise UsageError("halo", "FeatureStream.push: the first push has no halo row, every later push has one")
-        m = n - lo
-        if m > self.max_rows:
-            raise UsageError("cols", f"FeatureStream.push: {m} rows, more than max_rows = {self.max_rows}")
-        n_out = self.plan.n_out
-        if m <= 0:
-            return self.out[:0].reshape(n_out, 0)
+        if n - halo > self.max_rows:
+            raise UsageError("cols", f"FeatureStream.push: {n - halo} rows, more than max_rows = {self.max_rows}")
+        return n
+
+    def _row_stage(self, cols: dict[str, np.ndarray], halo: bool, out: np.ndarray) -> None:
+        """The row-wise features and declared rows of the new rows of ``cols`` into ``out``
+        (they read rows i and i - 1 only: no carry, any thread, any order)."""
+        n = out.shape[1]
+        lo = 1 if halo else 0
+        lastf, ab = np.empty(N_LF, np.int64), np.empty((2, self.plan.s_kind.shape[0]))
+        _run_chunk(_MODE_ROWWISE, inputs_of(cols), self._kernel, out, lo, n, 0, self._still, lastf, ab)
+        if self._declared is not None:
+            self._declared(inputs_of(cols), out, lo, n)
+
+    def _continue(self, mode: int, cols: dict[str, np.ndarray], halo: bool, out: np.ndarray) -> np.ndarray:
+        """Kernel ``mode`` (fused, or the stages after the row-wise one) over the new rows of
+        ``cols`` into ``out``, continuing the carry; returns the new rows' columns."""
+        n = out.shape[1]
+        lo = 1 if halo else 0
         g0 = self.rows - lo  # segment row of array row 0
         far = np.int64(2**62)  # a last finite row before the arrays: "seen, not the previous row"
         cj = self.carry.cj
         jloc = np.where(cj >= 0, np.maximum(cj - g0, 0), -1)
         jloc = np.where((cj >= 0) & (cj < g0), far, jloc).astype(np.int64)
         io = self.carry._replace(cj=jloc)
-        out = self.out[: n_out * n].reshape(n_out, n)
-        inp = inputs_of(cols)
         lastf, ab = np.empty(N_LF, np.int64), np.empty((2, self.plan.s_kind.shape[0]))
-        mode = _MODE_CONTINUE
-        if self._declared is not None:  # row-wise stage, declared rows, then the rest
-            _run_chunk(_MODE_ROWWISE, inp, self._kernel, out, lo, n, g0, io, lastf, ab)
-            self._declared(inp, out, lo, n)
-            mode = _MODE_CONTINUE_SCAN
-        _run_chunk(mode, inp, self._kernel, out, lo, n, g0, io, lastf, ab)
+        _run_chunk(mode, inputs_of(cols), self._kernel, out, lo, n, g0, io, lastf, ab)
         self.carry = io._replace(cj=np.where((jloc >= 0) & (jloc < far) & (jloc >= lo), jloc + g0, cj))
-        self.rows += m
+        self.rows += n - lo
         return out[:, lo:]

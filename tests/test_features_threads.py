@@ -1,0 +1,136 @@
+"""The CPU features of a segment on several threads give the bytes of one thread.
+
+:meth:`alphafeat.features.cpu.FeatureStream.push_block` with ``threads > 1`` computes the
+row-wise features (no state) of the coming pieces on pool threads and the recurrences, post
+transforms and fractional difference on the calling thread, in row order. Every feature is then
+computed by the same code on the same rows as by one sequential call, so the values must be
+equal bit for bit (not to a tolerance): checked on a random book (with and without declared
+features, odd piece and block sizes, more pieces than result buffers), and on the cache that
+``precompute`` writes with 1 and with 3 threads (every feature, and feature sets whose stored
+columns all come from one of the two stages).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_declared_feature import TOYS
+from test_features import random_book
+
+from alphafeat import pipeline, segment
+from alphafeat.features import FeatureParams, _prepare, compute_features, feature_specs
+from alphafeat.features.cpu import FeatureStream
+from alphafeat.features.registry import make_plan, registered
+from alphafeat.pipeline import PrecomputeConfig, feature_threads, precompute
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@pytest.mark.parametrize("declared", [(), TOYS], ids=["built-in", "with-toys"])
+def test_row_columns_are_what_the_row_stage_writes(declared) -> None:
+    """The columns a threaded stream hands over from its pool threads are exactly those the
+    row-wise stage writes, and exactly the features without state in the registry."""
+    book = random_book(700, 3)
+    with registered(*declared):
+        specs = feature_specs(FeatureParams())
+        stream = FeatureStream(make_plan(FeatureParams()), 700)
+        out = np.full((len(specs), 700), 12345.0)
+        stream._row_stage(_prepare(book, FeatureParams()), False, out)
+    written = {c for c in range(len(specs)) if not (out[c] == 12345.0).all()}
+    assert stream.row_cols == {k for k, s in enumerate(specs) if not s.state}
+    # besides: the row values of declared features with state, which their recurrence replaces
+    stated = {k for k, s in enumerate(specs) if s.state and s.name in {f.name for f in declared}}
+    assert written == stream.row_cols | stated
+    assert stream.rest_cols == set(range(len(specs))) - stream.row_cols and stream.rest_cols
+
+
+@pytest.mark.parametrize("declared", [(), TOYS], ids=["built-in", "with-toys"])
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_push_block_equals_one_call_bit_for_bit(threads: int, declared) -> None:
+    """push_block over random blocks in pieces of 97 rows: every column of every row handed
+    over exactly once, final when handed over, equal to one compute_features call bit for bit;
+    with threads, taken on the pool threads."""
+    rng = np.random.default_rng(threads)
+    n = 6000
+    book = random_book(n, 5)
+    main = threading.get_ident()
+    with registered(*declared):
+        ref = compute_features(book)
+        cols = _prepare(book, FeatureParams())
+        stream = FeatureStream(make_plan(FeatureParams()), 97, threads)
+        got = np.full((len(ref), n), -7.0)
+        seen = np.zeros((len(ref), n), dtype=np.int64)
+        pool, here = [], []  # the columns taken on pool threads, on this one
+        cuts = [0, *np.sort(rng.choice(np.arange(1, n), 6, replace=False)).tolist(), n]
+        for a, c in zip(cuts[:-1], cuts[1:]):
+            lo = 1 if a > 0 else 0
+
+            def take(i0, i1, out, which, a=a, lo=lo):
+                r0, r1 = a - lo + i0, a - lo + i1  # segment rows
+                for j in which:
+                    got[j, r0:r1] = out[j]
+                    seen[j, r0:r1] += 1
+                (pool if threading.get_ident() != main else here).append(which)
+
+            stream.push_block({k: v[a - lo : c] for k, v in cols.items()}, lo, take)
+        stream.close()
+    assert (seen == 1).all()
+    for j, name in enumerate(ref):
+        assert np.array_equal(got[j], ref[name], equal_nan=True), name
+    if threads > 1:
+        assert set(pool) == {stream.row_cols, stream.rest_cols} and not here
+    else:
+        assert set(here) == {stream.all_cols} and not pool
+
+
+def _cache(out: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, threads: int,
+           inputs: list[Path], **kw) -> dict[str, bytes]:  # fmt: skip
+    monkeypatch.setattr(pipeline, "feature_threads", lambda cfg, segments: threads)
+    with caplog.at_level("DEBUG", logger="alphafeat.pipeline"):
+        precompute(PrecomputeConfig(inputs=inputs, out=out, device="cpu", keep_books="none", **kw))
+    assert f"on {threads} thread(s)" in caplog.text
+    caplog.clear()
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.arrow"))}
+
+
+@pytest.mark.parametrize(("features", "days"), [("all", "2024030"), ("ofi", "20240307"), ("vol", "20240307")])
+def test_threaded_cache_equals_sequential_bytes(tmp_path, monkeypatch, caplog, features: str, days: str) -> None:
+    """precompute with 3 feature threads writes the partitions of 1 thread byte for byte: every
+    feature (float64, vol barrier: it reads a stored feature), and feature sets stored from one
+    stage only (``ofi``: row-wise; ``vol``: recurrences); small blocks and pieces, so that a
+    block holds many pieces and the result buffers are reused."""
+    inputs = sorted(DATA.glob(f"*{days}*.dbn.zst"))
+    if not inputs:
+        pytest.skip("data/ has no embedded sample")
+    kw = {"feature_set": features, "dtype": "float64", "barrier": "vol:1.5"}
+    monkeypatch.setattr(segment, "BLOCK_ROWS", 5000)
+    monkeypatch.setattr(pipeline, "_PIECE", 301)
+    ref = _cache(tmp_path / "one", monkeypatch, caplog, 1, inputs, **kw)
+    got = _cache(tmp_path / "three", monkeypatch, caplog, 3, inputs, **kw)
+    assert ref and got == ref
+
+
+@pytest.mark.parametrize(
+    ("opts", "segments", "cores", "want"),
+    [
+        ({}, 1, 16, 4),  # one session on a big host: the most
+        ({}, 8, 16, 4),  # --jobs 1: one segment at a time
+        ({"jobs": 4}, 8, 16, 3),  # 4 cores a worker, one of them for its decode thread
+        ({"jobs": 8}, 8, 16, 1),
+        ({"jobs": 16}, 63, 16, 1),  # every core has a segment
+        ({"jobs": -1}, 63, 16, 1),
+        ({"jobs": 8}, 1, 16, 4),  # fewer segments than workers
+        ({}, 1, 4, 3),
+        ({}, 1, 2, 1),  # two cores: the decode thread has the other one
+        ({"jobs": 2}, 3, 2, 1),
+        ({"dask_local": 2}, 10, 16, 4),
+        ({"dask_local": 8}, 10, 16, 1),
+        ({"scheduler": "tcp://host:8786"}, 1, 16, 1),  # its workers' cores are not known here
+    ],
+)
+def test_feature_threads_share_the_cores(monkeypatch, opts: dict, segments: int, cores: int, want: int) -> None:
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: cores)
+    assert feature_threads(PrecomputeConfig(inputs=[], out=Path("x"), **opts), segments) == want
