@@ -241,6 +241,34 @@ def test_fracdiff_level_is_removed_from_the_inputs(tmp_path):
                     for i in range(60)])
     assert np.allclose(x, ref, equal_nan=True, atol=1e-12)  # a sum of past log returns, no level
     assert np.nanmax(np.abs(x)) < 1e-3 < abs(sum(w) * lm[0])
+    _batch_inputs_equal_the_reference(data)
+
+
+def _batch_inputs_equal_the_reference(data: CacheData) -> None:
+    """The batch loader's fused gather (``CacheData._inputs_into``, numba) writes the same bits
+    as the reference ``norm(raw_features(...))``, for left and right padding, NaN rows, a
+    ``-mid`` and a ``-level`` input; padding stays 0."""
+    from alphamodel.data import Window
+
+    names = data.feature_names
+    assert any(n.endswith("-mid") for n in names) and any(n.endswith("-level") for n in names)
+    norm = data.fit_normaliser(np.arange(data.n_rows), names)
+    norm.std[0] = 1e-30  # huge z-scores: the clip is exercised
+    n0, n1 = data.segments[0].n, data.segments[-1].n
+    assert n0 >= 43 and n1 >= 25
+    last = len(data.segments) - 1
+    wins = [Window(0, 0, 40), Window(0, 3, 43), Window(last, 10, 25), Window(0, n0 - 40, n0), Window(last, 0, 1)]
+    for pad in ("left", "right"):
+        b = data.batch(wins, 40, norm, pad=pad)
+        for i, w in enumerate(wins):
+            n = w.end - w.start
+            ref = norm(data.raw_features(w.seg, np.arange(w.start, w.end), names))
+            pos = slice(40 - n, 40) if pad == "left" else slice(0, n)
+            assert np.array_equal(b.x[i, pos], ref)  # bit for bit, NaN inputs already 0
+            rest = np.ones(40, bool)
+            rest[pos] = False
+            assert not b.x[i, rest].any()
+    assert np.abs(b.x[:, :, 0]).max() == norm.clip
 
 
 def test_heads_keep_the_per_row_linear_path_under_dropout():
