@@ -136,13 +136,13 @@ _PLAIN, _MINUS_MID, _LEVEL = 0, 1, 2
 
 @numba.njit(nogil=True, cache=True)
 def _put_feature(col: np.ndarray, mid: np.ndarray, log_mid: np.ndarray, kind: int, coef: float,
-                 starts: np.ndarray, length: int, sel: np.ndarray, off: int, j: int,
+                 starts: np.ndarray, length: int, sel: np.ndarray, off: int,
                  mean: float, std: float, clip: float, x: np.ndarray) -> None:  # pragma: no cover - numba
-    """Input ``j`` of the windows ``starts[i] .. starts[i] + length`` of one segment, normalised,
-    into ``x[sel[i], off + k, j]`` (float32) in one pass: the float64 operations of
-    :meth:`CacheData.raw_features` followed by :class:`Normaliser` (``(v - mean) / std``, NaN
-    -> 0, clipped to +-clip), so the same bits. ``log_mid[i, k]``: ``np.log`` of the mid at the
-    window's row k (``_LEVEL`` inputs; numpy's log, as the reference)."""
+    """One input of the windows ``starts[i] .. starts[i] + length`` of one segment, normalised,
+    into ``x[sel[i], off + k]`` (float32; ``x`` the input's own (B, K) plane) in one pass: the
+    float64 operations of :meth:`CacheData.raw_features` followed by :class:`Normaliser`
+    (``(v - mean) / std``, NaN -> 0, clipped to +-clip), so the same bits. ``log_mid[i, k]``:
+    ``np.log`` of the mid at the window's row k (``_LEVEL`` inputs; numpy's log, as the reference)."""
     for i in range(starts.shape[0]):
         b, r0 = sel[i], starts[i]
         for k in range(length):
@@ -160,7 +160,7 @@ def _put_feature(col: np.ndarray, mid: np.ndarray, log_mid: np.ndarray, kind: in
                 z = clip
             elif z < -clip:
                 z = -clip
-            x[b, off + k, j] = np.float32(z)
+            x[b, off + k] = np.float32(z)
 
 
 def _zero_copy(col: pa.ChunkedArray, path: Path, name: str) -> np.ndarray:
@@ -346,11 +346,12 @@ class CacheData:
                 out[..., j] = s.cols[name][idx]
         return out
 
-    def _inputs_into(self, x: np.ndarray, seg: int, starts: np.ndarray, idx: np.ndarray, off: int,
+    def _inputs_into(self, xf: np.ndarray, seg: int, starts: np.ndarray, idx: np.ndarray, off: int,
                      sel: np.ndarray, norm: Normaliser) -> None:
-        """``x[sel, off:off + L]`` = ``norm(self.raw_features(seg, idx, norm.names))`` (the same
-        bits; ``idx = starts[:, None] + arange(L)``), written by one numba pass per input instead
-        of float64 temporaries of the whole batch (the batch loader's time)."""
+        """``xf[:, sel, off:off + L]`` (feature-major, (F, B, K)) = ``norm(self.raw_features(seg,
+        idx, norm.names))`` moved to the front axis (the same bits; ``idx = starts[:, None] +
+        arange(L)``), written by one numba pass per input, each into its own contiguous plane,
+        instead of float64 temporaries of the whole batch (the batch loader's time)."""
         s = self.segments[seg]
         mid, log_mid = s.cols["mid"], np.empty((0, 0))
         for j, name in enumerate(norm.names):
@@ -364,8 +365,8 @@ class CacheData:
                         log_mid = np.log(mid[idx])
             else:
                 kind, col, coef = _PLAIN, s.cols[name], 0.0
-            _put_feature(col, mid, log_mid, kind, coef, starts, idx.shape[1], sel, off, j,
-                         float(norm.mean[j]), float(norm.std[j]), float(norm.clip), x)
+            _put_feature(col, mid, log_mid, kind, coef, starts, idx.shape[1], sel, off,
+                         float(norm.mean[j]), float(norm.std[j]), float(norm.clip), xf[j])
 
     def labels(self, seg: int, idx: np.ndarray) -> np.ndarray:
         """Labels of rows ``idx`` (shape S): (*S, H) float32 with NaN."""
@@ -468,7 +469,7 @@ class CacheData:
         (:meth:`alphamodel.model.AlphaModel.forward`'s ``mask``), so they are neutral.
         """
         B, K, F, H = len(windows), window, len(norm.names), len(self.horizons)
-        x = np.zeros((B, K, F), np.float32)
+        xf = np.zeros((F, B, K), np.float32)  # feature-major: each input written contiguously
         dt = np.zeros((B, K), np.float32)
         y = np.full((B, K, H), np.nan, np.float32)
         mask = np.zeros((B, K), bool)
@@ -483,11 +484,11 @@ class CacheData:
             pos = slice(off, off + length)
             sel = np.array(members)
             if length:
-                self._inputs_into(x, seg, starts, idx, off, sel, norm)
+                self._inputs_into(xf, seg, starts, idx, off, sel, norm)
                 dt[sel, pos] = self.segments[seg].dt[idx]
                 y[sel, pos] = self.labels(seg, idx)
                 rows[sel, pos] = idx + self.offsets[seg]
             for i in members:
                 first = windows[i].score_from if score_from is None else score_from
                 mask[i, off + first : off + length] = True
-        return Batch(x, dt, y, mask, rows)
+        return Batch(np.ascontiguousarray(xf.transpose(1, 2, 0)), dt, y, mask, rows)
