@@ -22,6 +22,9 @@ def test_explore_notebook_executes(tmp_path, monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     text = "".join(o.get("text", "") for o in outputs)
     assert "ESH4" in text and "ESM4" in text and "up_share_when_bid_heavy" in text
+    shares = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells
+              if c.cell_type == "code" and "up_share" in c.source]  # fmt: skip
+    assert len(shares) == 2 and all("NaN" not in t and "nan" not in t for t in shares)  # NaN labels left out
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 3
     assert sorted(p.name for p in (cache / "_plots").iterdir()) == [
