@@ -96,7 +96,7 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
     t0 = time.perf_counter()
     for _ in range(args.steps):
         loss = step()
-    float(loss)
+    float(loss.detach())
     if device.type == "cuda":
         torch.cuda.synchronize()
     s = time.perf_counter() - t0

@@ -13,7 +13,9 @@ import argparse
 import atexit
 import contextlib
 import gc
+import importlib
 import logging
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -96,15 +98,43 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     )
     try:
         with _collector_for_a_command(freeze_at_exit):
-            return args.func(args)
+            status = args.func(args)
     except (AlphafeatError, OSError) as e:
         if verbose:
             console.print_exception()
         console.print(f"[bold red]error:[/] {escape(_line(e))}", highlight=False, soft_wrap=True)
-        return e.exit_code if isinstance(e, AlphafeatError) else 1
+        status = e.exit_code if isinstance(e, AlphafeatError) else 1
     except KeyboardInterrupt:
-        console.print("interrupted; outputs are written atomically, so nothing half-written was left")
-        return 130
+        console.print(INTERRUPTED)
+        status = 130
+    if freeze_at_exit:  # the command is over: a Ctrl-C now would only break the interpreter's exit
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a traceback from a pool's exit, or 130 for a finished run)
+    return status
+
+
+#: What a Ctrl-C during a command prints.
+INTERRUPTED = "interrupted; outputs are written atomically, so nothing half-written was left"
+
+
+def entry(module: str) -> Callable[[], int]:
+    """The console script of ``cli.<module>`` (``alphafeat``, ``alphamodel``): its ``main()``,
+    with a Ctrl-C while the command's libraries are still being imported given the same one
+    line and status 130 as one during the command (not a traceback)."""
+
+    def main() -> int:
+        try:
+            command = importlib.import_module(f"cli.{module}")
+        except KeyboardInterrupt:
+            console.print(INTERRUPTED)
+            return 130
+        return command.main()
+
+    main.__name__ = f"{module}_main"
+    return main
+
+
+alphafeat_main = entry("alphafeat")
+alphamodel_main = entry("alphamodel")
 
 
 #: Allocations between two young-generation collections while a command runs (CPython: 700).

@@ -304,3 +304,32 @@ def test_synth_names_only_the_missing_option(tmp_path, capsys):
     assert alphafeat_main(["synth", "--out", str(tmp_path / "s")]) == USAGE
     err = capsys.readouterr().err
     assert "--start" in err and "--out" not in err and not (tmp_path / "s").exists(), err
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capfd):
+    """The console scripts (``cli.alphafeat_main``) import their command module inside a guard:
+    a Ctrl-C there gives the interrupted line and 130, not a traceback."""
+    import importlib
+
+    import cli
+
+    def interrupted(name: str):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    assert cli.alphafeat_main() == 130 and cli.alphamodel_main() == 130
+    out = capfd.readouterr()
+    assert (out.out + out.err).strip().splitlines() == [cli.INTERRUPTED] * 2
+
+
+def test_a_finished_command_ignores_a_late_ctrl_c(tmp_path):
+    """In its own process (no argv given), once the command has returned, SIGINT is ignored so
+    that a late Ctrl-C cannot turn a finished run's exit into a traceback or status 130."""
+    import subprocess
+    import sys
+
+    code = ("import signal, sys; from cli.alphafeat import main; sys.argv = ['alphafeat', 'precompute', "
+            f"'--input', {str(tmp_path / 'missing')!r}]; rc = main(); "
+            "print(rc, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["1", "True"]
