@@ -882,8 +882,12 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
         return
     from joblib import Parallel, delayed
 
+    from alphafeat.plan import spawning_workers
+
     par = Parallel(n_jobs=min(n_jobs, len(calls)), return_as="generator_unordered", pre_dispatch="n_jobs")
-    yield from par(delayed(_map_one)(*c) for c in calls)
+    with spawning_workers():
+        results = par(delayed(_map_one)(*c) for c in calls)
+    yield from results
 
 
 def _tasks(progress: object | None) -> tuple[Callable[[str, int], object], Callable[[object], None]]:

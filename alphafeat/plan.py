@@ -31,8 +31,11 @@ import logging
 import os
 import pickle
 import re
+import signal
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -462,7 +465,9 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
     else:
         import joblib  # here: a one-process plan need not load it
 
-        scanned = joblib.Parallel(n_jobs=jobs)(joblib.delayed(_survey)(*c) for c in calls)
+        with spawning_workers():
+            gen = joblib.Parallel(n_jobs=jobs, return_as="generator")(joblib.delayed(_survey)(*c) for c in calls)
+        scanned = list(gen)
     new = iter(scanned)
     results = [kept[f.path] if kept[f.path] is not None else next(new) for f, _ in tasks]
     surveys: dict[Path, dict] = {}
@@ -477,6 +482,24 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
             continue
         surveys[f.path] = res
     return surveys
+
+
+@contextmanager
+def spawning_workers() -> Iterator[None]:
+    """Around the call that starts joblib's worker processes (a ``Parallel(...)(...)`` returning a
+    generator: it starts its workers and its first tasks before it returns): SIGINT is ignored
+    meanwhile in the main thread, so the workers start with it ignored and keep it so (Python
+    installs no Ctrl-C handler when SIGINT is ignored at start). A Ctrl-C then interrupts only
+    this process, which stops the pool: no worker prints a traceback of its own, while starting,
+    working or idle after the run. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _scan_jobs(jobs: int, tasks: list[tuple[DBNFile, bool]], book: list[DBNFile]) -> int:

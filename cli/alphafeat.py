@@ -20,6 +20,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import logging
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,6 +77,8 @@ def _precompute(args: argparse.Namespace) -> int:
     make_job(cfg, "cpu")  # every option checked before the progress bar starts: a bad one is one line
     with progress_bar(disable=args.quiet) as progress:
         s = precompute(cfg, progress=progress)
+    if getattr(args, "own_process", False):  # committed: a Ctrl-C now would only hide the summary
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     out = Console()
     sched = Table(title="instrument per session")

@@ -333,3 +333,29 @@ def test_a_finished_command_ignores_a_late_ctrl_c(tmp_path):
             "print(rc, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split()[-2:] == ["1", "True"]
+
+
+def test_workers_start_with_ctrl_c_ignored():
+    """joblib workers started inside ``spawning_workers`` ignore SIGINT for their life (a Ctrl-C
+    reaches only the parent, which stops the pool: no worker tracebacks); the parent's handler
+    is restored after."""
+    import signal
+
+    from joblib import Parallel, delayed
+    from joblib.externals.loky import get_reusable_executor
+
+    from alphafeat.plan import spawning_workers
+
+    get_reusable_executor().shutdown(wait=True)  # no workers of earlier tests reused
+
+    def disposition(_: int) -> object:
+        import signal
+
+        return signal.getsignal(signal.SIGINT)
+
+    before = signal.getsignal(signal.SIGINT)
+    with spawning_workers():
+        gen = Parallel(n_jobs=2, return_as="generator")(delayed(disposition)(i) for i in range(4))
+    assert signal.getsignal(signal.SIGINT) is before
+    assert list(gen) == [signal.SIG_IGN] * 4
+    get_reusable_executor().shutdown(wait=True)
