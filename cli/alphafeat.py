@@ -268,7 +268,7 @@ def _read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebuild-predecoded", action="store_true",
                    help="clear the predecoded folder (<out parent>/.predecoded: kept books and plan scans) first")
     p.add_argument("--jobs", type=_JOBS, default=1,
-                   help="worker processes: plan scans and session segments in parallel (-1: all cores)")
+                   help="worker processes: plan scans and session segments in parallel (-1: all cores; default 1)")
 
 
 def _roll_schedule(args: argparse.Namespace) -> int:
