@@ -528,6 +528,8 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
                 bad_epochs += 1
                 if bad_epochs >= tc.patience:
                     log.info("fold %d: early stop after epoch %d (best %d)", fold.index, epoch, best[1])
+                    bar.update(task, total=bar.tasks[0].completed, description=f"fold {fold.index} stopped "
+                               f"early after epoch {epoch}/{tc.epochs} (best {best[1]})")  # fmt: skip
                     break
         for fut, _ in queue:
             fut.cancel()
