@@ -601,14 +601,14 @@ class SegmentColumns:
         seconds["labels"] = self.seconds["labels"] + time.perf_counter() - t0
         ts = pa.timestamp("ns", tz="UTC")
         cols: dict[str, pa.Array] = {
-            "ts_event": pa.array(c["ts_event"], ts),
-            "ts_recv": pa.array(c["ts_recv"], ts),
-            "instrument_id": pa.array(np.full(n, self.seg.instrument_id, dtype=np.uint32)),
-            "raw_symbol": pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int8), pa.array([self.seg.raw_symbol])),
+            "ts_event": _from_numpy(c["ts_event"], ts),
+            "ts_recv": _from_numpy(c["ts_recv"], ts),
+            "instrument_id": _from_numpy(np.full(n, self.seg.instrument_id, dtype=np.uint32)),
+            "raw_symbol": _symbol_column(self.seg.raw_symbol, n),
         }
         for k in self.dtypes:
             if k not in cols:
-                cols[k] = pa.array(c[k])
+                cols[k] = _from_numpy(c[k])
         del c
         cols.update(_label_arrays(labels))
         return pa.table(cols), self.crossed
@@ -642,16 +642,28 @@ def _label_arrays(labels: dict[str, np.ndarray | pa.ChunkedArray]) -> dict[str, 
             for k, v in labels.items()}  # fmt: skip
 
 
-def _from_numpy(v: np.ndarray, type: pa.DataType, null: np.ndarray | None = None) -> pa.Array:
-    """A fixed-width numpy array (n,) as an Arrow array of ``type`` over its buffer, null where
-    ``null``: what ``pa.array(v, type, mask=null)`` gives (the same IPC bytes), without the
-    pandas ``pa.array`` loads (~0.2-0.3 s of a relabel)."""
+def _from_numpy(v: np.ndarray, type: pa.DataType | None = None, null: np.ndarray | None = None) -> pa.Array:
+    """A numpy array (n,) of fixed-width values or bools as an Arrow array of ``type`` (default:
+    the dtype's) over its buffer (bools packed), null where ``null``: what ``pa.array(v, type,
+    mask=null)`` gives (the same IPC bytes), without the pandas that any ``pa.array`` call loads
+    (~0.2-0.3 s: of a relabel, and of every worker process that writes a partition)."""
     v = np.ascontiguousarray(v)
-    if v.ndim != 1 or 8 * v.dtype.itemsize != type.bit_width:
+    type = pa.from_numpy_dtype(v.dtype) if type is None else type
+    if v.ndim != 1 or (8 * v.dtype.itemsize != type.bit_width and not (v.dtype == np.bool_ and type == pa.bool_())):
         raise AlphafeatError(f"{v.dtype} {v.shape} is not a column of {type}")
+    data = np.packbits(v, bitorder="little") if v.dtype == np.bool_ else v
     k = 0 if null is None else int(null.sum())
     valid = pa.py_buffer(np.packbits(~null, bitorder="little")) if k else None
-    return pa.Array.from_buffers(type, len(v), [valid, pa.py_buffer(v)], null_count=k)
+    return pa.Array.from_buffers(type, len(v), [valid, pa.py_buffer(data)], null_count=k)
+
+
+def _symbol_column(symbol: str, n: int) -> pa.DictionaryArray:
+    """``raw_symbol`` of ``n`` rows: a dictionary of the one symbol (int8 indices), built from
+    buffers (no pandas; see :func:`_from_numpy`)."""
+    text = symbol.encode()
+    offsets = np.array([0, len(text)], dtype=np.int32)
+    dictionary = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(text)])
+    return pa.DictionaryArray.from_arrays(_from_numpy(np.zeros(n, dtype=np.int8)), dictionary)
 
 
 #: Options that change only the label columns of a partition (a rerun that changes only these

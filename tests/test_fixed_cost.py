@@ -119,3 +119,27 @@ def test_cli_collector_settings_are_restored(monkeypatch) -> None:
     assert during[0][0] == max(before[0], GC_THRESHOLD) and during[0][1:] == before[1:]
     assert gc.get_threshold() == before and registered == []
     assert run(p, [], freeze_at_exit=True) == 0 and registered == [gc.freeze]
+
+
+def test_a_segment_computed_afresh_loads_no_pandas(tmp_path) -> None:
+    """Computing and writing a partition (what each worker process does) builds its Arrow
+    columns from buffers: no ``pa.array``, which loads pandas (~0.2 s per worker). Here a
+    rerun with another feature set in a fresh process (the kept plan: no databento either)."""
+    one = sorted(DATA.glob("glbx-mdp3-20240306.*.dbn.zst"))
+    if len(one) != 2:
+        pytest.skip("data/ has no embedded sample")
+    code = f"""
+import sys
+from pathlib import Path
+from alphafeat.pipeline import PrecomputeConfig, precompute
+cfg = PrecomputeConfig(inputs={[str(p) for p in one]!r}, out=Path({str(tmp_path / "c")!r}), device="cpu",
+                       feature_set="default,flow")
+s = precompute(cfg)
+print(s.partitions_skipped, len(s.partitions), sorted({{"databento", "pandas"}} & set(sys.modules)))
+"""
+    from alphafeat.pipeline import PrecomputeConfig, precompute
+
+    precompute(PrecomputeConfig(inputs=one, out=tmp_path / "c", device="cpu"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == "0 1 []"
