@@ -301,14 +301,12 @@ def _kept_scan(path: Path, store: str | None) -> tuple[Path | None, dict | None]
     return kept, _load_kept(kept)
 
 
-def _survey(path: str, trades_only: bool, store: str | None) -> dict:
-    """One task: the scan of ``path``, from ``store`` when kept there. Errors are returned
-    (an InputError does not survive pickling)."""
+def _survey(path: str, trades_only: bool, kept: Path | None) -> dict:
+    """One task: the scan of ``path``, kept at ``kept`` (its place in the store, found by
+    :func:`_run_surveys`, which reads the scans kept there; None: not kept). Errors are
+    returned (an InputError does not survive pickling)."""
     p = Path(path)
     try:
-        kept, res = _kept_scan(p, store)
-        if res is not None:
-            return res
         res = _scan_file(p, trades_only)
         if kept is not None:
             _keep(kept, res, f"scan of {p}")
@@ -453,13 +451,13 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
                  skipped: list) -> dict[Path, dict]:  # fmt: skip
     """The scans of ``tasks`` (file, trades only): those kept in ``store`` read here, the others
     in parallel with ``jobs`` processes; a bad file raises, or is skipped with ``on_error="skip"``."""
-    kept: dict[Path, dict | None] = {}
+    kept: dict[Path, tuple[Path | None, dict | None]] = {}  # where each scan is kept, and the kept scan
     for f, _ in tasks:
         try:
-            kept[f.path] = _kept_scan(f.path, store)[1]
+            kept[f.path] = _kept_scan(f.path, store)
         except (OSError, InputError):  # the task reports it
-            kept[f.path] = None
-    calls = [(str(f.path), only, store) for f, only in tasks if kept[f.path] is None]
+            kept[f.path] = (None, None)
+    calls = [(str(f.path), only, kept[f.path][0]) for f, only in tasks if kept[f.path][1] is None]
     if jobs == 1 or len(calls) <= 1:
         scanned = [_survey(*c) for c in calls]
     else:
@@ -469,7 +467,7 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
             gen = joblib.Parallel(n_jobs=jobs, return_as="generator")(joblib.delayed(_survey)(*c) for c in calls)
         scanned = list(gen)
     new = iter(scanned)
-    results = [kept[f.path] if kept[f.path] is not None else next(new) for f, _ in tasks]
+    results = [kept[f.path][1] if kept[f.path][1] is not None else next(new) for f, _ in tasks]
     surveys: dict[Path, dict] = {}
     for (f, _), res in zip(tasks, results, strict=True):
         if "error" in res:
