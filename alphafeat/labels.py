@@ -53,8 +53,11 @@ NO_TIME = np.int64(-1)
 
 
 def _direction(mid: np.ndarray, nxt: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """float32 (n,): 1 where ``nxt > mid``, 0 where lower, NaN on a tie, a NaN (or inf - inf)
+    difference or where not ``ok``."""
     y = np.full(mid.shape, np.nan, dtype=np.float32)
-    d = np.where(ok, nxt - mid, np.nan)
+    with np.errstate(invalid="ignore"):
+        d = np.where(ok, nxt - mid, np.nan)
     y[d > 0] = 1.0
     y[d < 0] = 0.0
     return y
@@ -101,12 +104,9 @@ def direction_labels(
     for h in horizons:
         h = validate_horizon(h, "horizons")
         m = max(n - h, 0)
-        y = np.full(n, np.nan, dtype=np.float32)  # NaN: a tie, a NaN mid, or past the end
-        with np.errstate(invalid="ignore"):
-            d = mid[h:] - mid[:m]
-        y[:m][d > 0.0] = 1.0
-        y[:m][d < 0.0] = 0.0
-        out[f"label_h{h}"] = y
+        ok = np.arange(n) < m  # rows whose t + h is within the segment
+        nxt = np.concatenate([mid[h:], mid[:n - m]])  # mid[t + h] where ok (the rest is not read)
+        out[f"label_h{h}"] = _direction(mid, nxt, ok)  # NaN: a tie, a NaN mid, or past the end
         if ts is not None:
             t1 = np.full(n, NO_TIME, dtype=np.int64)
             t1[:m] = np.asarray(ts, dtype=np.int64)[h:]
