@@ -336,15 +336,26 @@ class CacheData:
         out = np.empty(idx.shape + (len(names),), np.float64)
         mid = s.cols["mid"][idx]
         for j, name in enumerate(names):
-            if name.endswith("-mid"):
-                out[..., j] = (s.cols[name[:-4]][idx] - mid) / self.tick
-            elif name.endswith(LEVEL_SUFFIX):
-                base = name[: -len(LEVEL_SUFFIX)]
+            kind, col, coef = self._input_of(s, name)
+            if kind == _MINUS_MID:
+                out[..., j] = (col[idx] - mid) / coef
+            elif kind == _LEVEL:
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    out[..., j] = s.cols[base][idx] - self.level_coef[base] * np.log(mid)
+                    out[..., j] = col[idx] - coef * np.log(mid)
             else:
-                out[..., j] = s.cols[name][idx]
+                out[..., j] = col[idx]
         return out
+
+    def _input_of(self, s: Segment, name: str) -> tuple[int, np.ndarray, float]:
+        """How model input ``name`` derives from segment ``s``'s columns: ``(kind, column,
+        coefficient)``; ``NAME-mid``: (column - mid) / tick; ``NAME-level``: column - coef *
+        log(mid) (:data:`LEVEL_SUFFIX`); else the column itself."""
+        if name.endswith("-mid"):
+            return _MINUS_MID, s.cols[name[:-4]], float(self.tick)
+        if name.endswith(LEVEL_SUFFIX):
+            base = name[: -len(LEVEL_SUFFIX)]
+            return _LEVEL, s.cols[base], float(self.level_coef[base])
+        return _PLAIN, s.cols[name], 0.0
 
     def _inputs_into(self, xf: np.ndarray, seg: int, starts: np.ndarray, idx: np.ndarray, off: int,
                      sel: np.ndarray, norm: Normaliser) -> None:
@@ -355,16 +366,10 @@ class CacheData:
         s = self.segments[seg]
         mid, log_mid = s.cols["mid"], np.empty((0, 0))
         for j, name in enumerate(norm.names):
-            if name.endswith("-mid"):
-                kind, col, coef = _MINUS_MID, s.cols[name[:-4]], float(self.tick)
-            elif name.endswith(LEVEL_SUFFIX):
-                base = name[: -len(LEVEL_SUFFIX)]
-                kind, col, coef = _LEVEL, s.cols[base], float(self.level_coef[base])
-                if not log_mid.size:
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        log_mid = np.log(mid[idx])
-            else:
-                kind, col, coef = _PLAIN, s.cols[name], 0.0
+            kind, col, coef = self._input_of(s, name)
+            if kind == _LEVEL and not log_mid.size:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    log_mid = np.log(mid[idx])
             _put_feature(col, mid, log_mid, kind, coef, starts, idx.shape[1], sel, off,
                          float(norm.mean[j]), float(norm.std[j]), float(norm.clip), xf[j])
 
