@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from alphafeat.validation import CfcImpl, validate_enum
+from alphamodel.config import TILE_SIZE, is_tile_size
 from alphamodel.errors import UsageError
 
 __all__ = ["CfCCell", "CfC", "check_triton", "lecun_tanh"]
@@ -211,5 +212,5 @@ def check_triton(cell: CfCCell, block_b: int = 16) -> None:
                          "builds of torch)", "triton")
     sizes = {"hidden_size": cell.hidden_size, "backbone_size": cell.fgh.in_features, "block_b": block_b}
     for name, v in sizes.items():
-        if v < 16 or v & (v - 1):
-            raise UsageError(name, "expected a power of two >= 16 with impl 'triton' (its tl.dot tiles)", v)
+        if not is_tile_size(v):
+            raise UsageError(name, f"{TILE_SIZE} with impl 'triton' (its tl.dot tiles)", v)

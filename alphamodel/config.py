@@ -192,9 +192,19 @@ def _check_together(v: dict[str, Any], section: str) -> None:
     elif (v["expand"] * v["d_model"]) % v["headdim"]:
         raise UsageError(f"{section}.headdim", f"expected a divisor of expand * d_model = {v['expand'] * v['d_model']}",
                          v["headdim"])  # fmt: skip
-    elif v["cfc_impl"] == CfcImpl.TRITON and (v["cfc_hidden"] < 16 or v["cfc_hidden"] & (v["cfc_hidden"] - 1)):
-        raise UsageError(f"{section}.cfc_hidden", "expected a power of two >= 16 with cfc_impl 'triton' (its tl.dot "
-                         "tiles)", v["cfc_hidden"])  # fmt: skip
+    elif v["cfc_impl"] == CfcImpl.TRITON and not is_tile_size(v["cfc_hidden"]):
+        raise UsageError(f"{section}.cfc_hidden", f"{TILE_SIZE} with cfc_impl 'triton' (its tl.dot tiles)",
+                         v["cfc_hidden"])  # fmt: skip
+
+
+#: What the Triton CfC scan needs of its sizes (its ``tl.dot`` tiles): the problem of a size that is not.
+TILE_SIZE = "expected a power of two >= 16"
+
+
+def is_tile_size(v: int) -> bool:
+    """Whether ``v`` can be a size of the Triton CfC scan (:func:`alphamodel.cfc.check_triton`):
+    a power of two >= 16."""
+    return v >= 16 and not v & (v - 1)
 
 
 def from_dict(cls: type[T], d: dict, section: str) -> T:
