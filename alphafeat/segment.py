@@ -49,7 +49,7 @@ import numpy as np
 from alphafeat import book as bk
 from alphafeat.cache import write_partition
 from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity, is_zstd
-from alphafeat.errors import InputError
+from alphafeat.errors import AlphafeatError, InputError
 from alphafeat.plan import Segment
 from alphafeat.types import LEVELS, BookArrays
 
@@ -559,7 +559,7 @@ def _map_segment(
             k = res.complete_from
             res.complete_ts = int(table.column("ts_recv")[k].value) if k < table.num_rows else None
     t1 = time.perf_counter()
-    write_partition(Path(staging) / seg.relpath, table, meta, job.compression)
+    _stage(staging, seg, table, meta, job.compression)
     res.rows = table.num_rows
     res.seconds["write"] = time.perf_counter() - t1
 
@@ -579,10 +579,19 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
     table = relabel_table(table, job)
     res.seconds["labels"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    write_partition(Path(staging) / seg.relpath, table, meta, job.compression)
+    _stage(staging, seg, table, meta, job.compression)
     res.seconds["write"] = time.perf_counter() - t1
     res.rows, res.relabelled = table.num_rows, True
     res.crossed = int(column_array(table, "book_crossed", np.bool_).sum())
+
+
+def _stage(staging: str, seg: Segment, table: object, meta: dict, compression: str) -> None:
+    """Write the segment's partition into the run's staging folder, which must still exist: a
+    worker that outlived its run (aborted, its staging removed) must not make the folders again
+    (an orphaned ``.staging-*`` in ``--out`` without the cache's lock, which a rerun refuses)."""
+    if not os.path.isdir(staging):
+        raise AlphafeatError(f"{staging}: the run's staging folder is gone (the run was stopped); not written")
+    write_partition(Path(staging) / seg.relpath, table, meta, compression)
 
 
 def _row_bound(seg: Segment, kept: Path | None) -> int:

@@ -600,3 +600,25 @@ def test_label_stream_equals_whole_segment_labels() -> None:
         for k, v in ref.items():
             assert np.array_equal(got[k], v, equal_nan=True), (n, k)
         assert np.array_equal(got["tb_label"], y, equal_nan=True) and np.array_equal(got["tb_t1"], t1), n
+
+
+def test_a_worker_whose_run_is_gone_does_not_make_its_folders_again(tmp_path):
+    """A worker that outlives its run (the run aborted and removed its staging folder) raises
+    instead of making ``--out/.staging-*`` again (an orphan without the cache's lock, which a
+    rerun would refuse as a foreign folder); with the folder there, it writes."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from alphafeat.errors import AlphafeatError
+    from alphafeat.segment import _stage
+
+    seg = SimpleNamespace(relpath="root=ES/session=2024-03-06/ESH4.arrow")
+    table = pa.table({"x": pa.array([1.0])})
+    gone = tmp_path / "out" / ".staging-1-dead"
+    with pytest.raises(AlphafeatError, match="staging folder is gone"):
+        _stage(str(gone), seg, table, {}, "none")
+    assert not (tmp_path / "out").exists()
+    gone.mkdir(parents=True)
+    _stage(str(gone), seg, table, {}, "none")
+    assert (gone / seg.relpath).is_file()
