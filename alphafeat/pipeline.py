@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -899,7 +900,10 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
     par = Parallel(n_jobs=min(n_jobs, len(calls)), return_as="generator_unordered", pre_dispatch="n_jobs")
     with spawning_workers():
         results = par(delayed(_map_one)(*c) for c in calls)
-    yield from results
+    with warnings.catch_warnings():  # a run stopped by an error or Ctrl-C says so in one line of its own
+        warnings.filterwarnings("ignore", message=".*tasks which were still being processed by the workers have "
+                                "been cancelled", category=UserWarning)  # fmt: skip
+        yield from results
 
 
 def _tasks(progress: object | None) -> tuple[Callable[[str, int], object], Callable[[object], None]]:
