@@ -121,7 +121,7 @@ def print_summary(s: dict) -> None:
     con = Console() if Console().is_terminal else Console(width=140)
     con.print(t)
     for w in s.get("warnings", []):
-        console.print(f"warning: {w}")
+        console.print(f"warning: {w}", markup=False)  # plain text (pip extras in [] are not markup)
     con.print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
                     f"{s['parameters']:,} parameters; {s['device']}; {s['seconds']:.1f} s; summary.json, loss.png, "
                     "auc.png, model.safetensors, config.json written")
@@ -190,7 +190,7 @@ def _backtest(args: argparse.Namespace) -> int:
     if "ofi_sign" in s["notes"]:
         Console().print(s["notes"]["ofi_sign"])
     if "model" in s["notes"]:  # --model: whether the walk-forward is out of sample depends on it
-        console.print(f"note: {s['notes']['model']}", soft_wrap=True)
+        console.print(f"note: {s['notes']['model']}", soft_wrap=True, markup=False)
     _say_replaced(out, s)
     return 0
 
@@ -198,10 +198,11 @@ def _backtest(args: argparse.Namespace) -> int:
 def _say_replaced(out: Path, s: dict) -> None:
     """The note of a run into a folder that held an earlier run's files (train and backtest)."""
     if s.get("replaced"):
-        console.print(f"note: {out}: replaced the earlier run's {', '.join(s['replaced'])}", soft_wrap=True)
+        console.print(f"note: {out}: replaced the earlier run's {', '.join(s['replaced'])}", soft_wrap=True,
+                      markup=False)  # fmt: skip
     if s.get("left_from_earlier"):
         console.print(f"note: {out}: left in place from an earlier run, not part of this one: "
-                      f"{', '.join(s['left_from_earlier'])}", soft_wrap=True)  # fmt: skip
+                      f"{', '.join(s['left_from_earlier'])}", soft_wrap=True, markup=False)  # fmt: skip
 
 
 def _embed(args: argparse.Namespace) -> int:
