@@ -45,7 +45,7 @@ from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
 from alphafeat.plan import Plan, Segment, discover, make_plan
-from alphafeat.segment import SegmentResult, peak_rss, run_segment
+from alphafeat.segment import SegmentResult, _slices, book_key, is_kept, peak_rss, run_segment
 from alphafeat.types import LEVELS, BookArrays
 from alphafeat.validation import (
     Barrier,
@@ -672,13 +672,26 @@ def _symbol_column(symbol: str, n: int) -> pa.DictionaryArray:
 LABEL_OPTIONS = ("horizons", "horizons_s", "barrier", "barrier_horizon", "compression")
 
 
-def features_key(meta: dict) -> str:
-    """What a partition's features were computed from: its schema metadata without the label
-    options, label columns and fingerprint (JSON text; equal keys: the same non-label bytes)."""
+def reuse_key(meta: dict) -> str:
+    """What a partition's rows and book columns were computed from: its schema metadata without
+    the label options, the stored feature set, the label and feature columns and the fingerprint
+    (JSON text). Equal keys: the same rows and book columns, and every feature of the partition
+    has the bytes a fresh run would store (the feature parameters are in the key)."""
+    params = meta.get("params") or {}
+    try:
+        names = {s.name for s in feature_specs(FeatureParams(**_tuples(params.get("features") or {})))}
+    except (TypeError, ValueError):
+        return json.dumps(meta, sort_keys=True)  # unreadable parameters: equal to nothing but itself
     m = {k: v for k, v in meta.items() if k not in ("fingerprint", "columns", "params")}
-    m["params"] = {k: v for k, v in (meta.get("params") or {}).items() if k not in LABEL_OPTIONS}
-    m["columns"] = [c for c in meta.get("columns") or [] if not _is_label(str(c.get("name", "")))]
+    m["params"] = {k: v for k, v in params.items() if k not in (*LABEL_OPTIONS, "feature_set")}
+    m["columns"] = [c for c in meta.get("columns") or [] if not _is_label(str(c.get("name", "")))
+                    and c.get("name") not in names]  # fmt: skip
     return json.dumps(m, sort_keys=True)
+
+
+def _tuples(d: dict) -> dict:
+    """JSON lists back to tuples (the form of FeatureParams' fields)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
 def can_relabel(job: Job) -> bool:
@@ -688,11 +701,13 @@ def can_relabel(job: Job) -> bool:
     return job.book_levels >= 1 and (not job.barrier or validate_barrier(job.barrier).kind == "ticks")
 
 
-def relabel_table(table: pa.Table, job: Job) -> pa.Table:
-    """``table`` (a partition) with its label columns recomputed for ``job``'s label options
-    from its own mid and ``ts_recv``: the same values and columns as computing the segment
-    afresh (``tests/test_cache_runs.py``); the other columns are kept as they are.
+def relabel_table(table: pa.Table, job: Job, added: dict[str, np.ndarray] | None = None) -> pa.Table:
+    """``table`` (a partition) with ``job``'s features and labels: the same values and columns
+    as computing the segment afresh (``tests/test_cache_runs.py``).
 
+    Its book columns are kept; its features that ``job`` stores are kept, the others dropped,
+    and those it lacks come from ``added`` (stored columns by name, :func:`added_features`);
+    its labels are recomputed for ``job``'s label options from its own mid and ``ts_recv``.
     A label column whose options the partition's metadata (``alphafeat`` schema key) shows
     unchanged is kept as it is (it was computed from the same mid: ``label_h{h}`` / ``t1_h{h}``
     of a horizon it holds, the triple barrier of the same ``barrier`` and ``barrier_horizon``,
@@ -734,8 +749,55 @@ def relabel_table(table: pa.Table, job: Job) -> pa.Table:
         names = [f"label_h{sec:g}s", f"t1_h{sec:g}s"]
         labels.update(kept(names, old["horizons_s"].count(sec) == 1) or
                       direction_labels_seconds(*inputs(), [sec]))  # fmt: skip
-    kept_cols = {k: table.column(k) for k in table.column_names if not _is_label(k)}
-    return pa.table({**kept_cols, **_label_arrays(labels)})
+    names = {s.name for s in feature_specs(job.features)}
+    book = {k: table.column(k) for k in table.column_names if not _is_label(k) and k not in names}
+    feats = {k: table.column(k) if table.schema.get_field_index(k) >= 0 else _from_numpy((added or {})[k])
+             for k in job.names}  # fmt: skip
+    return pa.table({**book, **feats, **_label_arrays(labels)})
+
+
+def added_features(b: BookArrays, job: Job, names: list[str]) -> dict[str, np.ndarray]:
+    """The stored columns (n,) of features ``names`` of the whole book ``b`` (a segment's kept
+    book, :func:`alphafeat.segment.load_book`), with the dtypes, the values and the NaN of too
+    shallow a book that a fresh run stores: on the CPU a
+    :class:`~alphafeat.features.cpu.FeatureStream` of the plan pruned to these features
+    (:func:`~alphafeat.features.registry.prune_plan`: the same operations on the same rows,
+    so the same bits), block by block; on a GPU every feature, as a fresh run computes them."""
+    from alphafeat.features import _prepare
+    from alphafeat.features.registry import make_plan, prune_plan
+
+    specs = feature_specs(job.features)
+    index = {s.name: k for k, s in enumerate(specs)}
+    fdt = np.float32 if job.dtype == "float32" else np.float64
+    out = {n: np.empty(len(b), np.float64 if specs[index[n]].unit == "index points" else fdt) for n in names}
+    if job.device == "cpu":
+        from alphafeat.features.cpu import FeatureStream
+
+        plan = prune_plan(make_plan(job.features), [index[n] for n in names])
+        stream = FeatureStream(plan, _PIECE, job.feature_threads)
+        try:
+            k0 = 0
+            for blk, halo in _slices(b):
+                lo = 1 if halo else 0
+
+                def take(i0: int, i1: int, res: np.ndarray, which: frozenset[int], k: int = k0 - lo) -> None:
+                    for n in names:
+                        if index[n] in which:
+                            out[n][k + i0 : k + i1] = res[index[n]]
+
+                stream.push_block(_prepare(blk, job.features), lo, take)
+                k0 += len(blk) - lo
+        finally:
+            stream.close()
+    else:
+        wide = dataclasses.replace(b, bid_sz=np.asarray(b.bid_sz, np.float64), ask_sz=np.asarray(b.ask_sz, np.float64))
+        feats = compute_features(wide, job.features, device=job.device)
+        for n in names:
+            out[n][:] = feats[n]
+    for n in names:
+        if specs[index[n]].min_depth > b.depth:
+            out[n][:] = np.nan
+    return out
 
 
 def column_array(table: pa.Table, name: str, dtype: type) -> np.ndarray:
@@ -1040,11 +1102,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 min_rows = min(min_rows, rows)
                 advance(t_map)
             else:
-                relabel = None
-                if old is not None and can_relabel(job) and \
-                        features_key(old) == features_key(json.loads(json.dumps(meta))):  # (json: as the file holds it)
-                    relabel = str(path)
-                elif path.is_file():
+                relabel = str(path) if _reusable(old, meta, seg, job, pre) else None
+                if relabel is None and path.is_file():
                     recomputed.append(seg.relpath)
                 calls.append((seg, str(writer.staging), meta, relabel))
         threads = feature_threads(cfg, len(calls))
@@ -1110,9 +1169,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             summary.notes.append(f"recomputed {len(recomputed)} partition(s) written earlier with other options or "
                                  f"inputs (each replaced when this run commits): {_first(recomputed, 3)}")
         if relabelled:
-            summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label options: "
-                                 "their book columns and features kept, labels recomputed from their mid: "
-                                 f"{_first(relabelled, 3)}")
+            summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label options "
+                                 "or features: their book columns and features kept, features added from the kept "
+                                 f"books, labels recomputed from their mid: {_first(relabelled, 3)}")
         if others["skipped"]:
             fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
                     "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip
@@ -1157,6 +1216,17 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     release_buffers()  # the buffers this process kept for its segments (arena) go back
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary
+
+
+def _reusable(old: dict | None, meta: dict, seg: Segment, job: Job, pre: str | None) -> bool:
+    """Whether the partition on disk (metadata ``old``) can be relabelled into this run's
+    (:func:`relabel_table`): the same rows and book columns (:func:`reuse_key`), labels
+    computable from its columns, and the features it lacks computable from the segment's
+    kept book (not for volume bars, whose rows are not the book's)."""
+    if old is None or not can_relabel(job) or reuse_key(old) != reuse_key(json.loads(json.dumps(meta))):
+        return False  # (json: as the file holds it)
+    missing = set(job.names) - {c.get("name") for c in old.get("columns") or []}
+    return not missing or (pre is not None and not job.bar_volume and is_kept(Path(pre) / "book" / book_key(seg)))
 
 
 def _first(items: list[str], k: int) -> str:

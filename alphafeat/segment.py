@@ -349,7 +349,7 @@ def peak_rss() -> int:
 BLOCK_ROWS = 64 << 10
 
 
-def _is_kept(kept: Path | None) -> bool:
+def is_kept(kept: Path | None) -> bool:
     """Whether a complete kept book is under ``kept`` (its ``book.json`` is written last)."""
     return kept is not None and (kept / "book.json").is_file()
 
@@ -358,7 +358,7 @@ def _whole_book(seg: Segment, kept: Path | None, res: SegmentResult, widen: bool
     """The segment's whole book: the one kept under ``kept`` (memory-mapped; sizes widened to
     float64 unless ``widen`` is False) when there is one, else built from its files. Sets
     ``res.predecoded``, ``res.records``, ``res.notes``, ``res.complete_from``."""
-    if _is_kept(kept):
+    if is_kept(kept):
         res.predecoded = True
         b = load_book(kept, widen=widen)
     else:
@@ -381,7 +381,7 @@ def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[Blo
     """The segment's book as blocks (see ``MBPBookBuilder.take``), from a kept book, from MBP
     records streamed chunk by chunk, or from the rebuilt MBO book. Sets ``res.records``,
     ``res.notes``, ``res.predecoded``."""
-    if _is_kept(kept) or seg.schema not in ("mbp-10", "mbp-1"):
+    if is_kept(kept) or seg.schema not in ("mbp-10", "mbp-1"):
         for b, halo in _slices(_whole_book(seg, kept, res, widen=False)):
             yield b, halo, _nothing
     else:
@@ -478,9 +478,10 @@ def run_segment(
     keep : bool
         Keep this segment's book there when it has to be built.
     relabel : str or None
-        A partition of this segment written earlier with other label options only
-        (:func:`alphafeat.pipeline.features_key`): its columns are kept and only its labels are
-        recomputed (:func:`alphafeat.pipeline.relabel_table`); no input file is read.
+        A partition of this segment written earlier with other label options or features only
+        (:func:`alphafeat.pipeline.reuse_key`): its book columns and the features ``job`` stores
+        are kept, the features it lacks computed from the kept book, its labels recomputed
+        (:func:`alphafeat.pipeline.relabel_table`); no input file is read.
 
     Returns
     -------
@@ -494,7 +495,8 @@ def run_segment(
     res = SegmentResult(seg.relpath)
     try:
         if relabel:
-            _relabel_segment(seg, staging, meta, job, relabel, res)
+            kept = Path(predecoded_dir) / "book" / book_key(seg) if predecoded_dir else None
+            _relabel_segment(seg, staging, meta, job, relabel, kept, res)
         else:
             _map_segment(seg, staging, meta, job, predecoded_dir, keep, res)
     finally:
@@ -527,7 +529,7 @@ def _map_segment(
         table, res.crossed = segment_table(b, seg, job, res.seconds)
         del b
     else:
-        writer = _BookWriter(kept) if keep and kept is not None and not _is_kept(kept) else None
+        writer = _BookWriter(kept) if keep and kept is not None and not is_kept(kept) else None
         cols = SegmentColumns(seg, job, _row_bound(seg, kept))
         t_map = 0.0
         try:
@@ -564,19 +566,36 @@ def _map_segment(
     res.seconds["write"] = time.perf_counter() - t1
 
 
-def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: str, res: SegmentResult) -> None:
-    """The body of :func:`run_segment` for ``relabel``: read the partition ``src``, recompute its
-    labels, write it to staging; fills ``res`` (``relabelled``, ``rows``, ``crossed``)."""
+def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: str, kept: Path | None,
+                     res: SegmentResult) -> None:
+    """The body of :func:`run_segment` for ``relabel``: read the partition ``src``, compute the
+    features it lacks from the book kept under ``kept``, recompute its labels, write it to
+    staging; fills ``res`` (``relabelled``, ``rows``, ``crossed``)."""
     import pyarrow as pa
 
-    from alphafeat.pipeline import column_array, relabel_table
+    from alphafeat.pipeline import added_features, column_array, relabel_table
 
     t0 = time.perf_counter()
     with pa.memory_map(src) as f:
         table = pa.ipc.open_file(f).read_all()
     res.seconds["read"] = time.perf_counter() - t0  # the partition's columns, read back
+    missing = [n for n in job.names if table.schema.get_field_index(n) < 0]
+    added = None
+    if missing:
+        t1 = time.perf_counter()
+        if not is_kept(kept):
+            raise AlphafeatError(f"{seg.relpath}: the kept book to add features {missing[:3]} to is gone ({kept})")
+        b = load_book(kept, widen=False)
+        if len(b) != table.num_rows:
+            raise AlphafeatError(f"{seg.relpath}: the kept book has {len(b):,} rows, the partition "
+                                 f"{table.num_rows:,}; not relabelled")  # fmt: skip
+        res.seconds["book"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        added = added_features(b, job, missing)
+        del b
+        res.seconds["features"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    table = relabel_table(table, job)
+    table = relabel_table(table, job, added)
     res.seconds["labels"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     _stage(staging, seg, table, meta, job.compression)
@@ -596,7 +615,7 @@ def _stage(staging: str, seg: Segment, table: object, meta: dict, compression: s
 
 def _row_bound(seg: Segment, kept: Path | None) -> int:
     """Rows the segment can have at most (a kept book's count, else from the files' sizes)."""
-    if _is_kept(kept):
+    if is_kept(kept):
         return int(json.loads((kept / "book.json").read_text())["rows"]) + 1
     from alphafeat.dbn import record_dtype
 

@@ -237,3 +237,32 @@ def test_rerun_with_other_label_options_relabels_to_the_same_bytes(sample, tmp_p
         s = precompute(dataclasses.replace(_cfg(days, out), **{**other, **change}))
         assert s.records > 0 and not any(n.startswith("relabelled") for n in s.notes), change
         assert any(n.startswith("recomputed") for n in s.notes)
+
+
+def test_rerun_with_other_features_adds_them_from_the_kept_books(sample, tmp_path, monkeypatch):
+    """A rerun that stores other features (and other horizons) keeps the partitions' book
+    columns and the features they hold, computes only the added features from the kept books
+    (no input read), drops the ones no longer stored, and writes the bytes of a fresh run;
+    without kept books it computes afresh."""
+    import alphafeat.pipeline as pl
+
+    days = sorted(p for p in sample.iterdir() if "20240308" not in p.name)
+    out, fresh, bare = tmp_path / "c", tmp_path / "f" / "fresh", tmp_path / "b" / "bare"  # f, b: no kept books
+    precompute(dataclasses.replace(_cfg(days, out), keep_books="keep"))
+    asked: list[list[str]] = []
+    real = pl.added_features
+    monkeypatch.setattr(pl, "added_features", lambda b, job, names: asked.append(list(names)) or real(b, job, names))
+    for i, change in enumerate(({"feature_set": "default,flow"}, {"feature_set": "mid,ofi", "horizons": (50, 500)},
+                                {"feature_set": "mid", "dtype": "float64"})):  # fmt: skip
+        s = precompute(dataclasses.replace(_cfg(days, out), **change))
+        precompute(dataclasses.replace(_cfg(days, fresh / str(i)), **change))
+        assert _arrow(out) == _arrow(fresh / str(i)), change
+        reused = any(n.startswith(f"relabelled {len(s.partitions)} partition(s)") for n in s.notes)
+        assert reused == ("dtype" not in change) and s.records == 0, (change, s.notes)  # dtype: from the books
+    flow = {"log1p_trade_count", "log_trade_rate_1s", "log_trade_rate_60s", "slog_signed_volume",
+            "slog_propagator_flow"}  # fmt: skip
+    assert set(asked[0]) == flow and len(asked) == 2 * len(s.partitions)  # then the OFI levels and slog_ofi_l01
+    assert {"ofi_l04", "slog_ofi_l01"} <= set(asked[-1]) and "mid" not in asked[-1]
+    precompute(_cfg(days, bare))  # books not kept (MBP-10, --predecoded auto): features computed afresh
+    s = precompute(dataclasses.replace(_cfg(days, bare), feature_set="default,flow"))
+    assert s.records > 0 and not any(n.startswith("relabelled") for n in s.notes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -38,6 +38,7 @@ __all__ = [
     "frac_diff_weights",
     "select_features",
     "make_plan",
+    "prune_plan",
 ]
 
 #: Interpolation schemes of the Zumbach–Müller EMA and their integer codes in the kernels.
@@ -642,6 +643,49 @@ def feature_specs(params: FeatureParams) -> list[FeatureSpec]:
 def make_plan(params: FeatureParams) -> Plan:
     """The integer plan of ``params`` (validated) that the CPU and CUDA back ends execute."""
     return _built(params)[1]
+
+
+def prune_plan(plan: Plan, columns: Iterable[int]) -> Plan:
+    """``plan`` computing only what output ``columns`` need of its recurrences, post transforms
+    and fractional difference; the row-wise stage (and declared rows) runs whole, as the
+    recurrences read its mid, spread, return and signed volume.
+
+    Each kept recurrence and post transform is the same operation on the same inputs as in
+    ``plan``, so the ``columns`` are equal bit for bit (``tests/test_features_prune.py``); every
+    other column not written by the row-wise stage is left undefined. A rerun that adds
+    features to a cache computes only the added ones this way
+    (:func:`alphafeat.pipeline.relabel_table`).
+
+    Parameters
+    ----------
+    plan : Plan
+        From :func:`make_plan`.
+    columns : iterable of int
+        Output columns wanted (indices into :func:`feature_specs`).
+
+    Returns
+    -------
+    Plan
+        The same ``n_out`` and layout (the columns keep their places); fewer series and post
+        rows; one zero fractional-difference weight when ``fracdiff_log_mid`` is not wanted.
+    """
+    want = {int(c) for c in columns}
+    fd = plan.fd_col in want
+    rows = [r for r in range(plan.p_int.shape[0])
+            if int(plan.p_int[r, 1]) in want or (fd and int(plan.p_int[r, 1]) >= plan.n_out)]  # fmt: skip
+    reads = {P_ZSCORE: 1, P_TREND: 2}  # the series a post row reads besides its first
+    used = sorted({int(plan.p_int[r, 2 + k]) for r in rows for k in range(1 + reads.get(int(plan.p_int[r, 0]), 0))})
+    index = np.zeros(max(plan.s_kind.shape[0], 1), dtype=np.int64)
+    index[used] = np.arange(len(used))
+    p_int = plan.p_int[rows].copy()
+    for r, typ in enumerate(p_int[:, 0]):
+        for k in range(1 + reads.get(int(typ), 0)):
+            p_int[r, 2 + k] = index[p_int[r, 2 + k]]
+    return dataclasses.replace(
+        plan, s_kind=plan.s_kind[used], s_code=plan.s_code[used], s_tau=plan.s_tau[used],
+        s_scale=plan.s_scale[used], p_int=p_int.reshape(len(rows), 5), p_tau=plan.p_tau[rows],
+        fd_w=plan.fd_w if fd else np.zeros(1), derived={},
+    )  # fmt: skip
 
 
 #: The features stored by default (``--features default``): price, spread, microprice,
