@@ -521,13 +521,14 @@ class SegmentColumns:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
         row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
         from alphafeat.features import _prepare
-        from alphafeat.features.registry import make_plan
+        from alphafeat.features.registry import make_plan, prune_plan
 
-        if self.stream is None:
+        wanted = (*self.job.names, "ema_ret2_60s")
+        if self.stream is None:  # only what the stored features need (the same bits: prune_plan)
             from alphafeat.features.cpu import FeatureStream
 
-            self.stream = FeatureStream(make_plan(self.job.features), _PIECE, self.job.feature_threads)
-        wanted = (*self.job.names, "ema_ret2_60s")
+            plan = prune_plan(make_plan(self.job.features), [self.index[n] for n in wanted])
+            self.stream = FeatureStream(plan, _PIECE, self.job.feature_threads)
 
         def take(i0: int, i1: int, out: np.ndarray, which: frozenset[int]) -> None:
             """The stored features among the final columns ``which`` of rows ``i0:i1`` of ``b``."""

@@ -97,6 +97,11 @@ from alphafeat.features.registry import (
     N_CODES,
     N_LAYOUT,
     N_LF,
+    R_IMB10,
+    R_IMBW,
+    R_LOGDEPTH,
+    R_OFI,
+    R_SLOPE,
     Plan,
 )
 
@@ -149,6 +154,7 @@ class Kernel(NamedTuple):
     n_out: int
     fd_col: int
     n_codes: int  #: rows of the recurrence inputs Z (N_CODES + declared inputs)
+    rows: int  #: row-wise groups computed (registry.R_* bits, -1: all)
 
 
 class Carry(NamedTuple):
@@ -286,6 +292,101 @@ def _z_at(code, i, out, L, buy, sell, cnt):
 # --------------------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True, inline="always")
+def _imbalance_l10(QB, QA, TWO, S1, S2, out, n_lv, start, t0, t1):
+    """imbalance_l10 (column 4) of the rows ``t0..t1`` of :func:`_rowwise_block`'s arrays."""
+    for t in range(t0, t1):
+        S1[t] = 0.0
+        S2[t] = 0.0
+    for m in range(min(n_lv, 10)):
+        for t in range(t0, t1):
+            S1[t] += QB[m, t]
+            S2[t] += QA[m, t]
+    for t in range(t0, t1):
+        i = start + t
+        tot = S1[t] + S2[t]
+        out[4, i] = (S1[t] - S2[t]) / tot if (TWO[t] and tot > 0.0) else math.nan
+
+
+@numba.njit(cache=True, inline="always")
+def _imbalance_weighted(QB, QA, TWO, S1, S2, out, n_dep, depth_w, c, start, t0, t1):
+    """The depth-weighted imbalance into column ``c``."""
+    for t in range(t0, t1):
+        S1[t] = 0.0
+        S2[t] = 0.0
+    for m in range(n_dep):
+        wm = depth_w[m]
+        for t in range(t0, t1):
+            qbm = QB[m, t]
+            qam = QA[m, t]
+            S1[t] += wm * (qbm - qam)
+            S2[t] += wm * (qbm + qam)
+    for t in range(t0, t1):
+        den = S2[t]
+        out[c, start + t] = S1[t] / den if (TWO[t] and den > 0.0) else math.nan
+
+
+@numba.njit(cache=True, inline="always")
+def _book_slopes(PB, PA, QB, QA, S1, S2, out, n_dep, tick, c_bid, c_ask, start, t0, t1):
+    """The book slope per side (levels in the outer loop: the rows vectorise)."""
+    inf = math.inf
+    for side in range(2):
+        P = PB if side == 0 else PA
+        Q = QB if side == 0 else QA
+        lim = -inf if side == 0 else inf
+        c = c_bid if side == 0 else c_ask
+        for t in range(t0, t1):
+            S1[t] = 0.0
+            S2[t] = P[0, t]
+        for m in range(n_dep):
+            for t in range(t0, t1):
+                pm = P[m, t]
+                S1[t] += Q[m, t]  # 0 on an empty level
+                S2[t] = pm if pm != lim else S2[t]
+        for t in range(t0, t1):
+            p1 = P[0, t]
+            v = S1[t] / (1.0 + abs(p1 - S2[t]) / tick)
+            out[c, start + t] = v if p1 != lim else math.nan
+
+
+@numba.njit(cache=True, inline="always")
+def _ofi(PB, PA, QB, QA, S1, S2, out, n_ofi, c_ofi, c_int, b0, start, t0, t1):
+    """OFI per level and integrated (NaN at segment row 0)."""
+    nan = math.nan
+    tt0 = t0
+    if b0 == 0:
+        for m in range(n_ofi):
+            out[c_ofi + m, 0] = nan
+        out[c_int, 0] = nan
+        tt0 = t0 + 1
+    for t in range(tt0, t1):
+        S1[t] = 0.0
+        S2[t] = 0.0
+    for m in range(n_ofi):
+        cm = c_ofi + m
+        for t in range(tt0, t1):
+            pb0 = PB[m, t - 1]
+            qb0 = QB[m, t - 1]
+            pa0 = PA[m, t - 1]
+            qa0 = QA[m, t - 1]
+            pb1 = PB[m, t]
+            qb1 = QB[m, t]
+            pa1 = PA[m, t]
+            qa1 = QA[m, t]
+            e = 0.0
+            e = e + qb1 if pb1 >= pb0 else e
+            e = e - qb0 if pb1 <= pb0 else e
+            e = e - qa1 if pa1 <= pa0 else e
+            e = e + qa0 if pa1 >= pa0 else e
+            out[cm, start + t] = e
+            S1[t] += e
+            S2[t] = (S2[t] + (qb1 + qa1)) + (qb0 + qa0)
+    four_m = 4.0 * n_ofi
+    for t in range(tt0, t1):
+        dep = S2[t] / four_m
+        out[c_int, start + t] = S1[t] / dep if dep > 0.0 else nan
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _rowwise_block(inp, k, scr, out, b0, b1):
     """Every row-wise feature of rows ``[b0, b1)`` into ``out[:, b0:b1]`` (``inp``: :class:`Inputs`,
@@ -300,7 +401,9 @@ def _rowwise_block(inp, k, scr, out, b0, b1):
     PB, PA, QB, QA, TWO, S1, S2 = scr.PB, scr.PA, scr.QB, scr.QA, scr.TWO, scr.S1, scr.S2
     nan = math.nan
     inf = math.inf
-    n_lv = bid_px.shape[1]
+    g = k.rows
+    deep = (g & (R_IMB10 | R_IMBW | R_SLOPE | R_LOGDEPTH | R_OFI)) != 0
+    n_lv = bid_px.shape[1] if deep else 1  # the levels read: level 1 only when no deep group is wanted
     n_ofi = L[L_NOFI]
     n_dep = L[L_NDEP]
     start = b0 - 1 if b0 > 0 else b0
@@ -350,91 +453,20 @@ def _rowwise_block(inp, k, scr, out, b0, b1):
                 v3 = (qb - qa) / tot
         out[2, i] = v2
         out[3, i] = v3
-    # ---- imbalance over levels 1-10 ------------------------------------------------------
-    for t in range(t0, t1):
-        S1[t] = 0.0
-        S2[t] = 0.0
-    for m in range(min(n_lv, 10)):
-        for t in range(t0, t1):
-            S1[t] += QB[m, t]
-            S2[t] += QA[m, t]
-    for t in range(t0, t1):
-        i = start + t
-        tot = S1[t] + S2[t]
-        out[4, i] = (S1[t] - S2[t]) / tot if (TWO[t] and tot > 0.0) else nan
-    # ---- depth-weighted imbalance --------------------------------------------------------
-    for t in range(t0, t1):
-        S1[t] = 0.0
-        S2[t] = 0.0
-    for m in range(n_dep):
-        wm = depth_w[m]
-        for t in range(t0, t1):
-            qbm = QB[m, t]
-            qam = QA[m, t]
-            S1[t] += wm * (qbm - qam)
-            S2[t] += wm * (qbm + qam)
-    c = L[L_IMBW]
-    for t in range(t0, t1):
-        den = S2[t]
-        out[c, start + t] = S1[t] / den if (TWO[t] and den > 0.0) else nan
-    # ---- book slope per side (levels in the outer loop: the rows vectorise) ---------------
-    for side in range(2):
-        P = PB if side == 0 else PA
-        Q = QB if side == 0 else QA
-        lim = -inf if side == 0 else inf
-        c = L[L_SLOPE_B] if side == 0 else L[L_SLOPE_A]
-        for t in range(t0, t1):
-            S1[t] = 0.0
-            S2[t] = P[0, t]
+    if g & R_IMB10:
+        _imbalance_l10(QB, QA, TWO, S1, S2, out, n_lv, start, t0, t1)
+    if g & R_IMBW:
+        _imbalance_weighted(QB, QA, TWO, S1, S2, out, n_dep, depth_w, L[L_IMBW], start, t0, t1)
+    if g & R_SLOPE:
+        _book_slopes(PB, PA, QB, QA, S1, S2, out, n_dep, tick, L[L_SLOPE_B], L[L_SLOPE_A], start, t0, t1)
+    if g & R_LOGDEPTH:
         for m in range(n_dep):
-            for t in range(t0, t1):
-                pm = P[m, t]
-                S1[t] += Q[m, t]  # 0 on an empty level
-                S2[t] = pm if pm != lim else S2[t]
-        for t in range(t0, t1):
-            p1 = P[0, t]
-            v = S1[t] / (1.0 + abs(p1 - S2[t]) / tick)
-            out[c, start + t] = v if p1 != lim else nan
-    # ---- log depth -----------------------------------------------------------------------
-    for m in range(n_dep):
-        _log1p_col(QB[m, t0:t1], out[L[L_LDB] + m, b0:b1], lut1p)
-        _log1p_col(QA[m, t0:t1], out[L[L_LDA] + m, b0:b1], lut1p)
-    # ---- OFI per level and integrated ----------------------------------------------------
-    c_ofi = L[L_OFI]
-    c_int = L[L_OFI_INT]
-    tt0 = t0
-    if b0 == 0:
-        for m in range(n_ofi):
-            out[c_ofi + m, 0] = nan
-        out[c_int, 0] = nan
-        tt0 = t0 + 1
-    for t in range(tt0, t1):
-        S1[t] = 0.0
-        S2[t] = 0.0
-    for m in range(n_ofi):
-        cm = c_ofi + m
-        for t in range(tt0, t1):
-            pb0 = PB[m, t - 1]
-            qb0 = QB[m, t - 1]
-            pa0 = PA[m, t - 1]
-            qa0 = QA[m, t - 1]
-            pb1 = PB[m, t]
-            qb1 = QB[m, t]
-            pa1 = PA[m, t]
-            qa1 = QA[m, t]
-            e = 0.0
-            e = e + qb1 if pb1 >= pb0 else e
-            e = e - qb0 if pb1 <= pb0 else e
-            e = e - qa1 if pa1 <= pa0 else e
-            e = e + qa0 if pa1 >= pa0 else e
-            out[cm, start + t] = e
-            S1[t] += e
-            S2[t] = (S2[t] + (qb1 + qa1)) + (qb0 + qa0)
-    four_m = 4.0 * n_ofi
-    for t in range(tt0, t1):
-        dep = S2[t] / four_m
-        out[c_int, start + t] = S1[t] / dep if dep > 0.0 else nan
-    _slog_col(out[c_ofi, b0:b1], out[L[L_SLOG_OFI1], b0:b1], lut1p)
+            _log1p_col(QB[m, t0:t1], out[L[L_LDB] + m, b0:b1], lut1p)
+            _log1p_col(QA[m, t0:t1], out[L[L_LDA] + m, b0:b1], lut1p)
+    tt0 = t0 + 1 if b0 == 0 else t0  # rows with a previous row
+    if g & R_OFI:
+        _ofi(PB, PA, QB, QA, S1, S2, out, n_ofi, L[L_OFI], L[L_OFI_INT], b0, start, t0, t1)
+        _slog_col(out[L[L_OFI], b0:b1], out[L[L_SLOG_OFI1], b0:b1], lut1p)
     # ---- trade flow ----------------------------------------------------------------------
     c_sv = L[L_SV]
     c_ssv = L[L_SLOG_SV]
@@ -922,6 +954,7 @@ def kernel_of(plan: Plan) -> Kernel:
             plan.layout, plan.depth_w, plan.s_kind, plan.s_code, plan.s_tau, plan.s_scale, tix, taus, tau_nu,
             plan.p_int, plan.p_tau, plan.fd_w, lut[0], lut[1], float(plan.tick), float(plan.hawkes_mu),
             float(plan.hawkes_alpha), int(plan.interp), int(plan.n_out), int(plan.fd_col), int(plan.n_codes),
+            int(plan.row_groups),
         )  # fmt: skip
     return kp
 

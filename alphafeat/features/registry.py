@@ -39,6 +39,7 @@ __all__ = [
     "select_features",
     "make_plan",
     "prune_plan",
+    "R_ALL",
 ]
 
 #: Interpolation schemes of the Zumbach–Müller EMA and their integer codes in the kernels.
@@ -82,6 +83,12 @@ P_MASKED, P_PLAIN, P_HAWKES, P_SQRT, P_ZSCORE, P_TREND, P_LOG1P, P_SLOG = range(
     L_SCRATCH,
 ) = range(17)
 N_LAYOUT = 17
+
+#: Groups of row-wise features the CPU row kernel can leave out (:attr:`Plan.row_groups`, a
+#: bit mask; the level-1 features, trade flow, time step and return are always computed: the
+#: recurrences read them). Every group but these needs the book below level 1.
+R_IMB10, R_IMBW, R_SLOPE, R_LOGDEPTH, R_OFI = 1, 2, 4, 8, 16
+R_ALL = -1
 
 
 @dataclass(frozen=True)
@@ -339,6 +346,9 @@ class Plan:
     declared: tuple = ()
     #: what the back ends derive from the plan once (compiled row kernels, packed arguments).
     derived: dict = field(default_factory=dict, repr=False, compare=False)
+    #: row-wise groups the CPU row kernel computes (``R_*`` bits; :data:`R_ALL`: every one;
+    #: :func:`prune_plan` leaves out those no wanted column needs)
+    row_groups: int = R_ALL
 
 
 def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[FeatureSpec], Plan]:
@@ -684,8 +694,21 @@ def prune_plan(plan: Plan, columns: Iterable[int]) -> Plan:
     return dataclasses.replace(
         plan, s_kind=plan.s_kind[used], s_code=plan.s_code[used], s_tau=plan.s_tau[used],
         s_scale=plan.s_scale[used], p_int=p_int.reshape(len(rows), 5), p_tau=plan.p_tau[rows],
-        fd_w=plan.fd_w if fd else np.zeros(1), derived={},
+        fd_w=plan.fd_w if fd else np.zeros(1), derived={}, row_groups=_row_groups(plan, want),
     )  # fmt: skip
+
+
+def _row_groups(plan: Plan, want: set[int]) -> int:
+    """The ``R_*`` groups of row-wise features among the columns ``want`` (every group when
+    the plan has declared features: their row functions may read any row-wise column)."""
+    if plan.declared:
+        return R_ALL
+    L = plan.layout
+    n_ofi, n_dep = int(L[L_NOFI]), int(L[L_NDEP])
+    cols = {R_IMB10: {4}, R_IMBW: {int(L[L_IMBW])}, R_SLOPE: {int(L[L_SLOPE_B]), int(L[L_SLOPE_A])},
+            R_LOGDEPTH: {int(L[k]) + m for k in (L_LDB, L_LDA) for m in range(n_dep)},
+            R_OFI: {int(L[L_OFI]) + m for m in range(n_ofi)} | {int(L[L_OFI_INT]), int(L[L_SLOG_OFI1])}}  # fmt: skip
+    return sum(bit for bit, cs in cols.items() if cs & want)
 
 
 #: The features stored by default (``--features default``): price, spread, microprice,
