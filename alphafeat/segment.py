@@ -586,6 +586,7 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
         if not is_kept(kept):
             raise AlphafeatError(f"{seg.relpath}: the kept book to add features {missing[:3]} to is gone ({kept})")
         b = load_book(kept, widen=False)
+        res.predecoded = True
         if len(b) != table.num_rows:
             raise AlphafeatError(f"{seg.relpath}: the kept book has {len(b):,} rows, the partition "
                                  f"{table.num_rows:,}; not relabelled")  # fmt: skip
