@@ -244,7 +244,7 @@ def main() -> None:
         return d
 
     try:
-        if {"cold1", "warm", "same"} & set(cases):
+        if {"cold1", "coldN", "warm", "same"} & set(cases):
             precompute(first, fresh("warmup"), "--predecoded", "none")  # numba's cache filled, page cache warm
         reps: dict[str, list[dict]] = {}
         for _ in range(max(1, args.repeat)):  # interleaved, so that a slow spell of the host hits every case
