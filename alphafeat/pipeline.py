@@ -112,8 +112,10 @@ class PrecomputeConfig:
         Which features are stored (``--features``): names and groups of
         :func:`alphafeat.features.registry.select_features`; ``default`` is
         :data:`~alphafeat.features.registry.DEFAULT_FEATURES` with the top of book, ``all``
-        every feature and every book level. All features are computed either way (the
-        barrier widths and the kernels need them).
+        every feature and every book level. On the CPU only what the stored features need is
+        computed (:func:`alphafeat.features.registry.prune_plan`; the same values), on a GPU
+        every feature. A rerun that stores other features keeps the stored ones and computes
+        the added ones from the kept books (:func:`relabel_table`).
     dtype : str
         ``float32`` (default) or ``float64``: storage of feature columns; price-level features
         (unit index points: mid, microprice, EMAs of the mid) and book prices stay float64,

@@ -116,11 +116,11 @@ def test_causal_conv_equals_depthwise_conv1d(k: int) -> None:
     from alphamodel.mamba2 import causal_conv
 
     g = torch.Generator().manual_seed(k)
-    full = torch.randn(3, 5, 17 + k, generator=g, dtype=torch.float64, requires_grad=True)
+    full = torch.randn(3, 17 + k, 5, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 1, k + 1, generator=g, dtype=torch.float64, requires_grad=True)
     b = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True)
-    got, ref = causal_conv(full, w, b), F.conv1d(full, w, b, groups=5)
-    assert got.shape == ref.shape == (3, 5, 17)
+    got, ref = causal_conv(full, w, b), F.conv1d(full.mT, w, b, groups=5).mT
+    assert got.shape == ref.shape == (3, 17, 5)
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     gy = torch.randn(got.shape, generator=g, dtype=torch.float64)
     for a, r in zip(torch.autograd.grad(got, (full, w, b), gy), torch.autograd.grad(ref, (full, w, b), gy)):
