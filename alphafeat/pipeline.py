@@ -45,7 +45,7 @@ from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
 from alphafeat.plan import Plan, Segment, discover, make_plan
-from alphafeat.segment import SegmentResult, _slices, book_key, is_kept, peak_rss, run_segment
+from alphafeat.segment import SegmentResult, book_key, book_slices, is_kept, peak_rss, run_segment
 from alphafeat.types import LEVELS, BookArrays
 from alphafeat.validation import (
     Barrier,
@@ -780,7 +780,7 @@ def added_features(b: BookArrays, job: Job, names: list[str]) -> dict[str, np.nd
         stream = FeatureStream(plan, _PIECE, job.feature_threads)
         try:
             k0 = 0
-            for blk, halo in _slices(b):
+            for blk, halo in book_slices(b):
                 lo = 1 if halo else 0
 
                 def take(i0: int, i1: int, res: np.ndarray, which: frozenset[int], k: int = k0 - lo) -> None:
@@ -1173,8 +1173,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                                  f"inputs (each replaced when this run commits): {_first(recomputed, 3)}")
         if relabelled:
             summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label options "
-                                 "or features: their book columns and features kept, features added from the kept "
-                                 f"books, labels recomputed from their mid: {_first(relabelled, 3)}")
+                                 "or features: their book columns and stored features kept, any added features "
+                                 f"computed from the kept books, labels from their mid: {_first(relabelled, 3)}")
         if others["skipped"]:
             fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
                     "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip

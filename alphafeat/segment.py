@@ -382,7 +382,7 @@ def _blocks(seg: Segment, kept: Path | None, res: SegmentResult) -> Iterator[Blo
     records streamed chunk by chunk, or from the rebuilt MBO book. Sets ``res.records``,
     ``res.notes``, ``res.predecoded``."""
     if is_kept(kept) or seg.schema not in ("mbp-10", "mbp-1"):
-        for b, halo in _slices(_whole_book(seg, kept, res, widen=False)):
+        for b, halo in book_slices(_whole_book(seg, kept, res, widen=False)):
             yield b, halo, _nothing
     else:
         yield from _mbp_blocks(seg, res)
@@ -438,7 +438,7 @@ def _mbp_blocks(seg: Segment, res: SegmentResult) -> Iterator[Block]:
         it.close()
 
 
-def _slices(b: BookArrays) -> Iterator[tuple[BookArrays, bool]]:
+def book_slices(b: BookArrays) -> Iterator[tuple[BookArrays, bool]]:
     """A whole book as blocks of BLOCK_ROWS new rows, each after the first with its halo row."""
     n = len(b)
     for lo in range(0, n, BLOCK_ROWS):
