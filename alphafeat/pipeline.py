@@ -884,7 +884,7 @@ def _partition_metadata(common: dict, seg: Segment, schedule: list[dict], source
 
 def _first_use() -> bool:
     """Whether numba has no cached machine code yet for the CPU feature kernel (its cache
-    index is missing): the first run in an environment compiles the kernels (~30 s)."""
+    index is missing): the first run in an environment compiles the kernels (~30-60 s)."""
     try:
         from alphafeat.features.cpu import _run_chunk
 
@@ -1078,7 +1078,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     pre = None if cfg.keep_books == "none" else str(pre_dir)  # books kept earlier are used unless "none"
     n_crossed, min_rows = 0, 1 << 62
     if _first_use():
-        log.warning("first use in this environment: numba compiles the kernels once (~30 s)")
+        log.warning("first use in this environment: numba compiles the kernels once (~30-60 s)")
     t_map = task(f"segments: decode, book, features, labels, write ({device})", len(plan.segments))
     with CacheWriter(cfg.out, prune=cfg.prune) as writer:
         others = writer.others([seg.relpath for seg in plan.segments],
@@ -1173,8 +1173,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                                  f"inputs (each replaced when this run commits): {_first(recomputed, 3)}")
         if relabelled:
             summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label options "
-                                 "or features: their book columns and stored features kept, any added features "
-                                 f"computed from the kept books, labels from their mid: {_first(relabelled, 3)}")
+                                 "or features: their book columns and stored features kept, features no longer "
+                                 "asked for dropped, added ones computed from the kept books, label columns of "
+                                 f"changed options recomputed from their mid: {_first(relabelled, 3)}")
         if others["skipped"]:
             fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
                     "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip
