@@ -170,7 +170,8 @@ def causal_conv(full: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     ``torch.compile`` fuses it into one kernel forward and one backward, where the depthwise
     convolution kernels took 15 % of a training step's GPU time (H200, bf16); channels last,
     so that the weights' gradient is a sum over contiguous rows of C channels (in the channels-
-    first form that reduction took 25 ms of a 206 ms step: H200, batch 2048 x 512, 4 layers).
+    first form that reduction took 25 ms of a 206 ms step: H200, batch 2048 x 512, 4 layers;
+    ``bench/train.py`` side by side: 5.61 M tokens/s against 5.14 M)
     """
     k = w.shape[-1] - 1
     L = full.shape[1] - k
