@@ -26,7 +26,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -434,6 +434,14 @@ def label_mid(bid: np.ndarray, ask: np.ndarray, crossed: np.ndarray) -> np.ndarr
     return np.where(crossed, np.nan, _mid(bid, ask))
 
 
+def feature_dtypes(job: Job, names: Iterable[str]) -> dict[str, type]:
+    """The dtype each feature of ``names`` is stored in: float64 for price levels (unit index
+    points), else ``job.dtype``."""
+    fdt = np.float32 if job.dtype == "float32" else np.float64
+    units = {s.name: s.unit for s in feature_specs(job.features)}
+    return {k: np.float64 if units[k] == "index points" else fdt for k in names}
+
+
 def _min_depth(params: FeatureParams) -> dict[str, int]:
     """Book levels each feature needs (FeatureSpec.min_depth); shallower input gives NaN."""
     return {spec.name: spec.min_depth for spec in feature_specs(params)}
@@ -469,7 +477,6 @@ class SegmentColumns:
         self.crossed = 0
         cap = max(int(capacity), 1)
         fdt = np.float32 if job.dtype == "float32" else np.float64
-        units = {s.name: s.unit for s in feature_specs(job.features)}
         self.dtypes: dict[str, type] = {"ts_event": np.int64, "ts_recv": np.int64}
         for lvl in range(job.book_levels):
             for side in ("bid", "ask"):
@@ -477,7 +484,7 @@ class SegmentColumns:
                                     f"{side}_ct_{lvl:02d}": np.uint32})  # fmt: skip
         self.dtypes.update({"buy_volume": fdt, "sell_volume": fdt, "trade_count": fdt, "book_crossed": np.bool_,
                             "book_complete": np.bool_})  # fmt: skip
-        self.dtypes.update({k: np.float64 if units[k] == "index points" else fdt for k in job.names})
+        self.dtypes.update(feature_dtypes(job, job.names))
         self.barrier = validate_barrier(job.barrier) if job.barrier else None
         label_inputs = {"_mid": np.float64, **({"_w": np.float64} if job.barrier else {}),
                         **({"_ema": np.float64} if self.barrier and self.barrier.kind == "vol" else {})}  # fmt: skip
@@ -771,8 +778,7 @@ def added_features(b: BookArrays, job: Job, names: list[str]) -> dict[str, np.nd
 
     specs = feature_specs(job.features)
     index = {s.name: k for k, s in enumerate(specs)}
-    fdt = np.float32 if job.dtype == "float32" else np.float64
-    out = {n: np.empty(len(b), np.float64 if specs[index[n]].unit == "index points" else fdt) for n in names}
+    out = {n: np.empty(len(b), dt) for n, dt in feature_dtypes(job, names).items()}
     if job.device == "cpu":
         from alphafeat.features.cpu import FeatureStream
 
