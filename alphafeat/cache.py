@@ -247,9 +247,10 @@ class CacheWriter:
             f = self.out / rel
             if f not in live and f.is_file():
                 f.unlink()
-        for d in sorted((p for p in self.out.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            if not d.name.startswith(".") and not any(d.iterdir()):
-                d.rmdir()
+        if self.drop:  # the folders they leave empty go too
+            for d in sorted((p for p in self.out.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                if not d.name.startswith(".") and not any(d.iterdir()):
+                    d.rmdir()
         os.replace(tmp, self.out / MANIFEST)
         self._finish()
 

@@ -996,6 +996,18 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
         warnings.filterwarnings("ignore", message=".*tasks which were still being processed by the workers have "
                                 "been cancelled", category=UserWarning)  # fmt: skip
         yield from results
+    _stop_workers()
+
+
+def _stop_workers() -> None:
+    """Stop the loky workers of the map once every segment is back: each holds a session's
+    buffers (:func:`_keep_worker`), and at exit Python would wait for each to finalise its
+    interpreter and free them (~1 s of a 16-session run's 9-10 s on the H200 host). Nothing of
+    theirs is needed: their partitions are staged, their results here. The next run in this
+    process (a notebook) starts new ones."""
+    from joblib.externals.loky import get_reusable_executor
+
+    get_reusable_executor(reuse=True).shutdown(wait=False, kill_workers=True)
 
 
 def _tasks(progress: object | None) -> tuple[Callable[[str, int], object], Callable[[object], None]]:

@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the manifest as earlier_partitions)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _read_options(p)  # --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
-    p.set_defaults(func=_precompute)
+    p.set_defaults(func=_precompute, prog=p.prog)
 
     r = sub.add_parser("roll-schedule", help="print the front-month contract chosen per CME Globex session",
                        parents=common)
@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, type=_PATH,
                    help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")
     _read_options(r)
-    r.set_defaults(func=_roll_schedule)
+    r.set_defaults(func=_roll_schedule, prog=r.prog)
 
     s = sub.add_parser("synth", help="write synthetic ES DBN v3 files", parents=common)
     s.add_argument("--default", action="store_true",
@@ -404,17 +404,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "to <out>/synth-report.json (data/ unless --out)")
     s.add_argument("--real", default=None, type=_PATH, help="the real MBO file for --report "
                    "(default: ../shared/data/real/esh4-glbx-mdp3-20231225.mbo.dbn.zst)")
-    s.set_defaults(func=_synth)
+    s.set_defaults(func=_synth, prog=s.prog)
 
     f = sub.add_parser("features", help="print the feature registry (name, unit, formula, source, parameters)",
                        parents=common)
     f.add_argument("--json", action="store_true", help="one JSON document instead of a table")
-    f.set_defaults(func=_features)
+    f.set_defaults(func=_features, prog=f.prog)
     i = sub.add_parser("inspect", help="rows, NaN rates and label balance of a cache, and PNG plots", parents=common)
     i.add_argument("cache", type=_PATH, help="cache directory written by precompute")
     i.add_argument("--plots", default=None, type=_PATH, help="where to write PNG plots (default: CACHE/_plots)")
     i.add_argument("--no-plots", action="store_true", help="tables only")
-    i.set_defaults(func=_inspect)
+    i.set_defaults(func=_inspect, prog=i.prog)
     return ap
 
 

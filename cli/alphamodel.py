@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "window: each window starts from zero")
     p.add_argument("--compile", action="store_true", help="torch.compile the Mamba2 blocks and the CfC cell")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_train)
+    p.set_defaults(func=_train, prog=p.prog)
 
     device = option(validate_enum, enum=Device)
     devices = "{" + ",".join(Device) + "}"
@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=option(validate_int, lo=0))
     b.add_argument("--config", type=path, help="JSON file of BacktestConfig keys (with 'c51': {...C51Config keys})")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    b.set_defaults(func=_backtest)
+    b.set_defaults(func=_backtest, prog=b.prog)
 
     e = sub.add_parser("embed", help="write per-row embeddings of a trained model beside the cache",
                        parents=[verbose_parent("info logging; tracebacks of errors")])
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", required=True, type=path, help="an `alphamodel train` output directory")
     e.add_argument("--out", type=path, help="output directory (default: CACHE-embeddings beside the cache)")
     e.add_argument("--device", default=Device.CPU, type=device, metavar=devices)
-    e.set_defaults(func=_embed)
+    e.set_defaults(func=_embed, prog=e.prog)
     return ap
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,7 @@ CASES = [
     (PRECOMPUTE, "--sample", ["--sample", "volume:0"], USAGE, ["volume:0"]),
     (PRECOMPUTE, "--sample", ["--sample", "bars"], USAGE, ["bars"]),
     (PRECOMPUTE, "--features", ["--features", "bogus"], USAGE, ["bogus"]),
+    (PRECOMPUTE, "--features", ["--features", "default,"], USAGE, ["empty name", "'default,'"]),
     (PRECOMPUTE, "--dtype", ["--dtype", "float16"], USAGE, ["float16"]),
     (PRECOMPUTE, "--compression", ["--compression", "gzip"], USAGE, ["gzip"]),
     (PRECOMPUTE, "--scheduler", ["--scheduler", "a host"], USAGE, ["a host"]),
@@ -259,6 +261,8 @@ def test_bad_value_is_one_line(case, tmp_path, capsys):
         assert w in lines[0], (w, lines[0])
     if status == USAGE and option.startswith("-") and option != "--scheduler":
         assert option in lines[0]  # the option is named
+        if "required" not in lines[0]:  # worded as argparse words its own errors, whoever found it
+            assert re.search(rf": error: argument (-\w/)?{option}: ", lines[0]), lines[0]
     assert _tree(tmp_path) == before  # nothing written, nothing changed
     assert [(PROJECT / d).exists() for d in (".predecoded", "cache")] == in_project  # none made here
 

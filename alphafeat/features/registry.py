@@ -767,7 +767,9 @@ def select_features(text: str, params: FeatureParams) -> tuple[list[str], bool]:
     toks = [t.strip() for t in text.split(",")]
     if not any(toks):
         raise UsageError("", "no feature or group given (e.g. default, all, default,book, mid,ofi)")
-    for tok in (t for t in toks if t):
+    if not all(toks):
+        raise UsageError("", "an empty name between commas", text)
+    for tok in toks:
         if tok == "all":
             want.update(names)
             book = True
