@@ -70,7 +70,9 @@ def _child_cpu() -> float:
 
 
 def run_measured(cmd: list[str]) -> dict:
-    """Run ``cmd``; wall seconds, CPU seconds and the peak of the summed RSS of its process tree."""
+    """Run ``cmd``; wall seconds, CPU seconds and the peak of the summed RSS of its process tree.
+    Dirty pages of the case before (a cache, ``zstd -d``'s files) are written back first."""
+    os.sync()
     c0 = _child_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, cwd=PROJECT)
@@ -120,7 +122,9 @@ def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
 
 def zstd_time(files: list[Path], jobs: int, to: Path | None = None) -> dict:
     """Wall and CPU seconds of ``zstd -d -c FILE > /dev/null`` (or, with ``to``, of ``zstd -d
-    FILE -o to/NAME``, the output deleted after), ``jobs`` files at a time."""
+    FILE -o to/NAME``, the output deleted after), ``jobs`` files at a time; after ``sync``, as
+    :func:`run_measured`."""
+    os.sync()
     c0 = _child_cpu() + time.process_time()  # the python-zstandard fallback runs here
     t0 = time.perf_counter()
     if shutil.which("zstd"):
