@@ -46,7 +46,7 @@ from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
 from alphafeat.plan import Plan, Segment, discover, make_plan
-from alphafeat.segment import SegmentResult, book_key, book_slices, is_kept, peak_rss, run_segment
+from alphafeat.segment import SegmentResult, book_key, book_slices, is_kept, peak_rss, run_segment, stream_rows
 from alphafeat.types import LEVELS, BookArrays
 from alphafeat.validation import (
     Barrier,
@@ -208,6 +208,9 @@ class Job:
     device: str
     #: threads of each segment's CPU features (:func:`feature_threads`; the values do not depend on it)
     feature_threads: int = 1
+    #: rows per block of the streamed CPU path (:func:`alphafeat.segment.stream_rows`; 0: its
+    #: default; the values do not depend on it)
+    block_rows: int = 0
 
 
 @dataclass
@@ -343,9 +346,16 @@ def feature_threads(cfg: PrecomputeConfig, segments: int) -> int:
     not known here)."""
     if cfg.scheduler:
         return 1
-    workers = cfg.dask_local or _local_jobs(cfg)
-    per_worker = (os.cpu_count() or 1) // max(1, min(workers, segments))
+    per_worker = (os.cpu_count() or 1) // _at_once(cfg, segments)
     return max(1, min(MAX_FEATURE_THREADS, per_worker - 1))
+
+
+def _at_once(cfg: PrecomputeConfig, segments: int) -> int:
+    """Segments running at once on this machine: ``--jobs`` or ``--dask-local`` workers, at most
+    one per segment (1 with ``--scheduler``: another machine's workers)."""
+    if cfg.scheduler:
+        return 1
+    return max(1, min(cfg.dask_local or _local_jobs(cfg), segments))
 
 
 def _local_jobs(cfg: PrecomputeConfig) -> int:
@@ -1151,7 +1161,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         threads = feature_threads(cfg, len(calls))
         log.debug("CPU features of each segment on %d thread(s) (%d segment(s) to compute, %d core(s))",
                   threads, len(calls), os.cpu_count() or 1)  # fmt: skip
-        job_t = dataclasses.replace(job, feature_threads=threads)
+        job_t = dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(_at_once(cfg, len(calls))))
         calls = [(seg, staging, meta, job_t, pre, keep, relabel) for seg, staging, meta, relabel in calls]
         by_rel = {c[0].relpath: c[0] for c in calls}
         for res in _map(calls, cfg, device):

@@ -622,3 +622,16 @@ def test_a_worker_whose_run_is_gone_does_not_make_its_folders_again(tmp_path):
     gone.mkdir(parents=True)
     _stage(str(gone), seg, table, {}, "none")
     assert (gone / seg.relpath).is_file()
+
+
+def test_stream_rows_shrink_with_segments_at_once(monkeypatch) -> None:
+    """Blocks of BLOCK_ROWS rows for one or two segments at once, halved as they double, at
+    least MIN_BLOCK_ROWS; the decode chunk in proportion; a smaller BLOCK_ROWS (a test's) wins."""
+    from alphafeat import segment
+
+    got = [segment.stream_rows(w) for w in (0, 1, 2, 3, 4, 5, 8, 9, 16, 64)]
+    k = 1024
+    assert got == [64 * k, 64 * k, 64 * k, 32 * k, 32 * k, 16 * k, 16 * k, 8 * k, 8 * k, 8 * k]
+    assert segment.read_chunk(64 * k) == segment.READ_CHUNK and segment.read_chunk(8 * k) == 1 << 20
+    monkeypatch.setattr(segment, "BLOCK_ROWS", 200)
+    assert {segment.stream_rows(w) for w in (1, 16)} == {200}
