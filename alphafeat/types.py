@@ -47,8 +47,9 @@ class BookArrays:
         Levels the source really carries (10 for MBO and MBP-10, 1 for MBP-1); deeper
         columns are NaN (prices) and 0 (sizes).
     complete_from : int
-        First row from which the book is trustworthy (0: every row; MBO only, see
-        :func:`alphafeat.book.book_complete_from`); rows before it are stored with
+        First row from which the book is trustworthy; -1 (the default): every row (an MBO
+        stream that started with a snapshot, or MBP); MBO only otherwise, see
+        :func:`alphafeat.book.book_complete_from`; rows before it are stored with
         ``book_complete`` False.
     """
 
@@ -64,7 +65,7 @@ class BookArrays:
     sell_volume: np.ndarray
     trade_count: np.ndarray
     depth: int = LEVELS
-    complete_from: int = 0
+    complete_from: int = -1
 
     def __len__(self) -> int:
         return int(self.ts_recv.shape[0])

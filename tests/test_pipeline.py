@@ -275,9 +275,13 @@ def test_volume_bar_sampling(tmp_path, capsys):
     assert _run("--input", str(PROJECT / "data"), "--out", str(snap), "--device", "cpu") == 0
     capsys.readouterr()
     assert _run("--input", str(PROJECT / "data"), "--out", str(bars), "--device", "cpu", "--sample", "volume:50") == 0
-    assert "reach past the end of a session" in capsys.readouterr().out  # long horizons in bars are said
+    out = capsys.readouterr().out
+    assert "reach past the end of a session" in out  # long horizons in bars are said
+    assert "without a snapshot" not in out  # MBP books are whole from their first row (the MBO note is not said)
     ts, tb = _table(snap), _table(bars)
     assert read_manifest(bars)["params"]["sample"] == "volume:50"
+    assert read_manifest(bars)["book_complete_from"] == {}
+    assert tb.column("book_complete").to_numpy(zero_copy_only=False).all()
     for sess in set(ts.column("session").to_pylist()):
         s = ts.filter(pa.compute.equal(ts.column("session"), sess))
         b = tb.filter(pa.compute.equal(tb.column("session"), sess))
