@@ -571,7 +571,8 @@ def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str,
              strata: np.ndarray | None = None) -> list[dict]:
     """Evaluation records of every model on one block (or the pooled test blocks, with the fold
     of each row as ``strata``: pairs compared within a fold), and (``lifts``) the model's lift
-    over the best real baseline per horizon with its paired-bootstrap interval."""
+    over the best baseline per horizon with its paired-bootstrap interval; the base rate (a
+    constant score, AUC 0.5) is one of them, so baselines below chance do not lower the bar."""
     groups, unit = session_groups(sessions[rows])
     names = list(scores)
     recs = []
@@ -585,7 +586,7 @@ def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str,
                          "auc_ci_low": _nan_none(lo), "auc_ci_high": _nan_none(hi), "n": n,
                          "base_rate": _nan_none(base_rate(y[:, j])), "bootstrap_unit": unit})
         if lifts is not None:
-            cand = [k for k, nm in enumerate(names) if nm not in ("alphamodel", "base_rate") and np.isfinite(point[k])]
+            cand = [k for k, nm in enumerate(names) if nm != "alphamodel" and np.isfinite(point[k])]
             if cand and np.isfinite(point[0]):
                 kb = max(cand, key=lambda k: point[k])
                 lo, hi = percentile_interval(reps[:, 0] - reps[:, kb]) if len(reps) else (math.nan, math.nan)

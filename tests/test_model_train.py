@@ -500,7 +500,12 @@ def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_
         assert b["labels_kept_after_purge"][f"h{h}"] == sum(b[k][f"labels_h{h}"] for k in ("train", "val", "test"))
         assert b["labels_purged"][f"h{h}"] > 0
     for h in s["horizons"]:
-        assert h["best_baseline"] in ("logistic", "mlp") and h["lift"] is not None
+        assert h["best_baseline"] in ("base_rate", "logistic", "mlp") and h["lift"] is not None
+        best = max(r["auc"] for r in ev if r["fold"] == "all" and r["horizon"] == h["horizon"]
+                   and r["model"] in ("base_rate", "logistic", "mlp") and r["auc"] is not None)  # fmt: skip
+        model = next(r["auc"] for r in ev if r["fold"] == "all" and r["horizon"] == h["horizon"]
+                     and r["model"] == "alphamodel")  # fmt: skip
+        assert h["lift"] == pytest.approx(model - best)  # never against a baseline below chance
 
 
 def test_stateful_scoring_equals_each_run_as_one_sequence(cache):
