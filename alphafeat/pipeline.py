@@ -900,13 +900,20 @@ def _partition_metadata(common: dict, seg: Segment, schedule: list[dict], source
 
 
 def _first_use() -> bool:
-    """Whether numba has no cached machine code yet for the CPU feature kernel (its cache
-    index is missing): the first run in an environment compiles the kernels (~30-60 s)."""
-    try:
-        from alphafeat.features.cpu import _run_chunk
+    """Whether numba has no cached machine code yet for the CPU feature kernel: the first run
+    in an environment compiles the kernels (~30-60 s)."""
+    from alphafeat.features.cpu import _run_chunk
 
-        return not os.path.exists(_run_chunk._cache._cache_file._index_path)
-    except Exception:  # numba internals moved: no hint
+    return not_compiled(_run_chunk)
+
+
+def not_compiled(kernel: object) -> bool:
+    """Whether numba has no cached machine code yet for the ``cache=True`` kernel ``kernel``
+    (its cache index is missing): a command's first run in an environment compiles it and its
+    kind, which a hint should say. False when numba's internals moved (no hint)."""
+    try:
+        return not os.path.exists(kernel._cache._cache_file._index_path)
+    except Exception:
         return False
 
 

@@ -146,6 +146,12 @@ def _synth(args: argparse.Namespace) -> int:
                           "(sessions are weekdays)", soft_wrap=True)
         sessions: list[dict] = []
         created = not Path(out).exists()
+        from alphafeat.pipeline import not_compiled
+        from alphafeat.synth.simulator import _simulate
+
+        if not_compiled(_simulate):
+            console.print("first use in this environment: numba compiles the generator's kernels once (~1 min)",
+                          soft_wrap=True)  # fmt: skip
         with progress_bar() as progress, _remove_if_left_empty(Path(out), created):
             task = progress.add_task("sessions", total=args.sessions)
             paths = synth.generate(

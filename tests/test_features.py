@@ -483,6 +483,25 @@ def test_cuda_available_is_bool() -> None:
     assert isinstance(cuda_available(), bool)
 
 
+def _cached_toy(x: float) -> float:
+    return x + 1.0
+
+
+def test_not_compiled_until_numba_caches_the_kernel(tmp_path, monkeypatch) -> None:
+    # the hint's test (precompute's and synth's): a cache=True kernel not yet compiled in this
+    # environment has no cache index; once called, it has (numba's cache folder moved to tmp_path)
+    import numba
+
+    from alphafeat.pipeline import not_compiled
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    toy = numba.njit(cache=True)(_cached_toy)
+    assert not_compiled(toy) is True
+    assert toy(1.0) == 2.0
+    assert not_compiled(toy) is False
+    assert not_compiled(object()) is False  # not a numba kernel: no hint, no error
+
+
 def test_first_use_hint_goes_once_compiled() -> None:
     # precompute's "compiling kernels" hint reads numba's cache index of the CPU kernel:
     # after one compute in this environment the index is on disk and the hint goes
