@@ -252,7 +252,7 @@ def _inspect(args: argparse.Namespace) -> int:
             t.add_row(k, f"{v:.2%}")
     out.print(t)
     t = Table(title="label balance")
-    for col in ("label", "up / +1", "down / -1", "timeout (0, tb_label)", "NaN"):
+    for col in ("label", "up (1; tb_label +1)", "down (0; tb_label -1)", "timeout (tb_label 0)", "NaN"):
         t.add_column(col, justify="right")
     for k, (u, d, n) in rep.label_balance.items():
         timeout = f"{1 - u - d - n:.1%}" if k == "tb_label" else ""
@@ -308,17 +308,23 @@ def _features(args: argparse.Namespace) -> int:
     import json
 
     from alphafeat.features import FeatureParams, feature_table
+    from alphafeat.features.registry import FEATURE_GROUPS, select_features
 
-    rows = feature_table(FeatureParams())
+    params = FeatureParams()
+    rows = feature_table(params)
+    members = {g: set(select_features(g, params)[0]) for g in ("default", *FEATURE_GROUPS)}
+    for r in rows:  # the --features groups that store it (besides 'all')
+        r["groups"] = [g for g, names in members.items() if r["name"] in names]
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
-    table = Table(title="alphafeat features (default parameters)")
-    for col in ("name", "unit", "formula", "source", "parameters", "min_depth"):
+    table = Table(title="alphafeat features (default parameters; groups: the --features groups holding each)")
+    for col in ("name", "unit", "formula", "source", "parameters", "min_depth", "groups"):
         table.add_column(col, overflow="fold", no_wrap=col == "name")
     for r in rows:
-        params = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
-        table.add_row(r["name"], r["unit"], r["formula"], r["source"], params, str(r["min_depth"]))
+        params_ = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
+        table.add_row(r["name"], r["unit"], r["formula"], r["source"], params_, str(r["min_depth"]),
+                      ", ".join(r["groups"]))
     Console().print(table)
     return 0
 

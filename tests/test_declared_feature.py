@@ -153,6 +153,8 @@ def test_declared_features_in_cache_and_cli(tmp_path: Path, capsys: pytest.Captu
         capsys.readouterr()
         assert main(["features", "--json"]) == 0
         rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {"default", "ofi"} <= set(rows["ofi_l01"]["groups"]) and rows["ofi_l01"]["groups"][0] == "default"
+    assert "flow" in rows["hawkes_buy"]["groups"] and "ofi" not in rows["hawkes_buy"]["groups"]
     for f in TOYS:
         r = rows[f.name]
         assert (r["unit"], r["formula"], r["source"], tuple(r["inputs"])) == (f.unit, f.formula, f.source, f.inputs)
