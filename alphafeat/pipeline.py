@@ -458,6 +458,17 @@ def _min_depth(params: FeatureParams) -> dict[str, int]:
     return {spec.name: spec.min_depth for spec in feature_specs(params)}
 
 
+def _pruned_stream(job: Job, index: dict[str, int], names: Iterable[str]) -> object:
+    """A CPU :class:`~alphafeat.features.cpu.FeatureStream` computing only what features
+    ``names`` need (:func:`~alphafeat.features.registry.prune_plan`: the same bits), in pieces
+    of :data:`_PIECE` rows on ``job.feature_threads`` threads; ``index``: each feature's column."""
+    from alphafeat.features.cpu import FeatureStream
+    from alphafeat.features.registry import make_plan, prune_plan
+
+    plan = prune_plan(make_plan(job.features), [index[n] for n in names])
+    return FeatureStream(plan, _PIECE, job.feature_threads)
+
+
 class SegmentColumns:
     """The stored columns of one segment, filled block by block, then labelled and tabled.
 
@@ -541,14 +552,10 @@ class SegmentColumns:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
         row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
         from alphafeat.features import _prepare
-        from alphafeat.features.registry import make_plan, prune_plan
 
         wanted = (*self.job.names, "ema_ret2_60s")
-        if self.stream is None:  # only what the stored features need (the same bits: prune_plan)
-            from alphafeat.features.cpu import FeatureStream
-
-            plan = prune_plan(make_plan(self.job.features), [self.index[n] for n in wanted])
-            self.stream = FeatureStream(plan, _PIECE, self.job.feature_threads)
+        if self.stream is None:  # only what the stored features need
+            self.stream = _pruned_stream(self.job, self.index, wanted)
 
         def take(i0: int, i1: int, out: np.ndarray, which: frozenset[int]) -> None:
             """The stored features among the final columns ``which`` of rows ``i0:i1`` of ``b``."""
@@ -785,16 +792,11 @@ def added_features(b: BookArrays, job: Job, names: list[str]) -> dict[str, np.nd
     (:func:`~alphafeat.features.registry.prune_plan`: the same operations on the same rows,
     so the same bits), block by block; on a GPU every feature, as a fresh run computes them."""
     from alphafeat.features import _prepare
-    from alphafeat.features.registry import make_plan, prune_plan
 
-    specs = feature_specs(job.features)
-    index = {s.name: k for k, s in enumerate(specs)}
+    index = {s.name: k for k, s in enumerate(feature_specs(job.features))}
     out = {n: np.empty(len(b), dt) for n, dt in feature_dtypes(job, names).items()}
     if job.device == "cpu":
-        from alphafeat.features.cpu import FeatureStream
-
-        plan = prune_plan(make_plan(job.features), [index[n] for n in names])
-        stream = FeatureStream(plan, _PIECE, job.feature_threads)
+        stream = _pruned_stream(job, index, names)
         try:
             k0 = 0
             for blk, halo in book_slices(b):
@@ -814,8 +816,9 @@ def added_features(b: BookArrays, job: Job, names: list[str]) -> dict[str, np.nd
         feats = compute_features(wide, job.features, device=job.device)
         for n in names:
             out[n][:] = feats[n]
+    need = _min_depth(job.features)
     for n in names:
-        if specs[index[n]].min_depth > b.depth:
+        if need[n] > b.depth:
             out[n][:] = np.nan
     return out
 

@@ -565,7 +565,7 @@ def _map_segment(
         t_map = 0.0
         try:
             depth = LEVELS
-            with closing(_blocks(seg, kept, res, getattr(job, "block_rows", 0) or BLOCK_ROWS)) as blocks:
+            with closing(_blocks(seg, kept, res, job.block_rows or BLOCK_ROWS)) as blocks:
                 for b, halo, release in blocks:
                     t1 = time.perf_counter()
                     if writer is not None:
