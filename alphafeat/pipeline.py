@@ -46,7 +46,7 @@ from alphafeat.features.registry import select_features
 from alphafeat.instruments import Choice, session_end_ns
 from alphafeat.labels import DEFAULT_HORIZONS, LabelStream, direction_labels_seconds
 from alphafeat.plan import Plan, Segment, discover, make_plan
-from alphafeat.segment import SegmentResult, book_key, book_slices, is_kept, peak_rss, run_segment, stream_rows
+from alphafeat.segment import SegmentResult, book_slices, is_kept, kept_book, peak_rss, run_segment, stream_rows
 from alphafeat.types import LEVELS, BookArrays
 from alphafeat.validation import (
     Barrier,
@@ -1292,7 +1292,7 @@ def _reusable(old: dict | None, meta: dict, seg: Segment, job: Job, pre: str | N
     if old is None or not can_relabel(job) or reuse_key(old) != reuse_key(json.loads(json.dumps(meta))):
         return False  # (json: as the file holds it)
     missing = set(job.names) - {c.get("name") for c in old.get("columns") or []}
-    return not missing or (pre is not None and not job.bar_volume and is_kept(Path(pre) / "book" / book_key(seg)))
+    return not missing or (pre is not None and not job.bar_volume and is_kept(kept_book(seg, pre)))
 
 
 def _first(items: list[str], k: int) -> str:

@@ -264,6 +264,11 @@ def book_key(seg: Segment) -> str:
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
 
+def kept_book(seg: Segment, predecoded_dir: str | os.PathLike[str] | None) -> Path | None:
+    """Where the segment's book is kept under ``predecoded_dir`` (None: books are not kept)."""
+    return Path(predecoded_dir) / "book" / book_key(seg) if predecoded_dir else None
+
+
 class _BookWriter:
     """Append a book's rows block by block to raw column files in a temporary folder, renamed to
     ``d`` by :meth:`close` (a crash leaves no folder that looks complete)."""
@@ -525,20 +530,20 @@ def run_segment(
     """
     res = SegmentResult(seg.relpath)
     try:
+        kept = kept_book(seg, predecoded_dir)
         if relabel:
-            kept = Path(predecoded_dir) / "book" / book_key(seg) if predecoded_dir else None
             _relabel_segment(seg, staging, meta, job, relabel, kept, res)
         else:
-            _map_segment(seg, staging, meta, job, predecoded_dir, keep, res)
+            _map_segment(seg, staging, meta, job, kept, keep, res)
     finally:
         res.peak_rss = peak_rss()
     return res
 
 
 def _map_segment(
-    seg: Segment, staging: str, meta: dict, job: object, predecoded_dir: str | None, keep: bool, res: SegmentResult
+    seg: Segment, staging: str, meta: dict, job: object, kept: Path | None, keep: bool, res: SegmentResult
 ) -> None:
-    """The body of :func:`run_segment`; fills ``res``."""
+    """The body of :func:`run_segment` (``kept``: where the segment's book is kept); fills ``res``."""
     from alphafeat.pipeline import SegmentColumns, segment_table
 
     t0 = time.perf_counter()
@@ -546,7 +551,6 @@ def _map_segment(
         if not os.path.exists(p):
             raise InputError(p, f"not visible from this worker ({os.uname().nodename}); inputs and --out must be "
                                 "on a filesystem every worker shares")  # fmt: skip
-    kept = Path(predecoded_dir) / "book" / book_key(seg) if predecoded_dir else None
     if job.device != "cpu" or job.bar_volume:
         b = _whole_book(seg, kept, res)
         if keep and kept is not None and not res.predecoded and len(b):

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alphafeat.dbn import RecordScanner  # noqa: E402
 from alphafeat.plan import make_plan  # noqa: E402
-from alphafeat.segment import book_key, build_book, load_book, save_book  # noqa: E402
+from alphafeat.segment import build_book, kept_book, load_book, save_book  # noqa: E402
 
 log = logging.getLogger("bench.decode")
 
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("%d segment(s): %s", len(segs), ", ".join(f"{s.session} {s.raw_symbol}" for s in segs))
     pre_dir = Path(tempfile.mkdtemp(prefix="alphafeat-predecoded-"))
     try:
-        books = [pre_dir / "book" / book_key(s) for s in segs]
+        books = [kept_book(s, pre_dir) for s in segs]
 
         def cold() -> int:
             n = 0
