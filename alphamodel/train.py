@@ -571,8 +571,8 @@ def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str,
              strata: np.ndarray | None = None) -> list[dict]:
     """Evaluation records of every model on one block (or the pooled test blocks, with the fold
     of each row as ``strata``: pairs compared within a fold), and (``lifts``) the model's lift
-    over the best baseline per horizon with its paired-bootstrap interval; the base rate (a
-    constant score, AUC 0.5) is one of them, so baselines below chance do not lower the bar."""
+    over the best baseline per horizon with its paired-bootstrap interval (:func:`_lift`: never
+    below chance)."""
     groups, unit = session_groups(sessions[rows])
     names = list(scores)
     recs = []
@@ -585,14 +585,25 @@ def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str,
             recs.append({"model": name, "fold": fold, "horizon": h, "auc": _nan_none(point[k]),
                          "auc_ci_low": _nan_none(lo), "auc_ci_high": _nan_none(hi), "n": n,
                          "base_rate": _nan_none(base_rate(y[:, j])), "bootstrap_unit": unit})
-        if lifts is not None:
-            cand = [k for k, nm in enumerate(names) if nm != "alphamodel" and np.isfinite(point[k])]
-            if cand and np.isfinite(point[0]):
-                kb = max(cand, key=lambda k: point[k])
-                lo, hi = percentile_interval(reps[:, 0] - reps[:, kb]) if len(reps) else (math.nan, math.nan)
-                lifts[h] = {"best_baseline": names[kb], "lift": float(point[0] - point[kb]),
-                            "lift_ci_low": _nan_none(lo), "lift_ci_high": _nan_none(hi)}
+        if lifts is not None and np.isfinite(point[0]):
+            lifts[h] = _lift(names, point, reps)
     return recs
+
+
+def _lift(names: list[str], point: np.ndarray, reps: np.ndarray) -> dict:
+    """The lift of the model (column 0) over the best baseline, with its paired-bootstrap
+    interval. The bar is at least chance: a constant score (the base rate) has AUC 0.5 whether or
+    not its own AUC could be computed (a fold without training labels leaves it NaN), so no
+    baseline scoring below 0.5 is the bar."""
+    cand = [k for k, nm in enumerate(names) if nm not in ("alphamodel", "base_rate") and np.isfinite(point[k])]
+    kb = max(cand, key=lambda k: point[k], default=None)
+    if kb is None or point[kb] < 0.5:
+        best, bar, bar_reps = "base_rate", 0.5, 0.5
+    else:
+        best, bar, bar_reps = names[kb], float(point[kb]), reps[:, kb]
+    lo, hi = percentile_interval(reps[:, 0] - bar_reps) if len(reps) else (math.nan, math.nan)
+    return {"best_baseline": best, "lift": float(point[0] - bar), "lift_ci_low": _nan_none(lo),
+            "lift_ci_high": _nan_none(hi)}
 
 
 def _check_labels(data: CacheData, fold: Fold) -> None:

@@ -581,3 +581,18 @@ def test_staged_outputs_name_what_they_replace_and_what_an_earlier_run_left(tmp_
     except RuntimeError:
         pass
     assert not (tmp_path / "new").exists()
+
+
+def test_lift_bar_is_never_below_chance() -> None:
+    """The lift is over the best baseline, and at least over chance (0.5, a constant score):
+    a baseline scoring below 0.5, or a base rate whose AUC is NaN (a fold without training
+    labels), does not lower the bar; a real baseline above 0.5 is the bar with paired replicates."""
+    from alphamodel.train import _lift
+
+    names = ["alphamodel", "base_rate", "mlp", "logistic"]
+    reps = np.array([[0.60, 0.5, 0.40, np.nan], [0.62, 0.5, 0.44, np.nan], [0.58, 0.5, 0.42, np.nan]])
+    got = _lift(names, np.array([0.60, np.nan, 0.42, np.nan]), reps)
+    assert got["best_baseline"] == "base_rate" and got["lift"] == pytest.approx(0.10)
+    assert got["lift_ci_low"] == pytest.approx(0.081) and got["lift_ci_high"] == pytest.approx(0.119)
+    got = _lift(names, np.array([0.60, 0.5, 0.55, 0.52]), reps)
+    assert got["best_baseline"] == "mlp" and got["lift"] == pytest.approx(0.05)
