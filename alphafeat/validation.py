@@ -28,7 +28,7 @@ from alphafeat.errors import UsageError
 __all__ = [
     "Baseline", "Barrier", "BarrierKind", "CfcImpl", "Compression", "Context", "Device", "Dtype", "HorizonWeighting",
     "InstrumentMode", "ModeKind", "OnError", "Predecoded", "RollRule", "Sample", "SampleKind", "Scale", "SignalKind",
-    "StrEnum", "SynthSchema", "validate_barrier", "validate_baselines", "validate_bool", "validate_costs",
+    "SsdImpl", "StrEnum", "SynthSchema", "validate_barrier", "validate_baselines", "validate_bool", "validate_costs",
     "validate_date", "validate_enum", "validate_float", "validate_horizon", "validate_horizons", "validate_horizons_s",
     "validate_instrument_mode", "validate_int", "validate_jobs", "validate_path", "validate_root", "validate_sample",
     "validate_scheduler", "validate_schemas", "validate_signal",
@@ -70,6 +70,8 @@ Context = _enum("Context", "alphamodel's context: the state carried across a ses
                 "stateful", "window")  # fmt: skip
 CfcImpl = _enum("CfcImpl", "alphamodel's CfC scan: the fused chunked scan, the Triton kernels (CUDA), or the "
                 "reference loop over the cell.", "fused", "triton", "loop")  # fmt: skip
+SsdImpl = _enum("SsdImpl", "alphamodel's Mamba2 scan: the chunked scan in torch, or its output half as Triton "
+                "kernels (CUDA).", "chunked", "triton")  # fmt: skip
 Baseline = _enum("Baseline", "Baselines alphamodel train fits beside the model (alphamodel.baselines).",
                  "base_rate", "logistic", "lightgbm", "mlp")  # fmt: skip
 ModeKind = _enum("ModeKind", "--instrument-mode: every instrument, one id, or the front month of --root.",

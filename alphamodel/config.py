@@ -28,6 +28,7 @@ from alphafeat.validation import (
     Context,
     Device,
     HorizonWeighting,
+    SsdImpl,
     validate_baselines,
     validate_bool,
     validate_costs,
@@ -107,7 +108,7 @@ TRAIN_RULES: dict[str, Rule] = {
 MODEL_RULES: dict[str, Rule] = {
     "n_features": _int(0), "n_horizons": _SIZE, "d_model": _SIZE, "n_layers": _SIZE, "d_state": _SIZE,
     "headdim": _SIZE, "expand": _SIZE, "d_conv": _SIZE, "chunk_size": _SIZE, "cfc_hidden": _SIZE,
-    "dropout": _float(0.0, 1.0), "cfc_impl": _enum(CfcImpl),
+    "dropout": _float(0.0, 1.0), "cfc_impl": _enum(CfcImpl), "ssd_impl": _enum(SsdImpl),
     "dt_min": _float(0.0, open_=True), "dt_max": _float(0.0, open_=True), "ema_rows": _scales,
     "ema_encoder": validate_bool,
 }  # fmt: skip
@@ -195,6 +196,10 @@ def _check_together(v: dict[str, Any], section: str) -> None:
     elif v["cfc_impl"] == CfcImpl.TRITON and not is_tile_size(v["cfc_hidden"]):
         raise UsageError(f"{section}.cfc_hidden", f"{TILE_SIZE} with cfc_impl 'triton' (its tl.dot tiles)",
                          v["cfc_hidden"])  # fmt: skip
+    elif v["ssd_impl"] == SsdImpl.TRITON:
+        for key in ("chunk_size", "headdim", "d_state"):
+            if not is_tile_size(v[key]):
+                raise UsageError(f"{section}.{key}", f"{TILE_SIZE} with ssd_impl 'triton' (its tl.dot tiles)", v[key])
 
 
 #: What the Triton CfC scan needs of its sizes (its ``tl.dot`` tiles): the problem of a size that is not.

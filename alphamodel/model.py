@@ -36,6 +36,9 @@ class ModelConfig:
     d_state, headdim, expand, d_conv, chunk_size : Mamba2 parameters.
     cfc_hidden : CfC units.  cfc_impl : ``"fused"`` (the chunked scan) or ``"loop"`` (the
         reference loop over :class:`alphamodel.cfc.CfCCell`), see :class:`alphamodel.cfc.CfC`.
+    ssd_impl : ``"chunked"`` (:func:`alphamodel.mamba2.ssd_chunked`, torch) or ``"triton"``
+        (:func:`alphamodel.ssd_triton.ssd_scan`: CUDA; ``chunk_size``, ``headdim`` and ``d_state``
+        powers of two >= 16), the same function.
     The defaults are the small model of ``alphamodel train`` without ``--cache`` (the embedded
     sample: ~16k training rows, which this model starts to memorise within 40 steps, hence the
     dropout); other caches pass sizes with ``--config`` (examples in ``alphamodel/configs/``).
@@ -62,6 +65,7 @@ class ModelConfig:
     cfc_hidden: int = 32
     dropout: float = 0.3
     cfc_impl: str = "fused"
+    ssd_impl: str = "chunked"
     dt_min: float = 1e-3
     dt_max: float = 0.1
     ema_rows: tuple[float, ...] = ()
@@ -81,7 +85,8 @@ class _Block(nn.Module):
         super().__init__()
         self.norm = RMSNormGated(cfg.d_model)
         self.mixer = Mamba2(cfg.d_model, d_state=cfg.d_state, headdim=cfg.headdim, expand=cfg.expand,
-                            d_conv=cfg.d_conv, chunk_size=cfg.chunk_size, dt_min=cfg.dt_min, dt_max=cfg.dt_max)
+                            d_conv=cfg.d_conv, chunk_size=cfg.chunk_size, dt_min=cfg.dt_min, dt_max=cfg.dt_max,
+                            ssd_impl=cfg.ssd_impl)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, state: tuple | None = None, mask: torch.Tensor | None = None

@@ -316,20 +316,25 @@ def _save(out: Path, model: AlphaModel, norm: Normaliser, meta: dict) -> None:
     (out / "config.json").write_text(json.dumps(meta, indent=1))
 
 
+#: The torch form of each Triton implementation (the same weights and function), for devices other than CUDA.
+TRITON_FALLBACK = {"cfc_impl": "fused", "ssd_impl": "chunked"}
+
+
 def check_device(mc: ModelConfig, device: torch.device) -> None:
-    """UsageError (``model.cfc_impl``) when the model cannot run on ``device``: the Triton CfC
-    scan runs on CUDA only."""
-    if mc.cfc_impl == "triton" and device.type != "cuda":
-        raise TrainUsageError("model.cfc_impl", f"'triton' runs on CUDA (train.device is {device.type}); use "
-                              "'fused'", "triton")
+    """UsageError (``model.cfc_impl`` or ``model.ssd_impl``) when the model cannot run on
+    ``device``: the Triton kernels run on CUDA only."""
+    for key, other in TRITON_FALLBACK.items():
+        if getattr(mc, key) == "triton" and device.type != "cuda":
+            raise TrainUsageError(f"model.{key}", f"'triton' runs on CUDA (train.device is {device.type}); use "
+                                  f"'{other}'", "triton")
 
 
 def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaModel, Normaliser, dict]:
     """Load ``model.safetensors`` + ``config.json`` written by :func:`train`.
 
     Returns ``(model in eval mode, normaliser, config dict)``. A model trained with
-    ``cfc_impl: "triton"`` loads with the fused scan (same weights and function) on a device other
-    than CUDA.
+    ``cfc_impl: "triton"`` or ``ssd_impl: "triton"`` loads with the torch scan (same weights and
+    function, :data:`TRITON_FALLBACK`) on a device other than CUDA.
 
     Raises
     ------
@@ -351,10 +356,11 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
         model_cfg, norm = meta["model"], Normaliser.from_dict(meta["normaliser"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(cfg_path, f"not an alphamodel config ({type(e).__name__}: {e})") from e
-    if model_cfg.get("cfc_impl") == "triton" and torch.device(device).type != "cuda":
-        # the same weights and function; the Triton kernels run on CUDA only
-        log.info("%s: cfc_impl 'triton' runs as 'fused' on %s", cfg_path, device)
-        model_cfg = {**model_cfg, "cfc_impl": "fused"}
+    for key, other in TRITON_FALLBACK.items():
+        if model_cfg.get(key) == "triton" and torch.device(device).type != "cuda":
+            # the same weights and function; the Triton kernels run on CUDA only
+            log.info("%s: %s 'triton' runs as '%s' on %s", cfg_path, key, other, device)
+            model_cfg = {**model_cfg, key: other}
     try:
         model = AlphaModel(ModelConfig.from_dict(model_cfg))
     except UsageError as e:

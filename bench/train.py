@@ -9,7 +9,9 @@ over :class:`CfCCell` (before; ``-compile``: blocks and cell compiled, as on mai
 ``fused-compile`` — the chunked CfC scan (after; ``-compile``: blocks and the scan's chunk body
 compiled), ``triton`` / ``triton-compile`` — the CfC scan as Triton kernels (CUDA;
 :mod:`alphamodel.cfc_triton`; ``-compile``: blocks and the CfC's forward around the kernels
-compiled; launch set by ``--cfc-block/--cfc-warps/--cfc-stages``); ``-graph`` /
+compiled; launch set by ``--cfc-block/--cfc-warps/--cfc-stages``); ``+ssd`` after the CfC's name
+(``triton+ssd-compilegraph``): the Mamba2 blocks' SSD scan as Triton kernels too
+(``ssd_impl="triton"``, :mod:`alphamodel.ssd_triton`; ``--ssd-warps`` warps per program); ``-graph`` /
 ``-compilegraph`` (CUDA): one whole step (forward, backward, AdamW) captured in a CUDA graph
 and replayed (no per-kernel launch cost), eager or compiled. On CUDA:
 bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
@@ -36,10 +38,13 @@ from alphamodel.train import compile_model
 def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
     torch.manual_seed(0)
     impl, _, how = mode.partition("-")
+    impl, _, ssd = impl.partition("+")
     cfg = ModelConfig(n_features=args.features, n_horizons=5, d_model=args.d_model, n_layers=args.layers,
                       d_state=args.d_state, headdim=args.headdim, chunk_size=args.chunk, cfc_hidden=args.cfc,
-                      cfc_impl=impl)
+                      cfc_impl=impl, ssd_impl="triton" if ssd == "ssd" else "chunked")
     model = AlphaModel(cfg).to(device)
+    for blk in model.blocks:
+        blk.mixer.ssd_warps = args.ssd_warps
     model.cfc.chunk = args.cfc_chunk
     if impl == "triton":
         check_triton(model.cfc.cell, args.cfc_block)
@@ -158,6 +163,7 @@ def main() -> None:
     ap.add_argument("--cfc-warps", dest="cfc_warps", type=int, default=8, help="triton: warps per program")
     ap.add_argument("--cfc-stages", dest="cfc_stages", type=int, default=0,
                     help="triton: pipeline stages (0: 2 for bf16, 1 for float32)")
+    ap.add_argument("--ssd-warps", dest="ssd_warps", type=int, default=4, help="ssd triton: warps per program")
     ap.add_argument("--modes", default="loop,fused,loop-compile,fused-compile")
     ap.add_argument("--cache", help="also time the batch loader on this cache (mode 'loader')")
     ap.add_argument("--loader-threads", dest="loader_threads", type=int, default=2)
@@ -173,7 +179,7 @@ def main() -> None:
         rows.append(loader(args))
     size = {k: getattr(args, k) for k in ("batch", "window", "features", "d_model", "layers", "d_state",
                                           "headdim", "chunk", "cfc", "cfc_chunk", "cfc_block", "cfc_warps",
-                                          "cfc_stages")}
+                                          "cfc_stages", "ssd_warps")}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     print(f"alphamodel training throughput on {name} (torch {torch.__version__}), size {size}")
     print(f"{'mode':>14} {'windows/s':>11} {'tokens/s':>12} {'step ms':>9} {'warm-up s':>10} {'peak GiB':>9}")

@@ -1,0 +1,217 @@
+"""The output half of the chunked SSD scan (:func:`alphamodel.mamba2.ssd_chunked`) as Triton kernels.
+
+Per chunk of ``Q`` positions, head ``h`` (group ``g`` of its ``B``, ``C``), with ``acs`` the
+cumulative log decay inside the chunk and ``S`` (P, N) the state entering the chunk:
+
+    y_l = sum_{s <= l} (C_l . B_s) exp(acs_l - acs_s) x_s  +  exp(acs_l) C_l S^T
+
+(Dao & Gu 2024, listing 1, steps 1 and 4). In torch (``ssd_chunked``) the first term builds
+(Q, Q) decay and product tensors per head and position in memory, forward and backward; on
+the H200 that scan was 102 ms of a 187 ms training step (batch 2048 x 512, d_model 128, 4
+layers: the step without it 85 ms, ``bench/train.py``). Here one program per (batch, chunk,
+group) keeps them in registers: ``C B^T`` once for the group's heads, then per head the decay,
+the product with ``x`` and the state's term. The backward recomputes the same tiles and writes
+``dx``, ``d acs``, ``dB``, ``dC`` and ``dS`` (the gradient of the state entering each chunk):
+
+    M = (C B^T) * decay            dx = M^T dy          dM = dy x^T
+    d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S     dB = d(C B^T)^T C
+    d acs_l = sum_s (dM M)_ls - sum_s (dM M)_sl + sum_p (e dy)_lp (C S^T)_lp     dS = (e dy)^T C
+
+with ``e_l = exp(acs_l)``. The chunk states and their pass from chunk to chunk stay in torch
+(:func:`alphamodel.mamba2.chunk_states`, :func:`alphamodel.mamba2.pass_states`): their tensors
+are (P, N) per chunk and head, not per position.
+
+Both kernels are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
+``alphamodel::ssd_chunk_scan_bwd``, fake tensors and autograd registered) as in
+:mod:`alphamodel.cfc_triton`, so ``torch.compile`` and CUDA graphs keep them. float32 throughout;
+products in TF32 unless ``torch.get_float32_matmul_precision()`` is ``"highest"`` (then exact
+float32), as torch's own matmuls. ``Q``, ``P`` and ``N`` must be powers of two >= 16 (``tl.dot``
+tiles). Runs on CUDA, or on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1`` set before
+triton is imported).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from alphamodel.cfc_triton import _on, _precision
+from alphamodel.errors import UsageError
+
+__all__ = ["ssd_chunk_scan", "ssd_chunk_scan_bwd", "chunk_scan", "ssd_scan"]
+
+
+@triton.jit
+def _rows(pid, L, Q: tl.constexpr):
+    """Positions (Q,) int64 of chunk ``pid`` (= batch * chunks + chunk) in the (batch * L) rows."""
+    nc = L // Q
+    return ((pid // nc) * L + (pid % nc) * Q + tl.arange(0, Q)).to(tl.int64)
+
+
+@triton.jit
+def _decay(acs, Q: tl.constexpr):
+    """exp(acs_l - acs_s) for s <= l, else 0: (Q, Q) float32."""
+    cq = tl.arange(0, Q)
+    diff = tl.where(cq[:, None] >= cq[None, :], acs[:, None] - acs[None, :], -float("inf"))
+    return tl.exp(diff)
+
+
+@triton.jit
+def _fwd_kernel(x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, y_ptr, L,
+                H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                PREC: tl.constexpr):
+    """y (B, L, H, P) of the chunk ``program_id(0)``, heads of group ``program_id(1)``."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rows = _rows(pid, L, Q)
+    cn, cp = tl.arange(0, N), tl.arange(0, P)
+    bc = (rows[:, None] * G + g) * N + cn[None, :]
+    cm = tl.load(c_ptr + bc)
+    cb = tl.dot(cm, tl.trans(tl.load(b_ptr + bc)), input_precision=PREC)  # (Q, Q), once per group
+    for j in range(H // G):
+        h = g * (H // G) + j
+        acs = tl.load(acs_ptr + rows * H + h)
+        xy = (rows[:, None] * H + h) * P + cp[None, :]
+        y = tl.dot(cb * _decay(acs, Q), tl.load(x_ptr + xy), input_precision=PREC)
+        s = tl.load(s_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :])  # (P, N)
+        y += tl.exp(acs)[:, None] * tl.dot(cm, tl.trans(s), input_precision=PREC)
+        tl.store(y_ptr + xy, y)
+
+
+@triton.jit
+def _bwd_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, dx_ptr, dacs_ptr, db_ptr, dc_ptr, ds_ptr, L,
+                H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                PREC: tl.constexpr):
+    """dx, d acs, dS of the group's heads and dB, dC of the group, for one chunk (module docstring)."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rows = _rows(pid, L, Q)
+    cn, cp = tl.arange(0, N), tl.arange(0, P)
+    bc = (rows[:, None] * G + g) * N + cn[None, :]
+    cm = tl.load(c_ptr + bc)
+    bm = tl.load(b_ptr + bc)
+    cb = tl.dot(cm, tl.trans(bm), input_precision=PREC)
+    dcb = tl.zeros((Q, Q), dtype=tl.float32)
+    dc = tl.zeros((Q, N), dtype=tl.float32)
+    for j in range(H // G):
+        h = g * (H // G) + j
+        acs = tl.load(acs_ptr + rows * H + h)
+        dec = _decay(acs, Q)
+        m = cb * dec
+        xy = (rows[:, None] * H + h) * P + cp[None, :]
+        xh = tl.load(x_ptr + xy)
+        dy = tl.load(dy_ptr + xy)
+        tl.store(dx_ptr + xy, tl.dot(tl.trans(m), dy, input_precision=PREC))
+        dm = tl.dot(dy, tl.trans(xh), input_precision=PREC)  # (Q, Q)
+        dcb += dm * dec
+        pm = dm * m
+        sp = ((pid * H + h) * P + cp[:, None]) * N + cn[None, :]
+        s = tl.load(s_ptr + sp)
+        ed = dy * tl.exp(acs)[:, None]
+        off = tl.sum(ed * tl.dot(cm, tl.trans(s), input_precision=PREC), axis=1)
+        tl.store(dacs_ptr + rows * H + h, tl.sum(pm, axis=1) - tl.sum(pm, axis=0) + off)
+        dc += tl.dot(ed, s, input_precision=PREC)
+        tl.store(ds_ptr + sp, tl.dot(tl.trans(ed), cm, input_precision=PREC))
+    tl.store(dc_ptr + bc, dc + tl.dot(dcb, bm, input_precision=PREC))
+    tl.store(db_ptr + bc, tl.dot(tl.trans(dcb), cm, input_precision=PREC))
+
+
+def _grid(x: torch.Tensor, g: int, q: int) -> tuple[int, int]:
+    return x.shape[0] * (x.shape[1] // q), g
+
+
+@torch.library.custom_op("alphamodel::ssd_chunk_scan", mutates_args=())
+def ssd_chunk_scan(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, C: torch.Tensor, states: torch.Tensor,
+                   chunk_size: int, num_warps: int) -> torch.Tensor:
+    """y (batch, L, H, P) float32 (module docstring). x (batch, L, H, P) (inputs times the step);
+    acs (batch, L, H) cumulative log decays inside each chunk; B, C (batch, L, G, N); states
+    (batch, L / chunk_size, H, P, N) the state entering each chunk. All float32 and contiguous;
+    L a multiple of ``chunk_size``."""
+    b, L, h, p = x.shape
+    g, n = B.shape[-2:]
+    y = torch.empty_like(x)
+    with _on(x):
+        _fwd_kernel[_grid(x, g, chunk_size)](x, acs, B, C, states, y, L, H=h, G=g, P=p, N=n, Q=chunk_size,
+                                             PREC=_precision(x), num_warps=num_warps)
+    return y
+
+
+@ssd_chunk_scan.register_fake
+def _(x, acs, B, C, states, chunk_size, num_warps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("alphamodel::ssd_chunk_scan_bwd", mutates_args=())
+def ssd_chunk_scan_bwd(dy: torch.Tensor, x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                       states: torch.Tensor, chunk_size: int, num_warps: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dacs, dB, dC, dstates)``, shaped as :func:`ssd_chunk_scan`'s inputs, from dy (batch, L, H, P)."""
+    b, L, h, p = x.shape
+    g, n = B.shape[-2:]
+    out = _bwd_empty(x, acs, B, C, states)
+    with _on(x):
+        _bwd_kernel[_grid(x, g, chunk_size)](dy.contiguous(), x, acs, B, C, states, *out, L, H=h, G=g, P=p, N=n,
+                                             Q=chunk_size, PREC=_precision(x), num_warps=num_warps)
+    return out
+
+
+def _bwd_empty(x, acs, B, C, states) -> tuple[torch.Tensor, ...]:
+    """The backward's outputs, uninitialised (every element is written by the kernel)."""
+    return tuple(torch.empty_like(t) for t in (x, acs, B, C, states))
+
+
+@ssd_chunk_scan_bwd.register_fake
+def _(dy, x, acs, B, C, states, chunk_size, num_warps):
+    return _bwd_empty(x, acs, B, C, states)
+
+
+def _setup(ctx, inputs, output) -> None:
+    x, acs, B, C, states, chunk_size, num_warps = inputs
+    ctx.save_for_backward(x, acs, B, C, states)
+    ctx.launch = (chunk_size, num_warps)
+
+
+def _backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    return (*ssd_chunk_scan_bwd(dy, *ctx.saved_tensors, *ctx.launch), None, None)
+
+
+ssd_chunk_scan.register_autograd(_backward, setup_context=_setup)
+
+
+def chunk_scan(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, C: torch.Tensor, states: torch.Tensor,
+               chunk_size: int, num_warps: int = 4) -> torch.Tensor:
+    """:func:`ssd_chunk_scan` on contiguous float32 copies of its inputs (differentiable in all five)."""
+    f32 = [t.float().contiguous() for t in (x, acs, B, C, states)]
+    return ssd_chunk_scan(*f32, chunk_size, num_warps)
+
+
+def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int = 64,
+             initial_state: torch.Tensor | None = None, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`alphamodel.mamba2.ssd_chunked` (same arguments, shapes and results, float32) with
+    the within-chunk and state-output terms as Triton kernels (:func:`ssd_chunk_scan`).
+
+    The chunk states are one batched matmul per (batch, chunk, group) and their pass from chunk
+    to chunk :func:`alphamodel.mamba2.pass_states`, in torch. ``chunk_size`` and the sizes P and
+    N a power of two >= 16. Raises UsageError for tensors off CUDA (unless Triton's interpreter
+    runs) or for sizes the kernels cannot tile.
+    """
+    from alphamodel import cfc_triton
+    from alphamodel.config import TILE_SIZE, is_tile_size
+    from alphamodel.mamba2 import pad_chunks, pass_states
+
+    if not x.is_cuda and not cfc_triton.interpreted():
+        raise UsageError("ssd_impl", "'triton' runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set "
+                         "before triton is imported)", str(x.device))
+    b, L, h, p = x.shape
+    g, n = B.shape[-2:]
+    for name, v in (("chunk_size", chunk_size), ("headdim", p), ("d_state", n)):
+        if not is_tile_size(v):
+            raise UsageError(name, f"{TILE_SIZE} with ssd_impl 'triton' (its tl.dot tiles)", v)
+    x, a, B, C = pad_chunks(x.float(), a.float(), B.float(), C.float(), chunk_size)
+    c, q = x.shape[1] // chunk_size, chunk_size
+    acs = torch.cumsum(a.reshape(b, c, q, h), dim=2)  # (b, c, q, h)
+    w = torch.exp(acs[:, :, -1:] - acs)  # decay from each position to its chunk's end
+    xw = (x.reshape(b, c, q, h, p) * w[..., None]).reshape(b, c, q, g, (h // g) * p)
+    states = torch.matmul(xw.permute(0, 1, 3, 4, 2), B.reshape(b, c, q, g, n).transpose(2, 3))  # (b, c, g, r*p, n)
+    entering, final = pass_states(states.reshape(b, c, h, p, n), acs[:, :, -1], initial_state)
+    y = chunk_scan(x, acs.reshape(b, c * q, h), B, C, entering, q, num_warps)
+    return y[:, :L], final

@@ -1,0 +1,160 @@
+"""Mamba2's SSD scan with ``ssd_impl="triton"`` (alphamodel.ssd_triton) against the torch scan
+(:func:`alphamodel.mamba2.ssd_chunked` in float64, itself tested against the sequential
+recurrence in tests/test_model_ssd.py): outputs, final state and every gradient, with groups,
+padding, a carried state and masks; the custom ops under ``torch.compile``; size and device errors.
+
+Without CUDA the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1`` set
+before triton is imported, as tests/test_cfc_triton.py does). Skipped when triton is not installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+import alphafeat.errors
+from alphamodel.config import check_config
+from alphamodel.errors import UsageError
+from alphamodel.mamba2 import Mamba2, ssd_chunked
+from alphamodel.model import AlphaModel, ModelConfig
+
+CUDA = torch.cuda.is_available()
+if not CUDA and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import (see the module docstring)
+
+pytest.importorskip("triton", reason="triton is not installed (pip install triton; CUDA builds of torch bring it)")
+
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """alphamodel.ssd_triton; without a GPU, its kernels in Triton's interpreter."""
+    from alphamodel import cfc_triton, ssd_triton
+
+    if not CUDA and not cfc_triton.interpreted():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set (no GPU to compile for)")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # exact float32 products on both sides (CUDA)
+    yield ssd_triton
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def scan_inputs(b: int, L: int, h: int, p: int, g: int, n: int, seed: int, init: bool) -> list[torch.Tensor]:
+    """x, a (log decays <= 0), B, C and an initial state (or None), float32 on DEVICE."""
+    gen = torch.Generator().manual_seed(seed)
+    t = [torch.randn(b, L, h, p, generator=gen), -torch.rand(b, L, h, generator=gen) * 0.7,
+         torch.randn(b, L, g, n, generator=gen), torch.randn(b, L, g, n, generator=gen),
+         torch.randn(b, h, p, n, generator=gen) if init else None]
+    return [None if v is None else v.to(DEVICE) for v in t]
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest difference relative to the reference's largest magnitude (at least 1)."""
+    return float((got.detach().double() - want.detach()).abs().max() / want.detach().abs().max().clamp(min=1.0))
+
+
+@pytest.mark.parametrize(("L", "h", "g", "q", "init"), [(100, 4, 2, 32, True), (64, 2, 1, 16, False),
+                                                        (48, 4, 4, 16, True)])
+def test_triton_scan_equals_the_torch_scan_with_gradients(kernels, L, h, g, q, init):
+    x, a, B, C, s0 = scan_inputs(2, L, h, 16, g, 16, seed=L + h, init=init)
+    leaves = [t for t in (x, a, B, C, s0) if t is not None]
+    for t in leaves:
+        t.requires_grad_()
+    y, final = kernels.ssd_scan(x, a, B, C, q, s0)
+    want_y, want_final = ssd_chunked(x.double(), a.double(), B.double(), C.double(), q,
+                                     None if s0 is None else s0.double())
+    assert y.shape == want_y.shape and final.shape == want_final.shape and y.dtype == torch.float32
+    assert rel_err(y, want_y) < 1e-5 and rel_err(final, want_final) < 1e-5
+    gen = torch.Generator().manual_seed(1)
+    wy, wf = (torch.randn(t.shape, generator=gen, dtype=torch.float64).to(DEVICE) for t in (y, final))
+    got = torch.autograd.grad((y * wy.float()).sum() + (final * wf.float()).sum(), leaves)
+    want = torch.autograd.grad((want_y * wy).sum() + (want_final * wf).sum(), leaves)
+    errs = [rel_err(u, v) for u, v in zip(got, want)]
+    assert max(errs) < 1e-5, errs
+    assert all(float(u.abs().max()) > 0 for u in got)  # every input's gradient reaches it
+
+
+def test_mamba2_triton_equals_chunked_with_state_and_mask(kernels):
+    """The block with ``ssd_impl="triton"``: the outputs, carried states and parameter gradients
+    of the chunked block, over two consecutive windows with padding (masked) in the first."""
+    torch.manual_seed(0)
+    ref = Mamba2(32, d_state=16, headdim=16, chunk_size=16).to(DEVICE)
+    tri = copy.deepcopy(ref)
+    tri.ssd_impl = "triton"
+    u = torch.randn(3, 40, 32, device=DEVICE)
+    mask = torch.ones(3, 40, dtype=torch.bool, device=DEVICE)
+    mask[1, :7] = False
+    outs = []
+    for m in (ref, tri):
+        y1, st = m(u[:, :20], mask=mask[:, :20], return_state=True)
+        y2, st2 = m(u[:, 20:], state=st, return_state=True)
+        loss = (y1 * u[:, :20]).sum() + (y2 * u[:, 20:]).sum() + st2[1].sum()
+        outs.append([y1, y2, st2[1], *torch.autograd.grad(loss, list(m.parameters()))])
+    errs = [rel_err(a, b.double()) for a, b in zip(outs[1], outs[0])]
+    assert max(errs) < 1e-4, errs
+
+
+def test_triton_scan_under_torch_compile(kernels):
+    """The custom ops trace without a graph break (fullgraph), give the eager values, and pass
+    torch's checks of their registration (schema, autograd, fake tensors)."""
+    x, a, B, C, s0 = scan_inputs(2, 32, 2, 16, 1, 16, seed=3, init=True)
+
+    def run(f):
+        leaves = [t.clone().requires_grad_() for t in (x, a, B, C, s0)]
+        y, final = f(*leaves[:4], 16, leaves[4])
+        return [y, final, *torch.autograd.grad((y * y).sum() + final.sum(), leaves)]
+
+    eager = run(kernels.ssd_scan)
+    compiled = run(torch.compile(kernels.ssd_scan, backend="inductor" if CUDA else "aot_eager", fullgraph=True))
+    assert max(rel_err(c, e.double()) for c, e in zip(compiled, eager)) < (1e-5 if CUDA else 1e-6)
+    acs = torch.cumsum(a.reshape(2, 2, 16, 2), dim=2).reshape(2, 32, 2)
+    states = torch.randn(2, 2, 2, 16, 16, device=DEVICE)
+    args = [t.contiguous().requires_grad_() for t in (x, acs, B, C, states)]
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    result = torch.library.opcheck(kernels.ssd_chunk_scan, (*args, 16, 4), test_utils=checks)
+    assert set(result.values()) == {"SUCCESS"}
+
+
+def test_triton_scan_sizes_are_usage_errors(kernels):
+    x, a, B, C, _ = scan_inputs(1, 32, 2, 8, 1, 16, seed=4, init=False)
+    with pytest.raises(UsageError, match="^headdim: expected a power of two >= 16 with ssd_impl 'triton'"):
+        kernels.ssd_scan(x, a, B, C, 16)
+    x, a, B, C, _ = scan_inputs(1, 32, 2, 16, 1, 16, seed=4, init=False)
+    with pytest.raises(UsageError, match="^chunk_size: expected a power of two >= 16"):
+        kernels.ssd_scan(x, a, B, C, 8)
+    with pytest.raises(UsageError, match="^model.headdim: expected a power of two >= 16 with ssd_impl"):
+        check_config(ModelConfig(n_features=3, d_model=12, headdim=12, ssd_impl="triton"), "model")
+    with pytest.raises(alphafeat.errors.UsageError, match="^model.ssd_impl: expected chunked or triton"):
+        ModelConfig.from_dict({"ssd_impl": "fast"})
+
+
+@pytest.mark.skipif(CUDA, reason="checks the refusal on a machine without CUDA")
+def test_triton_ssd_off_cuda_is_refused_and_a_saved_model_loads_as_chunked(tmp_path, capsys):
+    import numpy as np
+
+    from alphamodel.data import Normaliser
+    from alphamodel.train import TrainConfig, _save, load_model, train
+    from cli.alphamodel import main
+
+    cfg = ModelConfig(n_features=3, d_model=16, headdim=16, ssd_impl="triton")
+    with pytest.raises(UsageError, match="^model.ssd_impl: 'triton' runs on CUDA"):
+        train(tmp_path / "no-cache", tmp_path / "out", cfg, TrainConfig(device="cpu"), progress=False)
+    model = AlphaModel(cfg)
+    norm = Normaliser(["a", "b", "c"], np.zeros(3), np.ones(3), 5.0)
+    (tmp_path / "m").mkdir()
+    _save(tmp_path / "m", model, norm, {"model": dataclasses.asdict(cfg), "normaliser": norm.to_dict()})
+    loaded, _, meta = load_model(tmp_path / "m", "cpu")
+    assert meta["model"]["ssd_impl"] == "triton" and all(b.mixer.ssd_impl == "chunked" for b in loaded.blocks)
+    conf = tmp_path / "triton.json"
+    conf.write_text(json.dumps({"model": {"ssd_impl": "triton"}}))
+    rc = main(["train", "-q", "--config", str(conf), "--out", str(tmp_path / "out2"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(conf) in err and "model.ssd_impl" in err and "CUDA" in err
