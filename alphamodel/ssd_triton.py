@@ -10,8 +10,9 @@ cumulative log decay inside the chunk and ``S`` (P, N) the state entering the ch
 the H200 that scan was 102 ms of a 187 ms training step (batch 2048 x 512, d_model 128, 4
 layers: the step without it 85 ms, ``bench/train.py``). Here one program per (batch, chunk,
 group) keeps them in registers: ``C B^T`` once for the group's heads, then per head the decay,
-the product with ``x`` and the state's term. The backward recomputes the same tiles and writes
-``dx``, ``d acs``, ``dB``, ``dC`` and ``dS`` (the gradient of the state entering each chunk):
+the product with ``x`` and the state's term. The backward recomputes the same tiles in two
+kernels, one per (chunk, head) for ``dx``, ``d acs`` and ``dS`` (the gradient of the state
+entering each chunk), one per (chunk, group) for ``dB`` and ``dC``, the sums over the group's heads:
 
     M = (C B^T) * decay            dx = M^T dy          dM = dy x^T
     d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S     dB = d(C B^T)^T C
@@ -79,40 +80,51 @@ def _fwd_kernel(x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, y_ptr, L,
 
 
 @triton.jit
-def _bwd_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, dx_ptr, dacs_ptr, db_ptr, dc_ptr, ds_ptr, L,
-                H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
-                PREC: tl.constexpr):
-    """dx, d acs, dS of the group's heads and dB, dC of the group, for one chunk (module docstring)."""
-    pid, g = tl.program_id(0), tl.program_id(1)
+def _bwd_heads_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, dx_ptr, dacs_ptr, ds_ptr, L,
+                      H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                      PREC: tl.constexpr):
+    """dx, d acs and dS of head ``program_id(1)`` in chunk ``program_id(0)`` (module docstring)."""
+    pid, h = tl.program_id(0), tl.program_id(1)
+    g = h // (H // G)
     rows = _rows(pid, L, Q)
     cn, cp = tl.arange(0, N), tl.arange(0, P)
     bc = (rows[:, None] * G + g) * N + cn[None, :]
     cm = tl.load(c_ptr + bc)
-    bm = tl.load(b_ptr + bc)
-    cb = tl.dot(cm, tl.trans(bm), input_precision=PREC)
+    acs = tl.load(acs_ptr + rows * H + h)
+    m = tl.dot(cm, tl.trans(tl.load(b_ptr + bc)), input_precision=PREC) * _decay(acs, Q)
+    xy = (rows[:, None] * H + h) * P + cp[None, :]
+    dy = tl.load(dy_ptr + xy)
+    tl.store(dx_ptr + xy, tl.dot(tl.trans(m), dy, input_precision=PREC))
+    pm = tl.dot(dy, tl.trans(tl.load(x_ptr + xy)), input_precision=PREC) * m  # dM * M
+    sp = ((pid * H + h) * P + cp[:, None]) * N + cn[None, :]
+    ed = dy * tl.exp(acs)[:, None]
+    off = tl.sum(ed * tl.dot(cm, tl.trans(tl.load(s_ptr + sp)), input_precision=PREC), axis=1)
+    tl.store(dacs_ptr + rows * H + h, tl.sum(pm, axis=1) - tl.sum(pm, axis=0) + off)
+    tl.store(ds_ptr + sp, tl.dot(tl.trans(ed), cm, input_precision=PREC))
+
+
+@triton.jit
+def _bwd_group_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, db_ptr, dc_ptr, L,
+                      H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                      PREC: tl.constexpr):
+    """dB and dC of group ``program_id(1)`` in chunk ``program_id(0)``: the sums over the group's
+    heads (module docstring); apart from the per-head kernel, so that neither holds the other's tiles."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rows = _rows(pid, L, Q)
+    cn, cp = tl.arange(0, N), tl.arange(0, P)
     dcb = tl.zeros((Q, Q), dtype=tl.float32)
     dc = tl.zeros((Q, N), dtype=tl.float32)
     for j in range(H // G):
         h = g * (H // G) + j
         acs = tl.load(acs_ptr + rows * H + h)
-        dec = _decay(acs, Q)
-        m = cb * dec
         xy = (rows[:, None] * H + h) * P + cp[None, :]
-        xh = tl.load(x_ptr + xy)
         dy = tl.load(dy_ptr + xy)
-        tl.store(dx_ptr + xy, tl.dot(tl.trans(m), dy, input_precision=PREC))
-        dm = tl.dot(dy, tl.trans(xh), input_precision=PREC)  # (Q, Q)
-        dcb += dm * dec
-        pm = dm * m
-        sp = ((pid * H + h) * P + cp[:, None]) * N + cn[None, :]
-        s = tl.load(s_ptr + sp)
-        ed = dy * tl.exp(acs)[:, None]
-        off = tl.sum(ed * tl.dot(cm, tl.trans(s), input_precision=PREC), axis=1)
-        tl.store(dacs_ptr + rows * H + h, tl.sum(pm, axis=1) - tl.sum(pm, axis=0) + off)
-        dc += tl.dot(ed, s, input_precision=PREC)
-        tl.store(ds_ptr + sp, tl.dot(tl.trans(ed), cm, input_precision=PREC))
-    tl.store(dc_ptr + bc, dc + tl.dot(dcb, bm, input_precision=PREC))
-    tl.store(db_ptr + bc, tl.dot(tl.trans(dcb), cm, input_precision=PREC))
+        dcb += tl.dot(dy, tl.trans(tl.load(x_ptr + xy)), input_precision=PREC) * _decay(acs, Q)
+        s = tl.load(s_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :])
+        dc += tl.dot(dy * tl.exp(acs)[:, None], s, input_precision=PREC)
+    bc = (rows[:, None] * G + g) * N + cn[None, :]
+    tl.store(dc_ptr + bc, dc + tl.dot(dcb, tl.load(b_ptr + bc), input_precision=PREC))
+    tl.store(db_ptr + bc, tl.dot(tl.trans(dcb), tl.load(c_ptr + bc), input_precision=PREC))
 
 
 def _grid(x: torch.Tensor, g: int, q: int) -> tuple[int, int]:
@@ -147,11 +159,13 @@ def ssd_chunk_scan_bwd(dy: torch.Tensor, x: torch.Tensor, acs: torch.Tensor, B: 
     """``(dx, dacs, dB, dC, dstates)``, shaped as :func:`ssd_chunk_scan`'s inputs, from dy (batch, L, H, P)."""
     b, L, h, p = x.shape
     g, n = B.shape[-2:]
-    out = _bwd_empty(x, acs, B, C, states)
+    dx, dacs, dB, dC, ds = _bwd_empty(x, acs, B, C, states)
+    dy = dy.contiguous()
+    kw = {"H": h, "G": g, "P": p, "N": n, "Q": chunk_size, "PREC": _precision(x), "num_warps": num_warps}
     with _on(x):
-        _bwd_kernel[_grid(x, g, chunk_size)](dy.contiguous(), x, acs, B, C, states, *out, L, H=h, G=g, P=p, N=n,
-                                             Q=chunk_size, PREC=_precision(x), num_warps=num_warps)
-    return out
+        _bwd_heads_kernel[_grid(x, h, chunk_size)](dy, x, acs, B, C, states, dx, dacs, ds, L, **kw)
+        _bwd_group_kernel[_grid(x, g, chunk_size)](dy, x, acs, B, C, states, dB, dC, L, **kw)
+    return dx, dacs, dB, dC, ds
 
 
 def _bwd_empty(x, acs, B, C, states) -> tuple[torch.Tensor, ...]:
