@@ -202,12 +202,12 @@ def _check_together(v: dict[str, Any], section: str) -> None:
                 raise UsageError(f"{section}.{key}", f"{TILE_SIZE} with ssd_impl 'triton' (its tl.dot tiles)", v[key])
 
 
-#: What the Triton CfC scan needs of its sizes (its ``tl.dot`` tiles): the problem of a size that is not.
+#: What the Triton CfC and SSD scans need of their sizes (``tl.dot`` tiles): the problem of a size that is not.
 TILE_SIZE = "expected a power of two >= 16"
 
 
 def is_tile_size(v: int) -> bool:
-    """Whether ``v`` can be a size of the Triton CfC scan (:func:`alphamodel.cfc.check_triton`):
+    """Whether ``v`` can be a size of the Triton CfC or SSD scan (:func:`alphamodel.cfc.check_triton`):
     a power of two >= 16."""
     return v >= 16 and not v & (v - 1)
 

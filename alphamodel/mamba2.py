@@ -226,6 +226,9 @@ class Mamba2(nn.Module):
         Inner expansion, conv kernel width, groups sharing B and C.
     chunk_size : int
         SSD chunk length Q.
+    use_triton : bool
+        With ``ssd_impl="chunked"``, use ``mamba_ssm``'s Triton scan on CUDA float32 input when that
+        optional package imports (default True).
     ssd_impl : str
         ``"chunked"`` (:func:`ssd_chunked`) or ``"triton"`` (:func:`alphamodel.ssd_triton.ssd_scan`,
         CUDA; float64 input runs ``ssd_chunked``).

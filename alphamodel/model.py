@@ -34,11 +34,13 @@ class ModelConfig:
     n_horizons : number of label horizons H (set from the cache metadata).
     d_model, n_layers : residual width and number of Mamba2 blocks.
     d_state, headdim, expand, d_conv, chunk_size : Mamba2 parameters.
-    cfc_hidden : CfC units.  cfc_impl : ``"fused"`` (the chunked scan) or ``"loop"`` (the
-        reference loop over :class:`alphamodel.cfc.CfCCell`), see :class:`alphamodel.cfc.CfC`.
+    cfc_hidden : CfC units.  cfc_impl : ``"fused"`` (the chunked scan), ``"triton"`` (its
+        recurrence as Triton kernels, CUDA) or ``"loop"`` (the reference loop over
+        :class:`alphamodel.cfc.CfCCell`), see :class:`alphamodel.cfc.CfC`.
     ssd_impl : ``"chunked"`` (:func:`alphamodel.mamba2.ssd_chunked`, torch) or ``"triton"``
         (:func:`alphamodel.ssd_triton.ssd_scan`: CUDA; ``chunk_size``, ``headdim`` and ``d_state``
-        powers of two >= 16), the same function.
+        powers of two >= 16), the same function. With ``"chunked"`` on CUDA, ``mamba_ssm``'s
+        kernel runs instead when that optional package imports (:class:`alphamodel.mamba2.Mamba2`).
     The defaults are the small model of ``alphamodel train`` without ``--cache`` (the embedded
     sample: ~16k training rows, which this model starts to memorise within 40 steps, hence the
     dropout); other caches pass sizes with ``--config`` (examples in ``alphamodel/configs/``).

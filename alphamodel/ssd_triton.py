@@ -16,19 +16,19 @@ entering each chunk), one per (chunk, group) for ``dB`` and ``dC``, the sums ove
 
     M = (C B^T) * decay            dx = M^T dy          dM = dy x^T
     d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S     dB = d(C B^T)^T C
-    d acs_l = sum_s (dM M)_ls - sum_s (dM M)_sl + sum_p (e dy)_lp (C S^T)_lp     dS = (e dy)^T C
+    d acs_l = sum_s (dM * M)_ls - sum_s (dM * M)_sl + sum_p (e dy)_lp (C S^T)_lp     dS = (e dy)^T C
 
-with ``e_l = exp(acs_l)``. The chunk states and their pass from chunk to chunk stay in torch
+with ``e_l = exp(acs_l)`` and ``*`` elementwise. The chunk states and their pass from chunk to chunk stay in torch
 (:func:`alphamodel.mamba2.chunk_states`, :func:`alphamodel.mamba2.pass_states`): their tensors
 are (P, N) per chunk and head, not per position.
 
-Both kernels are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
+The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
 ``alphamodel::ssd_chunk_scan_bwd``, fake tensors and autograd registered) as in
 :mod:`alphamodel.cfc_triton`, so ``torch.compile`` and CUDA graphs keep them. float32 throughout;
-products in TF32 unless ``torch.get_float32_matmul_precision()`` is ``"highest"`` (then exact
-float32), as torch's own matmuls. ``Q``, ``P`` and ``N`` must be powers of two >= 16 (``tl.dot``
-tiles). Runs on CUDA, or on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1`` set before
-triton is imported).
+on CUDA the products run in TF32 unless ``torch.get_float32_matmul_precision()`` is ``"highest"``
+(then exact float32), as torch's own matmuls; in the interpreter they are exact float32.
+``Q``, ``P`` and ``N`` must be powers of two >= 16 (``tl.dot`` tiles). Runs on CUDA, or on CPU
+tensors in Triton's interpreter (``TRITON_INTERPRET=1`` set before triton is imported).
 """
 
 from __future__ import annotations
