@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from alphafeat.validation import CfcImpl, validate_enum
-from alphamodel.config import TILE_SIZE, is_tile_size
+from alphamodel.config import check_tiles
 from alphamodel.errors import UsageError
 
 __all__ = ["CfCCell", "CfC", "check_triton", "lecun_tanh"]
@@ -194,9 +194,7 @@ class CfC(nn.Module):
         """The scan in :mod:`alphamodel.cfc_triton` (float32 states; float64 inputs run in float32)."""
         from alphamodel import cfc_triton
 
-        if uw.device.type != "cuda" and not cfc_triton.interpreted():
-            raise UsageError("impl", "'triton' runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set "
-                             "before triton is imported)", str(uw.device))
+        cfc_triton.check_device(uw, "impl")
         f32 = torch.float32
         if uw.dtype == torch.float64:
             uw, w_x, w_fgh, b_fgh = uw.to(f32), w_x.to(f32), w_fgh.to(f32), b_fgh.to(f32)
@@ -210,7 +208,5 @@ def check_triton(cell: CfCCell, block_b: int = 16) -> None:
     if importlib.util.find_spec("triton") is None:
         raise UsageError("impl", "'triton' needs the triton package (pip install triton; it comes with CUDA "
                          "builds of torch)", "triton")
-    sizes = {"hidden_size": cell.hidden_size, "backbone_size": cell.fgh.in_features, "block_b": block_b}
-    for name, v in sizes.items():
-        if not is_tile_size(v):
-            raise UsageError(name, f"{TILE_SIZE} with impl 'triton' (its tl.dot tiles)", v)
+    check_tiles({"hidden_size": cell.hidden_size, "backbone_size": cell.fgh.in_features, "block_b": block_b},
+                "impl 'triton'")

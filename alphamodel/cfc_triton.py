@@ -39,7 +39,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["cfc_scan", "cfc_scan_bwd", "interpreted", "scan"]
+from alphamodel.errors import UsageError
+
+__all__ = ["cfc_scan", "cfc_scan_bwd", "check_device", "interpreted", "scan"]
 
 
 @triton.jit
@@ -178,6 +180,14 @@ def interpreted() -> bool:
     """True when the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` at import).
     (A constant: torch.compile need not look at the kernel objects.)"""
     return _INTERPRETED
+
+
+def check_device(t: torch.Tensor, option: str) -> None:
+    """UsageError (naming ``option``) unless the kernels can run on ``t``'s device: CUDA, or the
+    CPU in Triton's interpreter."""
+    if t.device.type != "cuda" and not interpreted():
+        raise UsageError(option, "'triton' runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set before triton "
+                         "is imported)", str(t.device))
 
 
 def _precision(w: torch.Tensor) -> str:

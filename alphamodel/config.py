@@ -193,13 +193,11 @@ def _check_together(v: dict[str, Any], section: str) -> None:
     elif (v["expand"] * v["d_model"]) % v["headdim"]:
         raise UsageError(f"{section}.headdim", f"expected a divisor of expand * d_model = {v['expand'] * v['d_model']}",
                          v["headdim"])  # fmt: skip
-    elif v["cfc_impl"] == CfcImpl.TRITON and not is_tile_size(v["cfc_hidden"]):
-        raise UsageError(f"{section}.cfc_hidden", f"{TILE_SIZE} with cfc_impl 'triton' (its tl.dot tiles)",
-                         v["cfc_hidden"])  # fmt: skip
-    elif v["ssd_impl"] == SsdImpl.TRITON:
-        for key in ("chunk_size", "headdim", "d_state"):
-            if not is_tile_size(v[key]):
-                raise UsageError(f"{section}.{key}", f"{TILE_SIZE} with ssd_impl 'triton' (its tl.dot tiles)", v[key])
+    else:
+        if v["cfc_impl"] == CfcImpl.TRITON:
+            check_tiles({f"{section}.cfc_hidden": v["cfc_hidden"]}, "cfc_impl 'triton'")
+        if v["ssd_impl"] == SsdImpl.TRITON:
+            check_tiles({f"{section}.{k}": v[k] for k in ("chunk_size", "headdim", "d_state")}, "ssd_impl 'triton'")
 
 
 #: What the Triton CfC and SSD scans need of their sizes (``tl.dot`` tiles): the problem of a size that is not.
@@ -210,6 +208,14 @@ def is_tile_size(v: int) -> bool:
     """Whether ``v`` can be a size of the Triton CfC or SSD scan (:func:`alphamodel.cfc.check_triton`):
     a power of two >= 16."""
     return v >= 16 and not v & (v - 1)
+
+
+def check_tiles(sizes: dict[str, int], what: str) -> None:
+    """UsageError naming the first of ``sizes`` (option name -> value) that is not a tile size
+    (:func:`is_tile_size`), as needed by ``what`` (e.g. ``"ssd_impl 'triton'"``)."""
+    for name, v in sizes.items():
+        if not is_tile_size(v):
+            raise UsageError(name, f"{TILE_SIZE} with {what} (its tl.dot tiles)", v)
 
 
 def from_dict(cls: type[T], d: dict, section: str) -> T:

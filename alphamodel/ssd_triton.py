@@ -18,9 +18,9 @@ entering each chunk), one per (chunk, group) for ``dB`` and ``dC``, the sums ove
     d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S     dB = d(C B^T)^T C
     d acs_l = sum_s (dM * M)_ls - sum_s (dM * M)_sl + sum_p (e dy)_lp (C S^T)_lp     dS = (e dy)^T C
 
-with ``e_l = exp(acs_l)`` and ``*`` elementwise. The chunk states and their pass from chunk to chunk stay in torch
-(:func:`alphamodel.mamba2.chunk_states`, :func:`alphamodel.mamba2.pass_states`): their tensors
-are (P, N) per chunk and head, not per position.
+with ``e_l = exp(acs_l)`` and ``*`` elementwise. The chunk states (a batched matmul in
+:func:`ssd_scan`) and their pass from chunk to chunk (:func:`alphamodel.mamba2.pass_states`) stay
+in torch: their tensors are (P, N) per chunk and head, not per position.
 
 The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
 ``alphamodel::ssd_chunk_scan_bwd``, fake tensors and autograd registered) as in
@@ -37,8 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from alphamodel.cfc_triton import _on, _precision
-from alphamodel.errors import UsageError
+from alphamodel.cfc_triton import _on, _precision, check_device
 
 __all__ = ["ssd_chunk_scan", "ssd_chunk_scan_bwd", "chunk_scan", "ssd_scan"]
 
@@ -208,18 +207,13 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     N a power of two >= 16. Raises UsageError for tensors off CUDA (unless Triton's interpreter
     runs) or for sizes the kernels cannot tile.
     """
-    from alphamodel import cfc_triton
-    from alphamodel.config import TILE_SIZE, is_tile_size
+    from alphamodel.config import check_tiles
     from alphamodel.mamba2 import pad_chunks, pass_states
 
-    if not x.is_cuda and not cfc_triton.interpreted():
-        raise UsageError("ssd_impl", "'triton' runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set "
-                         "before triton is imported)", str(x.device))
+    check_device(x, "ssd_impl")
     b, L, h, p = x.shape
     g, n = B.shape[-2:]
-    for name, v in (("chunk_size", chunk_size), ("headdim", p), ("d_state", n)):
-        if not is_tile_size(v):
-            raise UsageError(name, f"{TILE_SIZE} with ssd_impl 'triton' (its tl.dot tiles)", v)
+    check_tiles({"chunk_size": chunk_size, "headdim": p, "d_state": n}, "ssd_impl 'triton'")
     x, a, B, C = pad_chunks(x.float(), a.float(), B.float(), C.float(), chunk_size)
     c, q = x.shape[1] // chunk_size, chunk_size
     acs = torch.cumsum(a.reshape(b, c, q, h), dim=2)  # (b, c, q, h)
