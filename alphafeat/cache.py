@@ -20,10 +20,7 @@ Writing (:class:`CacheWriter`)
       unchanged input). New partitions are written to ``OUT/.staging-*`` and moved into place
       (``os.replace``) at commit and the manifest is replaced atomically. An interrupted run
       (error, Ctrl-C, kill) leaves the previous cache as it was; its staging directory is
-      removed by the next run. A partition replaced or deleted at commit is first linked into
-      a hidden ``OUT/.trash-*`` folder, which a detached ``rm`` deletes after the commit, so the
-      command does not wait for the file system to free its blocks (the next run removes a
-      folder left behind).
+      removed by the next run.
     * Nothing is deleted quietly (:meth:`CacheWriter.others`): partitions of sessions this run
       does not compute (a rerun with fewer inputs) are kept when computed with the same
       options, and the manifest lists them under ``earlier_partitions``; a partition of a
@@ -40,7 +37,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -165,7 +161,7 @@ class CacheWriter:
         except BlockingIOError:
             log.warning("%s: another run is writing this cache; waiting for it", self.out)
             fcntl.flock(self._lock, fcntl.LOCK_EX)
-        for stale in [*self.out.glob(".staging-*"), *self.out.glob(".trash-*")]:
+        for stale in self.out.glob(".staging-*"):
             shutil.rmtree(stale, ignore_errors=True)
         self.staging = self.out / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.staging.mkdir()
@@ -242,17 +238,14 @@ class CacheWriter:
             raise CacheError(self.staging / missing[0], "staged partition is missing; the cache is unchanged")
         tmp = self.out / f".{MANIFEST}.tmp"
         write_text(tmp, json.dumps(manifest, indent=1, sort_keys=True))  # disk full fails here, before any move
-        trash = self.out / f".trash-{self.staging.name.removeprefix('.staging-')}"
         for rel in self.written:
             dst = self.out / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            _keep_aside(self.out, rel, trash)  # the old partition's blocks are freed later, not in this replace
             os.replace(self.staging / rel, dst)
         live = {self.out / r for r in self.written + self.kept + self.earlier}
         for rel in self.drop:
             f = self.out / rel
             if f not in live and f.is_file():
-                _keep_aside(self.out, rel, trash)
                 f.unlink()
         if self.drop:  # the folders they leave empty go too
             for d in sorted((p for p in self.out.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -260,7 +253,6 @@ class CacheWriter:
                     d.rmdir()
         os.replace(tmp, self.out / MANIFEST)
         self._finish()
-        _remove_later(trash)
 
     def abort(self) -> None:
         """Remove the staging directory (and ``out`` itself if this run created it empty)."""
@@ -286,36 +278,6 @@ class CacheWriter:
     ) -> None:
         if not self._done:
             self.abort()
-
-
-def _keep_aside(out: Path, rel: str, trash: Path) -> None:
-    """A second link to the partition ``out / rel`` in the folder ``trash``, if it exists (named
-    ``rel`` flattened, ending ``.old``: no reader globs it). Replacing or unlinking the partition
-    then frees none of its blocks (an unlink of a 0.9 GB partition took 0.45-0.7 s on an ext4
-    disk, a third of a rerun that adds features); :func:`_remove_later` frees them. Without hard
-    links (some file systems) nothing is kept aside and the unlink pays as before."""
-    path = out / rel
-    if not path.is_file():
-        return
-    trash.mkdir(exist_ok=True)
-    try:
-        os.link(path, trash / (rel.replace("/", "_") + ".old"))
-    except OSError:
-        pass
-
-
-def _remove_later(trash: Path) -> None:
-    """Delete the folder ``trash`` (old partitions kept aside at commit, hidden: a leading dot) in
-    a detached ``rm`` that outlives this process, so the command returns without waiting for
-    the file system to free their blocks; synchronously if it cannot start. A folder left by a
-    killed ``rm`` is removed by the next run on the cache (:class:`CacheWriter`)."""
-    if not trash.exists():
-        return
-    try:  # sh exits at once, its background rm goes on in a session of its own
-        subprocess.run(["sh", "-c", 'rm -rf -- "$1" &', "sh", str(trash)], start_new_session=True, check=True,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except (OSError, subprocess.CalledProcessError):
-        shutil.rmtree(trash, ignore_errors=True)
 
 
 #: Partition metadata that must agree for partitions of two runs to share a cache.

@@ -48,39 +48,3 @@ def test_old_format_version_gets_a_clear_message(tmp_path):
     (out / MANIFEST).write_text(json.dumps({"format_version": 0}))
     with pytest.raises(AlphafeatError, match="format version 0"):
         read_manifest(out)
-
-
-def test_a_replaced_partition_is_freed_after_the_commit_and_never_globbed(tmp_path, monkeypatch):
-    """Commit keeps a replaced partition aside (a hard link in a hidden ``.trash-*`` folder, not
-    named ``*.arrow``) and a detached ``rm`` deletes it; the new partition is in place at once;
-    a ``.trash-*`` folder left behind (a killed ``rm``) goes with the next run."""
-    import time
-
-    import alphafeat.cache as cache
-
-    out = tmp_path / "cache"
-    _write(out, [1.0])
-    part = out / "root=ES/session=2024-01-02/ESH4.arrow"
-    old_inode = part.stat().st_ino
-    later = []
-    monkeypatch.setattr(cache, "_remove_later", later.append)  # look before the rm runs
-    _write(out, [2.0, 3.0])
-    assert open_dataset(out).to_table().column("x").to_pylist() == [2.0, 3.0]
-    (trash,) = later
-    kept = list(trash.iterdir())
-    assert trash.name.startswith(".trash-") and [p.stat().st_ino for p in kept] == [old_inode]
-    assert [p.name for p in out.rglob("*.arrow")] == ["ESH4.arrow"]  # the kept file is not globbed
-    monkeypatch.undo()
-
-    def gone() -> bool:  # within 10 s: the rm is detached
-        for _ in range(200):
-            if not list(out.glob(".trash-*")):
-                return True
-            time.sleep(0.05)
-        return False
-
-    cache._remove_later(trash)  # the detached rm
-    assert gone()
-    (out / ".trash-123-stale").mkdir()  # left by a killed rm: the next run removes it
-    _write(out, [4.0])
-    assert gone() and open_dataset(out).to_table().column("x").to_pylist() == [4.0]
