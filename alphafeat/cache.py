@@ -20,7 +20,11 @@ Writing (:class:`CacheWriter`)
       unchanged input). New partitions are written to ``OUT/.staging-*`` and moved into place
       (``os.replace``) at commit and the manifest is replaced atomically. An interrupted run
       (error, Ctrl-C, kill) leaves the previous cache as it was; its staging directory is
-      removed by the next run.
+      removed by the next run. A partition replaced or deleted at commit is first opened and
+      its descriptor handed to a detached ``sleep`` (:func:`_free_later`): its name goes at
+      once, and the file system frees its blocks when that process exits a few seconds later,
+      so the command does not wait for it (0.35-0.7 s per 0.9 GB partition on ext4); nothing of
+      it is left to see in ``OUT``.
     * Nothing is deleted quietly (:meth:`CacheWriter.others`): partitions of sessions this run
       does not compute (a rerun with fewer inputs) are kept when computed with the same
       options, and the manifest lists them under ``earlier_partitions``; a partition of a
@@ -37,6 +41,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -238,11 +243,13 @@ class CacheWriter:
             raise CacheError(self.staging / missing[0], "staged partition is missing; the cache is unchanged")
         tmp = self.out / f".{MANIFEST}.tmp"
         write_text(tmp, json.dumps(manifest, indent=1, sort_keys=True))  # disk full fails here, before any move
+        live = {self.out / r for r in self.written + self.kept + self.earlier}
+        gone = [self.out / r for r in self.written] + [f for f in (self.out / r for r in self.drop) if f not in live]
+        _free_later(gone)  # their blocks are freed by another process, not in the moves below
         for rel in self.written:
             dst = self.out / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.staging / rel, dst)
-        live = {self.out / r for r in self.written + self.kept + self.earlier}
         for rel in self.drop:
             f = self.out / rel
             if f not in live and f.is_file():
@@ -278,6 +285,31 @@ class CacheWriter:
     ) -> None:
         if not self._done:
             self.abort()
+
+
+def _free_later(paths: Sequence[Path]) -> None:
+    """Hand open descriptors of the files among ``paths`` (partitions about to be replaced or
+    deleted) to a detached ``sleep`` of a few seconds, and close ours. Their names then go at
+    once (``os.replace``, ``unlink``) and the file system frees their blocks when that process
+    exits, not in this one: an unlink of a 0.9 GB partition took 0.35-0.7 s on ext4 (a third of a
+    rerun that adds features). Nothing is left in the cache to see; the space shows in ``df``
+    until then. Where no process can be started the unlink pays as before."""
+    fds = []
+    for p in paths:
+        try:
+            fds.append(os.open(p, os.O_RDONLY))
+        except OSError:  # not there (a new partition): nothing to free
+            pass
+    if not fds:
+        return
+    try:  # sh exits at once; its background sleep, inheriting the descriptors, outlives this process
+        subprocess.run(["sh", "-c", "sleep 5 &"], pass_fds=fds, start_new_session=True, check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 #: Partition metadata that must agree for partitions of two runs to share a cache.

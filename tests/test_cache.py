@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import signal
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -48,3 +52,28 @@ def test_old_format_version_gets_a_clear_message(tmp_path):
     (out / MANIFEST).write_text(json.dumps({"format_version": 0}))
     with pytest.raises(AlphafeatError, match="format version 0"):
         read_manifest(out)
+
+
+def test_replaced_partition_is_freed_by_another_process(tmp_path):
+    """A partition replaced at commit leaves no name behind in the cache, and its file is still
+    open in another process (whose exit frees the blocks), not freed by the commit itself."""
+    out = tmp_path / "cache"
+    _write(out, [1.0] * 1000)
+    old = out / "root=ES/session=2024-01-02/ESH4.arrow"
+    before = old.stat()
+    _write(out, [2.0] * 1000)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != ".alphafeat.lock") == [
+        "_alphafeat.json", "root=ES/session=2024-01-02/ESH4.arrow"]
+    assert open_dataset(out).to_table().column("x").to_pylist() == [2.0] * 1000
+    holders = []
+    for fd in glob.glob("/proc/[0-9]*/fd/*"):  # (Linux)
+        try:
+            st = os.stat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino, st.st_nlink) == (before.st_dev, before.st_ino, 0):
+            holders.append(int(fd.split("/")[2]))
+    assert holders and os.getpid() not in holders, holders
+    for pid in holders:  # do not leave the sleep behind the test
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.05)
