@@ -18,12 +18,14 @@ entering each chunk), one per (chunk, group) for ``dB`` and ``dC``, the sums ove
     d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S     dB = d(C B^T)^T C
     d acs_l = sum_s (dM * M)_ls - sum_s (dM * M)_sl + sum_p (e dy)_lp (C S^T)_lp     dS = (e dy)^T C
 
-with ``e_l = exp(acs_l)`` and ``*`` elementwise. The chunk states (a batched matmul in
-:func:`ssd_scan`) and their pass from chunk to chunk (:func:`alphamodel.mamba2.pass_states`) stay
-in torch: their tensors are (P, N) per chunk and head, not per position.
+with ``e_l = exp(acs_l)`` and ``*`` elementwise. Each chunk's own state (listing 1, step 2) is a
+kernel per (chunk, group) too (:func:`ssd_chunk_states`; in torch it wrote ``x`` times its decay
+and a permuted copy to memory, forward and backward); the pass of the states from chunk to chunk
+(:func:`alphamodel.mamba2.pass_states`) stays in torch: its tensors are (P, N) per chunk and head,
+not per position.
 
-The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
-``alphamodel::ssd_chunk_scan_bwd``, fake tensors and autograd registered) as in
+The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan``,
+``alphamodel::ssd_chunk_states`` and their ``_bwd``, fake tensors and autograd registered) as in
 :mod:`alphamodel.cfc_triton`, so ``torch.compile`` and CUDA graphs keep them. float32 throughout;
 on CUDA the products run in TF32 unless ``torch.get_float32_matmul_precision()`` is ``"highest"``
 (then exact float32), as torch's own matmuls; in the interpreter they are exact float32.
@@ -39,7 +41,7 @@ import triton.language as tl
 
 from alphamodel.cfc_triton import _on, _precision, check_device
 
-__all__ = ["ssd_chunk_scan", "ssd_chunk_scan_bwd", "chunk_scan", "ssd_scan"]
+__all__ = ["ssd_chunk_scan", "ssd_chunk_scan_bwd", "ssd_chunk_states", "ssd_chunk_states_bwd", "ssd_scan"]
 
 
 @triton.jit
@@ -82,8 +84,10 @@ def _fwd_kernel(x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, y_ptr, L,
 def _bwd_heads_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, dx_ptr, dacs_ptr, ds_ptr, L,
                       H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
                       PREC: tl.constexpr):
-    """dx, d acs and dS of head ``program_id(1)`` in chunk ``program_id(0)`` (module docstring)."""
-    pid, h = tl.program_id(0), tl.program_id(1)
+    """dx, d acs and dS of one head in one chunk (module docstring). Programs run head-fastest
+    (``program_id(0) = chunk * H + head``), so that the heads of a chunk, which read the same B and
+    C, run side by side and share them through L2."""
+    pid, h = tl.program_id(0) // H, tl.program_id(0) % H
     g = h // (H // G)
     rows = _rows(pid, L, Q)
     cn, cp = tl.arange(0, N), tl.arange(0, P)
@@ -126,6 +130,52 @@ def _bwd_group_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, db_ptr, dc_pt
     tl.store(db_ptr + bc, tl.dot(tl.trans(dcb), tl.load(c_ptr + bc), input_precision=PREC))
 
 
+@triton.jit
+def _states_kernel(x_ptr, acs_ptr, b_ptr, st_ptr, L,
+                   H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                   PREC: tl.constexpr):
+    """The chunk's own state ``sum_s exp(acs_end - acs_s) x_s B_s^T`` (P, N) for each head of group
+    ``program_id(1)`` in chunk ``program_id(0)``."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rows = _rows(pid, L, Q)
+    cn, cp, cq = tl.arange(0, N), tl.arange(0, P), tl.arange(0, Q)
+    bm = tl.load(b_ptr + (rows[:, None] * G + g) * N + cn[None, :])
+    for j in range(H // G):
+        h = g * (H // G) + j
+        acs = tl.load(acs_ptr + rows * H + h)
+        w = tl.exp(tl.sum(tl.where(cq == Q - 1, acs, 0.0)) - acs)
+        xw = tl.load(x_ptr + (rows[:, None] * H + h) * P + cp[None, :]) * w[:, None]
+        tl.store(st_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :],
+                 tl.dot(tl.trans(xw), bm, input_precision=PREC))
+
+
+@triton.jit
+def _states_bwd_kernel(ds_ptr, x_ptr, acs_ptr, b_ptr, dx_ptr, dacs_ptr, db_ptr, L,
+                       H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                       PREC: tl.constexpr):
+    """dx, d acs and dB of :func:`_states_kernel` from d states (module docstring of
+    :func:`ssd_chunk_states`), per (chunk, group)."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rows = _rows(pid, L, Q)
+    cn, cp, cq = tl.arange(0, N), tl.arange(0, P), tl.arange(0, Q)
+    bc = (rows[:, None] * G + g) * N + cn[None, :]
+    bm = tl.load(b_ptr + bc)
+    db = tl.zeros((Q, N), dtype=tl.float32)
+    for j in range(H // G):
+        h = g * (H // G) + j
+        acs = tl.load(acs_ptr + rows * H + h)
+        w = tl.exp(tl.sum(tl.where(cq == Q - 1, acs, 0.0)) - acs)
+        xy = (rows[:, None] * H + h) * P + cp[None, :]
+        x = tl.load(x_ptr + xy)
+        ds = tl.load(ds_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :])  # (P, N)
+        t = tl.dot(bm, tl.trans(ds), input_precision=PREC)  # (Q, P): B_s dS^T
+        tl.store(dx_ptr + xy, w[:, None] * t)
+        gw = tl.sum(x * t, axis=1) * w  # d acs from w_s = exp(acs_end - acs_s)
+        tl.store(dacs_ptr + rows * H + h, tl.where(cq == Q - 1, tl.sum(gw), 0.0) - gw)
+        db += tl.dot(x * w[:, None], ds, input_precision=PREC)
+    tl.store(db_ptr + bc, db)
+
+
 def _grid(x: torch.Tensor, g: int, q: int) -> tuple[int, int]:
     return x.shape[0] * (x.shape[1] // q), g
 
@@ -162,7 +212,7 @@ def ssd_chunk_scan_bwd(dy: torch.Tensor, x: torch.Tensor, acs: torch.Tensor, B: 
     dy = dy.contiguous()
     kw = {"H": h, "G": g, "P": p, "N": n, "Q": chunk_size, "PREC": _precision(x), "num_warps": num_warps}
     with _on(x):
-        _bwd_heads_kernel[_grid(x, h, chunk_size)](dy, x, acs, B, C, states, dx, dacs, ds, L, **kw)
+        _bwd_heads_kernel[(_grid(x, 1, chunk_size)[0] * h,)](dy, x, acs, B, C, states, dx, dacs, ds, L, **kw)
         _bwd_group_kernel[_grid(x, g, chunk_size)](dy, x, acs, B, C, states, dB, dC, L, **kw)
     return dx, dacs, dB, dC, ds
 
@@ -190,22 +240,69 @@ def _backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
 ssd_chunk_scan.register_autograd(_backward, setup_context=_setup)
 
 
-def chunk_scan(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, C: torch.Tensor, states: torch.Tensor,
-               chunk_size: int, num_warps: int = 4) -> torch.Tensor:
-    """:func:`ssd_chunk_scan` on contiguous float32 copies of its inputs (differentiable in all five)."""
-    f32 = [t.float().contiguous() for t in (x, acs, B, C, states)]
-    return ssd_chunk_scan(*f32, chunk_size, num_warps)
+@torch.library.custom_op("alphamodel::ssd_chunk_states", mutates_args=())
+def ssd_chunk_states(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, chunk_size: int, num_warps: int
+                     ) -> torch.Tensor:
+    """Each chunk's own final state (batch, L / chunk_size, H, P, N) float32: ``sum_s exp(acs_end -
+    acs_s) x_s B_s^T`` over its positions (Dao & Gu 2024, listing 1, step 2). x (batch, L, H, P),
+    acs (batch, L, H), B (batch, L, G, N) as :func:`ssd_chunk_scan`'s. Backward, with ``w_s =
+    exp(acs_end - acs_s)`` and ``T = B dS^T``: ``dx = w T``, ``dB = sum_heads (w x) dS``,
+    ``d acs_s = -w_s sum_p (x T)_sp`` plus their sum at the chunk's last position."""
+    b, L, h, p = x.shape
+    g, n = B.shape[-2:]
+    out = x.new_empty(b, L // chunk_size, h, p, n)
+    with _on(x):
+        _states_kernel[_grid(x, g, chunk_size)](x, acs, B, out, L, H=h, G=g, P=p, N=n, Q=chunk_size,
+                                                PREC=_precision(x), num_warps=num_warps)
+    return out
+
+
+@ssd_chunk_states.register_fake
+def _(x, acs, B, chunk_size, num_warps):
+    b, L, h, p = x.shape
+    return x.new_empty(b, L // chunk_size, h, p, B.shape[-1])
+
+
+@torch.library.custom_op("alphamodel::ssd_chunk_states_bwd", mutates_args=())
+def ssd_chunk_states_bwd(ds: torch.Tensor, x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, chunk_size: int,
+                         num_warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dacs, dB)`` of :func:`ssd_chunk_states` from d states (batch, L / chunk_size, H, P, N)."""
+    b, L, h, p = x.shape
+    g, n = B.shape[-2:]
+    dx, dacs, dB = (torch.empty_like(t) for t in (x, acs, B))
+    with _on(x):
+        _states_bwd_kernel[_grid(x, g, chunk_size)](ds.contiguous(), x, acs, B, dx, dacs, dB, L, H=h, G=g, P=p, N=n,
+                                                    Q=chunk_size, PREC=_precision(x), num_warps=num_warps)
+    return dx, dacs, dB
+
+
+@ssd_chunk_states_bwd.register_fake
+def _(ds, x, acs, B, chunk_size, num_warps):
+    return tuple(torch.empty_like(t) for t in (x, acs, B))
+
+
+def _states_setup(ctx, inputs, output) -> None:
+    x, acs, B, chunk_size, num_warps = inputs
+    ctx.save_for_backward(x, acs, B)
+    ctx.launch = (chunk_size, num_warps)
+
+
+def _states_backward(ctx, ds: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    return (*ssd_chunk_states_bwd(ds, *ctx.saved_tensors, *ctx.launch), None, None)
+
+
+ssd_chunk_states.register_autograd(_states_backward, setup_context=_states_setup)
 
 
 def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int = 64,
              initial_state: torch.Tensor | None = None, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`alphamodel.mamba2.ssd_chunked` (same arguments, shapes and results, float32) with
-    the within-chunk and state-output terms as Triton kernels (:func:`ssd_chunk_scan`).
+    the chunk states, the within-chunk and the state-output terms as Triton kernels.
 
-    The chunk states are one batched matmul per (batch, chunk, group) and their pass from chunk
-    to chunk :func:`alphamodel.mamba2.pass_states`, in torch. ``chunk_size`` and the sizes P and
-    N a power of two >= 16. Raises UsageError for tensors off CUDA (unless Triton's interpreter
-    runs) or for sizes the kernels cannot tile.
+    Each chunk's own state by :func:`ssd_chunk_states` (Triton), its pass from chunk to chunk by
+    :func:`alphamodel.mamba2.pass_states` (torch: tensors per chunk, not per position).
+    ``chunk_size`` and the sizes P and N a power of two >= 16. Raises UsageError for tensors off
+    CUDA (unless Triton's interpreter runs) or for sizes the kernels cannot tile.
     """
     from alphamodel.config import check_tiles
     from alphamodel.mamba2 import pad_chunks, pass_states
@@ -217,9 +314,8 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     x, a, B, C = pad_chunks(x.float(), a.float(), B.float(), C.float(), chunk_size)
     c, q = x.shape[1] // chunk_size, chunk_size
     acs = torch.cumsum(a.reshape(b, c, q, h), dim=2)  # (b, c, q, h)
-    w = torch.exp(acs[:, :, -1:] - acs)  # decay from each position to its chunk's end
-    xw = (x.reshape(b, c, q, h, p) * w[..., None]).reshape(b, c, q, g, (h // g) * p)
-    states = torch.matmul(xw.permute(0, 1, 3, 4, 2), B.reshape(b, c, q, g, n).transpose(2, 3))  # (b, c, g, r*p, n)
-    entering, final = pass_states(states.reshape(b, c, h, p, n), acs[:, :, -1], initial_state)
-    y = chunk_scan(x, acs.reshape(b, c * q, h), B, C, entering, q, num_warps)
+    x, B, C, flat = x.contiguous(), B.contiguous(), C.contiguous(), acs.reshape(b, c * q, h)
+    states = ssd_chunk_states(x, flat, B, q, num_warps)
+    entering, final = pass_states(states, acs[:, :, -1], initial_state)
+    y = ssd_chunk_scan(x, flat, B, C, entering.contiguous(), q, num_warps)
     return y[:, :L], final
