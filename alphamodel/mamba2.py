@@ -230,8 +230,9 @@ class Mamba2(nn.Module):
         With ``ssd_impl="chunked"``, use ``mamba_ssm``'s Triton scan on CUDA float32 input when that
         optional package imports (default True).
     ssd_impl : str
-        ``"chunked"`` (:func:`ssd_chunked`) or ``"triton"`` (:func:`alphamodel.ssd_triton.ssd_scan`,
-        CUDA; float64 input runs ``ssd_chunked``).
+        ``"chunked"`` (:func:`ssd_chunked`) or ``"triton"`` (:func:`alphamodel.ssd_triton.ssd_scan`
+        and the convolution with its SiLU as :func:`alphamodel.conv_triton.causal_conv_silu` when
+        ``d_conv <= 4``, CUDA; float64 input runs the torch forms).
     dt_min, dt_max : float
         Range of the initial step ``softplus(dt_bias)`` (log-uniform), as in ``mamba_ssm``.
 
@@ -267,7 +268,8 @@ class Mamba2(nn.Module):
         self.ssd_impl = validate_enum(ssd_impl, SsdImpl, "ssd_impl")
         self.ssd_warps = 4  # warps per program of the Triton scan (ssd_impl "triton")
         self.conv_dim = self.d_inner + 2 * ngroups * d_state
-        self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)
+        self._widths = [self.d_inner, self.conv_dim, self.nheads]  # z | x B C | dt
+        self.in_proj = nn.Linear(d_model, sum(self._widths), bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, padding=d_conv - 1)
         dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
@@ -292,18 +294,28 @@ class Mamba2(nn.Module):
         but not for a carried conv state (the trainer resets a stream whose window ends padded).
         """
         bsz, L, _ = u.shape
-        zxbcdt = self.in_proj(u)
-        z, xbc, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        if self.ssd_impl == SsdImpl.TRITON:  # three products from slices of the one weight: their
+            # gradients need no concatenation into one (batch, L, 2 d_inner + conv_dim) tensor
+            z, xbc, dt = (F.linear(u, w) for w in torch.split(self.in_proj.weight, self._widths))
+        else:
+            z, xbc, dt = torch.split(self.in_proj(u), self._widths, dim=-1)
         if mask is not None:
             xbc = xbc * mask.unsqueeze(-1).to(xbc.dtype)
         k = self.conv1d.kernel_size[0] - 1
         conv_state, ssm_state = state if state is not None else (None, None)
         if conv_state is None:
             conv_state = xbc.new_zeros(bsz, self.conv_dim, k)
-        full = torch.cat([conv_state.to(xbc.dtype).transpose(1, 2), xbc], dim=1)  # (b, k + L, conv_dim)
+        carried = conv_state.to(xbc.dtype).transpose(1, 2)  # (b, k, conv_dim)
         w, b = self.conv1d.weight, self.conv1d.bias
-        xbc = F.silu(causal_conv(full, w, b))
-        new_conv = full[:, full.shape[1] - k :].transpose(1, 2)  # (b, conv_dim, k)
+        if self.ssd_impl == SsdImpl.TRITON and u.dtype != torch.float64 and k < 4:  # the kernels' taps: <= 4
+            from alphamodel.conv_triton import causal_conv_silu
+
+            new_conv = (xbc[:, L - k :] if L >= k else torch.cat([carried, xbc], 1)[:, -k:]).transpose(1, 2)
+            xbc = causal_conv_silu(xbc, carried, w, b)
+        else:
+            full = torch.cat([carried, xbc], dim=1)  # (b, k + L, conv_dim)
+            xbc = F.silu(causal_conv(full, w, b))
+            new_conv = full[:, full.shape[1] - k :].transpose(1, 2)  # (b, conv_dim, k)
         x, Bm, Cm = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
         with torch.autocast(device_type=u.device.type, enabled=False):
             scan_dtype = torch.float64 if u.dtype == torch.float64 else torch.float32

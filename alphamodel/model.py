@@ -38,8 +38,9 @@ class ModelConfig:
         recurrence as Triton kernels, CUDA) or ``"loop"`` (the reference loop over
         :class:`alphamodel.cfc.CfCCell`), see :class:`alphamodel.cfc.CfC`.
     ssd_impl : ``"chunked"`` (:func:`alphamodel.mamba2.ssd_chunked`, torch) or ``"triton"``
-        (:func:`alphamodel.ssd_triton.ssd_scan`: CUDA; ``chunk_size``, ``headdim`` and ``d_state``
-        powers of two >= 16), the same function. With ``"chunked"`` on CUDA, ``mamba_ssm``'s
+        (:func:`alphamodel.ssd_triton.ssd_scan` and the convolution with its SiLU by
+        :func:`alphamodel.conv_triton.causal_conv_silu`: CUDA; ``chunk_size``, ``headdim`` and
+        ``d_state`` powers of two >= 16), the same function. With ``"chunked"`` on CUDA, ``mamba_ssm``'s
         kernel runs instead when that optional package imports (:class:`alphamodel.mamba2.Mamba2`).
     The defaults are the small model of ``alphamodel train`` without ``--cache`` (the embedded
     sample: ~16k training rows, which this model starts to memorise within 40 steps, hence the

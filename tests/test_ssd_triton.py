@@ -2,6 +2,8 @@
 (:func:`alphamodel.mamba2.ssd_chunked` in float64, itself tested against the sequential
 recurrence in tests/test_model_ssd.py): outputs, final state and every gradient, with groups,
 padding, a carried state and masks; the custom ops under ``torch.compile``; size and device errors.
+The block's convolution and SiLU as Triton kernels (alphamodel.conv_triton) against
+:func:`alphamodel.mamba2.causal_conv` in float64, forward and backward.
 
 Without CUDA the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1`` set
 before triton is imported, as tests/test_cfc_triton.py does). Skipped when triton is not installed.
@@ -17,6 +19,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import alphafeat.errors
 from alphamodel.config import check_config
@@ -120,6 +123,57 @@ def test_triton_scan_under_torch_compile(kernels):
     checks = ("test_schema", "test_autograd_registration", "test_faketensor")
     result = torch.library.opcheck(kernels.ssd_chunk_scan, (*args, 16, 4), test_utils=checks)
     assert set(result.values()) == {"SUCCESS"}
+    result = torch.library.opcheck(kernels.ssd_chunk_states, (*args[:3], 16, 4), test_utils=checks)
+    assert set(result.values()) == {"SUCCESS"}
+
+
+@pytest.mark.parametrize("L, c, k, dtype", [(37, 200, 3, torch.float32), (2, 130, 3, torch.float32),
+                                             (40, 64, 2, torch.bfloat16)])
+def test_triton_conv_silu_equals_the_torch_conv(kernels, L, c, k, dtype):
+    """``causal_conv_silu`` on a strided slice (as the in-projection's output) with a carried
+    state: output and the gradients of input, state, taps and bias equal ``silu(causal_conv)``
+    in float64 (float32 to 1e-5; bf16 input to its rounding). Windows shorter than the taps,
+    not a multiple of the row block, channels not a multiple of the channel block."""
+    from alphamodel.conv_triton import causal_conv_silu
+    from alphamodel.mamba2 import causal_conv
+
+    gen = torch.Generator().manual_seed(L)
+    wide, state = torch.randn(3, L, c + 50, generator=gen), torch.randn(3, k, c, generator=gen)
+    w, b = torch.randn(c, 1, k + 1, generator=gen) * 0.5, torch.randn(c, generator=gen) * 0.1
+    dy = torch.randn(3, L, c, generator=gen)
+
+    def grads(f, dtype):
+        leaves = [t.to(DEVICE, dtype if i < 2 else t.dtype if dtype == torch.float64 else torch.float32)
+                  .requires_grad_() for i, t in enumerate((wide, state, w, b))]
+        y = f(leaves[0][:, :, 10 : 10 + c], *leaves[1:])
+        return [y, *torch.autograd.grad((y.double() * dy.to(DEVICE).double()).sum(), leaves)]
+
+    want = grads(lambda x, s, w, b: F.silu(causal_conv(torch.cat([s, x], 1), w, b)), torch.float64)
+    got = grads(causal_conv_silu, dtype)
+    errs = [rel_err(g, r) for g, r in zip(got, want)]
+    assert max(errs) < (1e-5 if dtype == torch.float32 else 3e-2), errs
+    assert got[0].dtype == dtype and got[1][:, :, :10].abs().max() == 0  # only the slice has a gradient
+
+
+def test_triton_conv_under_torch_compile(kernels):
+    """The conv's custom ops trace without a graph break and pass torch's registration checks."""
+    from alphamodel.conv_triton import causal_conv_silu, conv_silu
+
+    gen = torch.Generator().manual_seed(5)
+    x, s = torch.randn(2, 20, 48, generator=gen).to(DEVICE), torch.randn(2, 3, 48, generator=gen).to(DEVICE)
+    w, b = torch.randn(48, 1, 4, generator=gen).to(DEVICE), torch.randn(48, generator=gen).to(DEVICE)
+
+    def run(f):
+        leaves = [t.clone().requires_grad_() for t in (x, s, w, b)]
+        y = f(*leaves)
+        return [y, *torch.autograd.grad((y * y).sum(), leaves)]
+
+    eager = run(causal_conv_silu)
+    compiled = run(torch.compile(causal_conv_silu, backend="inductor" if CUDA else "aot_eager", fullgraph=True))
+    assert max(rel_err(c, e.double()) for c, e in zip(compiled, eager)) < 1e-6
+    args = [t.clone().requires_grad_() for t in (x, s, w[:, 0], b)]
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    assert set(torch.library.opcheck(conv_silu, tuple(args), test_utils=checks).values()) == {"SUCCESS"}
 
 
 def test_triton_scan_sizes_are_usage_errors(kernels):
