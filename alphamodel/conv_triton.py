@@ -15,7 +15,7 @@ and channels that reads ``x`` as it lies (a strided slice of the in-projection's
 the concatenation); the backward is two: one program per (sequence, channels) walks the rows,
 writes ``d pre`` and keeps the products for ``d w`` and ``d b`` per element until the end (one
 partial per sequence, summed in torch: deterministic, no atomics); then ``d f`` over tiles from
-``d pre``. Up to four taps (``d_conv <= 4``, Mamba2's default).
+``d pre``. Two to four taps (``2 <= d_conv <= 4``; Mamba2's default is 4).
 
 ``torch.library`` custom ops (``alphamodel::conv_silu`` and ``alphamodel::conv_silu_bwd``, fake
 tensors and autograd registered) as :mod:`alphamodel.ssd_triton`, so ``torch.compile`` and CUDA
@@ -34,7 +34,7 @@ from alphamodel.cfc_triton import _on, check_device
 
 __all__ = ["conv_silu", "conv_silu_bwd", "causal_conv_silu"]
 
-#: The taps the kernels hold (``d_conv`` up to 4: Mamba2's default; fewer are padded with zeros).
+#: The taps the kernels hold (``d_conv`` 2 to 4; fewer than 4 are padded with zeros).
 TAPS = 4
 #: Rows and channels per tile: forward, the backward's d pre pass and its d f pass (H200, batch
 #: 2048 x 512, 384 channels, bf16: 1.1, 1.9 and 0.5 ms a layer against 7.3 ms for the compiled torch
@@ -56,7 +56,7 @@ def _f(x_ptr, st_ptr, s, r, cc, cmask, L, C, sxb, sxt, K: tl.constexpr):
 
 @triton.jit
 def _tap(w_ptr, cc, cmask, j: tl.constexpr):
-    """Tap ``j`` (BC,) float32 of the (C, 4) zero-padded taps."""
+    """Tap ``j`` (1, BC) float32 of the (C, 4) zero-padded taps."""
     return tl.load(w_ptr + cc * 4 + j, mask=cmask, other=0.0).to(tl.float32)[None, :]
 
 

@@ -232,7 +232,7 @@ class Mamba2(nn.Module):
     ssd_impl : str
         ``"chunked"`` (:func:`ssd_chunked`) or ``"triton"`` (:func:`alphamodel.ssd_triton.ssd_scan`
         and the convolution with its SiLU as :func:`alphamodel.conv_triton.causal_conv_silu` when
-        ``d_conv <= 4``, CUDA; float64 input runs the torch forms).
+        ``2 <= d_conv <= 4``, CUDA; float64 input runs the torch forms).
     dt_min, dt_max : float
         Range of the initial step ``softplus(dt_bias)`` (log-uniform), as in ``mamba_ssm``.
 
@@ -295,7 +295,7 @@ class Mamba2(nn.Module):
         """
         bsz, L, _ = u.shape
         if self.ssd_impl == SsdImpl.TRITON:  # three products from slices of the one weight: their
-            # gradients need no concatenation into one (batch, L, 2 d_inner + conv_dim) tensor
+            # gradients need no concatenation into one (batch, L, d_inner + conv_dim + nheads) tensor
             z, xbc, dt = (F.linear(u, w) for w in torch.split(self.in_proj.weight, self._widths))
         else:
             z, xbc, dt = torch.split(self.in_proj(u), self._widths, dim=-1)
@@ -307,7 +307,7 @@ class Mamba2(nn.Module):
             conv_state = xbc.new_zeros(bsz, self.conv_dim, k)
         carried = conv_state.to(xbc.dtype).transpose(1, 2)  # (b, k, conv_dim)
         w, b = self.conv1d.weight, self.conv1d.bias
-        if self.ssd_impl == SsdImpl.TRITON and u.dtype != torch.float64 and k < 4:  # the kernels' taps: <= 4
+        if self.ssd_impl == SsdImpl.TRITON and u.dtype != torch.float64 and 0 < k < 4:  # the kernels hold 2-4 taps
             from alphamodel.conv_triton import causal_conv_silu
 
             new_conv = (xbc[:, L - k :] if L >= k else torch.cat([carried, xbc], 1)[:, -k:]).transpose(1, 2)
