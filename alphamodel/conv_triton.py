@@ -18,7 +18,7 @@ partial per sequence, summed in torch: deterministic, no atomics); then ``d f`` 
 ``d pre``. Two to four taps (``2 <= d_conv <= 4``; Mamba2's default is 4).
 
 ``torch.library`` custom ops (``alphamodel::conv_silu`` and ``alphamodel::conv_silu_bwd``, fake
-tensors and autograd registered) as :mod:`alphamodel.ssd_triton`, so ``torch.compile`` and CUDA
+tensors and autograd registered) as in :mod:`alphamodel.ssd_triton`, so ``torch.compile`` and CUDA
 graphs keep them. Sums in float32; ``y`` and ``d x`` in ``x``'s dtype (bf16 under autocast).
 Runs on CUDA, or on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1`` set before
 triton is imported).
@@ -31,10 +31,11 @@ import triton
 import triton.language as tl
 
 from alphamodel.cfc_triton import _on, check_device
+from alphamodel.errors import UsageError
 
 __all__ = ["conv_silu", "conv_silu_bwd", "causal_conv_silu"]
 
-#: The taps the kernels hold (``d_conv`` 2 to 4; fewer than 4 are padded with zeros).
+#: The taps the kernels hold (written out in them; ``d_conv`` 2 to 4, fewer than 4 padded with zeros).
 TAPS = 4
 #: Rows and channels per tile: forward, the backward's d pre pass and its d f pass (H200, batch
 #: 2048 x 512, 384 channels, bf16: 1.1, 1.9 and 0.5 ms a layer against 7.3 ms for the compiled torch
@@ -154,7 +155,9 @@ def _unit_stride(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("alphamodel::conv_silu", mutates_args=())
 def conv_silu(x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """y (batch, L, C) in x's dtype (module docstring). x (batch, L, C), any batch and row strides;
-    state (batch, K, C) the carried inputs before x; w (C, K + 1) taps, K + 1 <= 4; b (C,)."""
+    state (batch, K, C) the carried inputs before x, in x's dtype; w (C, K + 1) taps, 1 <= K <= 3,
+    and b (C,) (float32 parameters; read as float32). The op itself checks nothing: use
+    :func:`causal_conv_silu`."""
     x = _unit_stride(x)
     bsz, L, c = x.shape
     y = x.new_empty(bsz, L, c)
@@ -173,7 +176,8 @@ def _(x, state, w, b):
 @torch.library.custom_op("alphamodel::conv_silu_bwd", mutates_args=())
 def conv_silu_bwd(dy: torch.Tensor, x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, b: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dx, dstate, dw, db)`` shaped and typed as :func:`conv_silu`'s inputs, from dy (batch, L, C)."""
+    """``(dx, dstate, dw, db)`` shaped and typed as :func:`conv_silu`'s inputs (sums in float32), from
+    dy (batch, L, C)."""
     x = _unit_stride(x)
     bsz, L, c = x.shape
     k = w.shape[1] - 1
@@ -211,9 +215,13 @@ def causal_conv_silu(x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, b: t
 
     x (batch, L, C) (a strided view, e.g. a slice of the in-projection's output, is read as it
     lies); state (batch, K, C) the last ``K`` inputs of the previous window (zeros at a stream's
-    start); w (C, 1, K + 1) and b (C,) of ``nn.Conv1d(C, C, K + 1, groups=C)``. Returns (batch,
-    L, C) in x's dtype, differentiable in all four. Raises UsageError off CUDA unless Triton's
-    interpreter runs.
+    start; cast to x's dtype); w (C, 1, K + 1) and b (C,) of ``nn.Conv1d(C, C, K + 1, groups=C)``,
+    two to four taps. Returns (batch, L, C) in x's dtype, differentiable in all four (the
+    gradients of w and b in their dtypes). Raises UsageError (option ``ssd_impl``, which selects
+    these kernels in :class:`alphamodel.mamba2.Mamba2`) off CUDA unless Triton's interpreter runs,
+    and (option ``d_conv``) for other numbers of taps.
     """
     check_device(x, "ssd_impl")
+    if not 2 <= w.shape[-1] <= TAPS:
+        raise UsageError("d_conv", f"expected 2 to {TAPS} taps with the Triton convolution", w.shape[-1])
     return conv_silu(x, state.to(x.dtype), w[:, 0], b)

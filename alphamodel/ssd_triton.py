@@ -1,4 +1,4 @@
-"""The output half of the chunked SSD scan (:func:`alphamodel.mamba2.ssd_chunked`) as Triton kernels.
+"""The chunked SSD scan (:func:`alphamodel.mamba2.ssd_chunked`) with its per-position work as Triton kernels.
 
 Per chunk of ``Q`` positions, head ``h`` (group ``g`` of its ``B``, ``C``), with ``acs`` the
 cumulative log decay inside the chunk and ``S`` (P, N) the state entering the chunk:
@@ -63,7 +63,7 @@ def _decay(acs, Q: tl.constexpr):
 def _fwd_kernel(x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, y_ptr, L,
                 H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
                 PREC: tl.constexpr):
-    """y (B, L, H, P) of the chunk ``program_id(0)``, heads of group ``program_id(1)``."""
+    """y (batch, L, H, P) of the chunk ``program_id(0)``, heads of group ``program_id(1)``."""
     pid, g = tl.program_id(0), tl.program_id(1)
     rows = _rows(pid, L, Q)
     cn, cp = tl.arange(0, N), tl.arange(0, P)
@@ -153,7 +153,7 @@ def _states_kernel(x_ptr, acs_ptr, b_ptr, st_ptr, L,
 def _states_bwd_kernel(ds_ptr, x_ptr, acs_ptr, b_ptr, dx_ptr, dacs_ptr, db_ptr, L,
                        H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
                        PREC: tl.constexpr):
-    """dx, d acs and dB of :func:`_states_kernel` from d states (module docstring of
+    """dx, d acs and dB of :func:`_states_kernel` from d states (the docstring of
     :func:`ssd_chunk_states`), per (chunk, group)."""
     pid, g = tl.program_id(0), tl.program_id(1)
     rows = _rows(pid, L, Q)
@@ -186,7 +186,8 @@ def ssd_chunk_scan(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, C: torch
     """y (batch, L, H, P) float32 (module docstring). x (batch, L, H, P) (inputs times the step);
     acs (batch, L, H) cumulative log decays inside each chunk; B, C (batch, L, G, N); states
     (batch, L / chunk_size, H, P, N) the state entering each chunk. All float32 and contiguous;
-    L a multiple of ``chunk_size``."""
+    L a multiple of ``chunk_size``; H a multiple of G; ``num_warps`` per program. The op itself
+    checks none of this: :func:`ssd_scan` prepares its inputs and checks sizes and device."""
     b, L, h, p = x.shape
     g, n = B.shape[-2:]
     y = torch.empty_like(x)
@@ -247,7 +248,8 @@ def ssd_chunk_states(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, chunk_
     acs_s) x_s B_s^T`` over its positions (Dao & Gu 2024, listing 1, step 2). x (batch, L, H, P),
     acs (batch, L, H), B (batch, L, G, N) as :func:`ssd_chunk_scan`'s. Backward, with ``w_s =
     exp(acs_end - acs_s)`` and ``T = B dS^T``: ``dx = w T``, ``dB = sum_heads (w x) dS``,
-    ``d acs_s = -w_s sum_p (x T)_sp`` plus their sum at the chunk's last position."""
+    ``d acs_s = -w_s sum_p (x T)_sp`` plus their sum at the chunk's last position. Unchecked, as
+    :func:`ssd_chunk_scan`."""
     b, L, h, p = x.shape
     g, n = B.shape[-2:]
     out = x.new_empty(b, L // chunk_size, h, p, n)
@@ -299,10 +301,13 @@ def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     """:func:`alphamodel.mamba2.ssd_chunked` (same arguments, shapes and results, float32) with
     the chunk states, the within-chunk and the state-output terms as Triton kernels.
 
-    Each chunk's own state by :func:`ssd_chunk_states` (Triton), its pass from chunk to chunk by
-    :func:`alphamodel.mamba2.pass_states` (torch: tensors per chunk, not per position).
-    ``chunk_size`` and the sizes P and N a power of two >= 16. Raises UsageError for tensors off
-    CUDA (unless Triton's interpreter runs) or for sizes the kernels cannot tile.
+    x (batch, L, H, P) inputs times the step ``dt``; a (batch, L, H) log decays ``A dt <= 0``; B, C
+    (batch, L, G, N); ``initial_state`` (batch, H, P, N) or None; ``num_warps`` per program of the
+    kernels. Each chunk's own state by :func:`ssd_chunk_states` (Triton), its pass from chunk to
+    chunk by :func:`alphamodel.mamba2.pass_states` (torch: tensors per chunk, not per position).
+    Raises UsageError for tensors off CUDA (unless Triton's interpreter runs, option
+    ``ssd_impl``), for ``chunk_size``, P (``headdim``) or N (``d_state``) not a power of two >= 16,
+    and for G (``ngroups``) not a divisor of H.
     """
     from alphamodel.config import check_tiles
     from alphamodel.mamba2 import pad_chunks, pass_states

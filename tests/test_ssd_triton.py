@@ -128,7 +128,7 @@ def test_triton_scan_under_torch_compile(kernels):
 
 
 @pytest.mark.parametrize("L, c, k, dtype", [(37, 200, 3, torch.float32), (2, 130, 3, torch.float32),
-                                             (40, 64, 2, torch.bfloat16)])
+                                             (9, 40, 1, torch.float32), (40, 64, 2, torch.bfloat16)])
 def test_triton_conv_silu_equals_the_torch_conv(kernels, L, c, k, dtype):
     """``causal_conv_silu`` on a strided slice (as the in-projection's output) with a carried
     state: output and the gradients of input, state, taps and bias equal ``silu(causal_conv)``
@@ -156,7 +156,8 @@ def test_triton_conv_silu_equals_the_torch_conv(kernels, L, c, k, dtype):
 
 
 def test_triton_conv_under_torch_compile(kernels):
-    """The conv's custom ops trace without a graph break and pass torch's registration checks."""
+    """The conv's custom ops trace without a graph break and pass torch's registration checks; five
+    taps (more than the kernels hold) are a UsageError."""
     from alphamodel.conv_triton import causal_conv_silu, conv_silu
 
     gen = torch.Generator().manual_seed(5)
@@ -168,6 +169,8 @@ def test_triton_conv_under_torch_compile(kernels):
         y = f(*leaves)
         return [y, *torch.autograd.grad((y * y).sum(), leaves)]
 
+    with pytest.raises(UsageError, match="^d_conv: expected 2 to 4 taps with the Triton convolution, got 5"):
+        causal_conv_silu(x, s, torch.zeros(48, 1, 5, device=DEVICE), b)
     eager = run(causal_conv_silu)
     compiled = run(torch.compile(causal_conv_silu, backend="inductor" if CUDA else "aot_eager", fullgraph=True))
     assert max(rel_err(c, e.double()) for c, e in zip(compiled, eager)) < 1e-6
