@@ -131,6 +131,13 @@ def _bwd_group_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, db_ptr, dc_pt
 
 
 @triton.jit
+def _to_end(acs, Q: tl.constexpr):
+    """exp(acs_end - acs_s): (Q,) float32 decay from each position to its chunk's last."""
+    cq = tl.arange(0, Q)
+    return tl.exp(tl.sum(tl.where(cq == Q - 1, acs, 0.0)) - acs)
+
+
+@triton.jit
 def _states_kernel(x_ptr, acs_ptr, b_ptr, st_ptr, L,
                    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
                    PREC: tl.constexpr):
@@ -138,12 +145,12 @@ def _states_kernel(x_ptr, acs_ptr, b_ptr, st_ptr, L,
     ``program_id(1)`` in chunk ``program_id(0)``."""
     pid, g = tl.program_id(0), tl.program_id(1)
     rows = _rows(pid, L, Q)
-    cn, cp, cq = tl.arange(0, N), tl.arange(0, P), tl.arange(0, Q)
+    cn, cp = tl.arange(0, N), tl.arange(0, P)
     bm = tl.load(b_ptr + (rows[:, None] * G + g) * N + cn[None, :])
     for j in range(H // G):
         h = g * (H // G) + j
         acs = tl.load(acs_ptr + rows * H + h)
-        w = tl.exp(tl.sum(tl.where(cq == Q - 1, acs, 0.0)) - acs)
+        w = _to_end(acs, Q)
         xw = tl.load(x_ptr + (rows[:, None] * H + h) * P + cp[None, :]) * w[:, None]
         tl.store(st_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :],
                  tl.dot(tl.trans(xw), bm, input_precision=PREC))
@@ -164,7 +171,7 @@ def _states_bwd_kernel(ds_ptr, x_ptr, acs_ptr, b_ptr, dx_ptr, dacs_ptr, db_ptr, 
     for j in range(H // G):
         h = g * (H // G) + j
         acs = tl.load(acs_ptr + rows * H + h)
-        w = tl.exp(tl.sum(tl.where(cq == Q - 1, acs, 0.0)) - acs)
+        w = _to_end(acs, Q)
         xy = (rows[:, None] * H + h) * P + cp[None, :]
         x = tl.load(x_ptr + xy)
         ds = tl.load(ds_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :])  # (P, N)
