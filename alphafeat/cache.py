@@ -18,7 +18,8 @@ Writing (:class:`CacheWriter`)
       cache waits for the first, then finds its partitions current and skips them.
     * A partition whose file already carries the same fingerprint is skipped (rerun of an
       unchanged input). New partitions are written to ``OUT/.staging-*`` and moved into place
-      (``os.replace``) at commit and the manifest is replaced atomically. An interrupted run
+      at commit (``os.replace``; over an existing partition an atomic swap of the names,
+      :func:`move_into_place`) and the manifest is replaced atomically. An interrupted run
       (error, Ctrl-C, kill) leaves the previous cache as it was; its staging directory is
       removed by the next run. A partition replaced or deleted at commit is first opened and
       its descriptor handed to a detached ``sleep`` (:func:`_free_later`): its name goes at
@@ -43,7 +44,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -249,7 +250,7 @@ class CacheWriter:
         for rel in self.written:
             dst = self.out / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self.staging / rel, dst)
+            move_into_place(self.staging / rel, dst)
         for rel in self.drop:
             f = self.out / rel
             if f not in live and f.is_file():
@@ -285,6 +286,36 @@ class CacheWriter:
     ) -> None:
         if not self._done:
             self.abort()
+
+
+#: ``renameat2``'s flag: swap two names atomically (Linux 3.15, ext4, xfs, btrfs, tmpfs).
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def move_into_place(src: Path, dst: Path) -> None:
+    """``os.replace(src, dst)``; where ``dst`` exists, as an atomic swap of the two names
+    (``renameat2(RENAME_EXCHANGE)``; the old file is then at ``src``, in the staging folder
+    that goes at the end of the commit). ext4 (its default ``auto_da_alloc``) starts writing a
+    file back when it is renamed over another one, in the rename: 0.2-0.34 s for a 0.9 GB
+    partition on this machine, a tenth of a rerun that adds features; a swap does not, so the
+    replaced partition is left to the kernel's writeback like a new one. Where the swap is not
+    available (no ``renameat2`` in the C library, a file system that refuses it), a replace."""
+    swap = _renameat2()
+    if swap is not None and dst.exists():
+        if swap(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) == 0:
+            return
+    os.replace(src, dst)
+
+
+def _renameat2() -> Callable[..., int] | None:
+    """The C library's ``renameat2`` (glibc 2.28, musl 1.2.2), or None."""
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    except OSError:
+        return None
 
 
 def _free_later(paths: Sequence[Path]) -> None:

@@ -12,7 +12,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from alphafeat.cache import FORMAT_VERSION, MANIFEST, CacheWriter, compare, open_dataset, read_manifest
+from alphafeat.cache import (
+    FORMAT_VERSION,
+    MANIFEST,
+    CacheWriter,
+    _renameat2,
+    compare,
+    move_into_place,
+    open_dataset,
+    read_manifest,
+)
 from alphafeat.errors import AlphafeatError
 
 
@@ -52,6 +61,23 @@ def test_old_format_version_gets_a_clear_message(tmp_path):
     (out / MANIFEST).write_text(json.dumps({"format_version": 0}))
     with pytest.raises(AlphafeatError, match="format version 0"):
         read_manifest(out)
+
+
+def test_move_into_place_swaps_names_over_an_existing_file(tmp_path):
+    """Over an existing file the names are swapped (the old file left at the source, in the
+    staging folder the commit removes), where the C library has renameat2; to a new name it
+    is a rename."""
+    src, dst = tmp_path / "staged", tmp_path / "part.arrow"
+    src.write_text("new")
+    dst.write_text("old")
+    ino = src.stat().st_ino
+    move_into_place(src, dst)
+    assert dst.read_text() == "new" and dst.stat().st_ino == ino
+    assert (src.read_text() == "old") if _renameat2() is not None else not src.exists()
+    src.unlink(missing_ok=True)
+    src.write_text("newer")
+    move_into_place(src, tmp_path / "fresh.arrow")
+    assert (tmp_path / "fresh.arrow").read_text() == "newer" and not src.exists()
 
 
 def test_replaced_partition_is_freed_by_another_process(tmp_path):
