@@ -36,8 +36,10 @@ Writing (:class:`CacheWriter`)
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -99,8 +101,35 @@ def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dic
 
 
 def _write_ipc(path: Path, table: pa.Table, options: pa.ipc.IpcWriteOptions) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as w:
-        w.write_table(table)
+    """Write ``table`` as an IPC file at ``path``; uncompressed, into blocks allocated first
+    (:func:`_preallocate`), the file then cut to what was written."""
+    with open(path, "wb", buffering=0) as fh, pa.PythonFile(fh, mode="w") as sink:
+        bound = 0 if options.compression else table.nbytes + _IPC_SLACK
+        if bound:
+            _preallocate(fh.fileno(), bound)
+        with pa.ipc.new_file(sink, table.schema, options=options) as w:
+            w.write_table(table)
+        if bound:
+            os.ftruncate(fh.fileno(), sink.tell())
+
+
+#: Bytes an uncompressed IPC file holds beyond its table's buffers, at most assumed: schema,
+#: metadata, padding and footer (a bound too small only leaves the rest to be allocated as written).
+_IPC_SLACK = 4 << 20
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Allocate ``size`` bytes of the file ``fd`` before it is written (``fallocate(2)``): ext4
+    then writes into blocks it has, instead of reserving each block as it is written (a 0.9 GB
+    partition 0.55 s instead of 0.64 s on this machine). Nothing where the file system or the C
+    library has no ``fallocate`` (no emulation by writing zeros, as ``posix_fallocate`` does
+    there); a full disk is raised as the write would raise it."""
+    fallocate = _libc("fallocate")
+    if fallocate is None or fallocate(fd, 0, ctypes.c_int64(0), ctypes.c_int64(size)) == 0:
+        return
+    err = ctypes.get_errno()
+    if err == errno.ENOSPC:
+        raise OSError(err, os.strerror(err))
 
 
 def check_folder(path: str | os.PathLike[str]) -> Path:
@@ -301,19 +330,19 @@ def move_into_place(src: Path, dst: Path) -> None:
     partition on this machine, a tenth of a rerun that adds features; a swap does not, so the
     replaced partition is left to the kernel's writeback like a new one. Where the swap is not
     available (no ``renameat2`` in the C library, a file system that refuses it), a replace."""
-    swap = _renameat2()
+    swap = _libc("renameat2")
     if swap is not None and dst.exists():
         if swap(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) == 0:
             return
     os.replace(src, dst)
 
 
-def _renameat2() -> Callable[..., int] | None:
-    """The C library's ``renameat2`` (glibc 2.28, musl 1.2.2), or None."""
-    import ctypes
-
+@functools.cache
+def _libc(name: str) -> Callable[..., int] | None:
+    """Function ``name`` of the C library (``renameat2``: glibc 2.28, musl 1.2.2;
+    ``fallocate``), setting ``errno``; None where it has none."""
     try:
-        return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+        return getattr(ctypes.CDLL(None, use_errno=True), name, None)
     except OSError:
         return None
 

@@ -15,12 +15,14 @@ import pytest
 from alphafeat.cache import (
     FORMAT_VERSION,
     MANIFEST,
+    META_KEY,
     CacheWriter,
-    _renameat2,
+    _libc,
     compare,
     move_into_place,
     open_dataset,
     read_manifest,
+    write_partition,
 )
 from alphafeat.errors import AlphafeatError
 
@@ -63,6 +65,21 @@ def test_old_format_version_gets_a_clear_message(tmp_path):
         read_manifest(out)
 
 
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_partition_written_into_allocated_blocks_has_pyarrows_bytes(tmp_path, compression):
+    """An uncompressed partition is written into blocks allocated first, the file then cut to
+    its bytes: the same bytes as pyarrow writing it plainly, no allocated tail left."""
+    t = pa.table({"x": np.arange(300_000, dtype=np.float64), "y": np.ones(300_000, dtype=np.float32)})
+    write_partition(tmp_path / "a.arrow", t, {"k": 1}, compression)
+    plain = t.replace_schema_metadata({META_KEY: json.dumps({"k": 1}, sort_keys=True).encode()})
+    opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as sink, pa.ipc.new_file(sink, plain.schema, options=opts) as w:
+        w.write_table(plain)
+    assert (tmp_path / "a.arrow").read_bytes() == (tmp_path / "b.arrow").read_bytes()
+    st = (tmp_path / "a.arrow").stat()
+    assert st.st_blocks * 512 < st.st_size + (1 << 20)
+
+
 def test_move_into_place_swaps_names_over_an_existing_file(tmp_path):
     """Over an existing file the names are swapped (the old file left at the source, in the
     staging folder the commit removes), where the C library has renameat2; to a new name it
@@ -73,7 +90,7 @@ def test_move_into_place_swaps_names_over_an_existing_file(tmp_path):
     ino = src.stat().st_ino
     move_into_place(src, dst)
     assert dst.read_text() == "new" and dst.stat().st_ino == ino
-    assert (src.read_text() == "old") if _renameat2() is not None else not src.exists()
+    assert (src.read_text() == "old") if _libc("renameat2") is not None else not src.exists()
     src.unlink(missing_ok=True)
     src.write_text("newer")
     move_into_place(src, tmp_path / "fresh.arrow")
