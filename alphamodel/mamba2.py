@@ -316,30 +316,39 @@ class Mamba2(nn.Module):
             full = torch.cat([carried, xbc], dim=1)  # (b, k + L, conv_dim)
             xbc = F.silu(causal_conv(full, w, b))
             new_conv = full[:, full.shape[1] - k :].transpose(1, 2)  # (b, conv_dim, k)
-        x, Bm, Cm = torch.split(xbc, [self.d_inner, self.ngroups * self.d_state, self.ngroups * self.d_state], dim=-1)
         with torch.autocast(device_type=u.device.type, enabled=False):
             scan_dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
             dt = F.softplus(dt.to(scan_dtype) + self.dt_bias.to(scan_dtype))  # (b, L, H), float32
             if mask is not None:
                 dt = dt * mask.unsqueeze(-1).to(scan_dtype)
             A = -torch.exp(self.A_log.to(scan_dtype))  # (H,)
-            xh = x.to(scan_dtype).reshape(bsz, L, self.nheads, self.headdim)
-            Bg = Bm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state)
-            Cg = Cm.to(scan_dtype).reshape(bsz, L, self.ngroups, self.d_state)
             if self.ssd_impl == SsdImpl.TRITON and scan_dtype == torch.float32:
                 from alphamodel.ssd_triton import ssd_scan
 
-                y, new_ssm = ssd_scan(xh * dt.unsqueeze(-1), A * dt, Bg, Cg, self.chunk_size, ssm_state,
-                                     self.ssd_warps)
-            elif self.use_triton and _triton_ssd is not None and u.is_cuda and scan_dtype == torch.float32:
-                # mamba_ssm's kernel: the same scan (x times dt inside), carried state in and out
-                y, new_ssm = _triton_ssd(xh, dt, A, Bg, Cg, self.chunk_size,
-                                         initial_states=ssm_state, return_final_states=True)
+                # x, B and C read from the convolution's output, x times dt and the skip D x in the kernels
+                y, new_ssm = ssd_scan(xbc, dt, A, self.D, self.d_state, self.ngroups, self.chunk_size, ssm_state,
+                                      self.ssd_warps)
             else:
-                y, new_ssm = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bg, Cg, self.chunk_size, ssm_state)
-            y = y + xh * self.D.to(scan_dtype).unsqueeze(-1)
+                y, new_ssm = self._torch_scan(xbc, dt, A, ssm_state)
             y = y.reshape(bsz, L, self.d_inner)
         out = self.out_proj(self.norm(y, z))  # under autocast the projection runs in bf16
         if return_state:
             return out, (new_conv, new_ssm)
         return out
+
+    def _torch_scan(self, xbc: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, ssm_state: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scan with its skip, ``ssd_chunked(x dt, A dt, B, C) + D x`` (or ``mamba_ssm``'s kernel),
+        in ``dt``'s dtype: y (batch, L, H, P) and the final state (batch, H, P, N)."""
+        bsz, L, _ = xbc.shape
+        x, Bm, Cm = torch.split(xbc.to(dt.dtype), [self.d_inner, self.ngroups * self.d_state,
+                                                    self.ngroups * self.d_state], dim=-1)
+        xh = x.reshape(bsz, L, self.nheads, self.headdim)
+        Bg, Cg = (t.reshape(bsz, L, self.ngroups, self.d_state) for t in (Bm, Cm))
+        if self.use_triton and _triton_ssd is not None and xbc.is_cuda and dt.dtype == torch.float32:
+            # mamba_ssm's kernel: the same scan (x times dt inside), carried state in and out
+            y, final = _triton_ssd(xh, dt, A, Bg, Cg, self.chunk_size, initial_states=ssm_state,
+                                   return_final_states=True)
+        else:
+            y, final = ssd_chunked(xh * dt.unsqueeze(-1), A * dt, Bg, Cg, self.chunk_size, ssm_state)
+        return y + xh * self.D.to(dt.dtype).unsqueeze(-1), final

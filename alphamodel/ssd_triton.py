@@ -1,47 +1,56 @@
-"""The chunked SSD scan (:func:`alphamodel.mamba2.ssd_chunked`) with its per-position work as Triton kernels.
+"""The chunked SSD scan (:func:`alphamodel.mamba2.ssd_chunked`) of a Mamba2 block, with its step
+``dt`` and skip ``D x``, as Triton kernels.
 
-Per chunk of ``Q`` positions, head ``h`` (group ``g`` of its ``B``, ``C``), with ``acs`` the
-cumulative log decay inside the chunk and ``S`` (P, N) the state entering the chunk:
+Per chunk of ``Q`` positions, head ``h`` (group ``g`` of its ``B``, ``C``), with ``u = x dt`` the
+inputs times the step, ``acs`` the cumulative log decay ``A dt`` inside the chunk and ``S`` (P, N)
+the state entering the chunk:
 
-    y_l = sum_{s <= l} (C_l . B_s) exp(acs_l - acs_s) x_s  +  exp(acs_l) C_l S^T
+    y_l = sum_{s <= l} (C_l . B_s) exp(acs_l - acs_s) u_s  +  exp(acs_l) C_l S^T  +  D x_l
 
-(Dao & Gu 2024, listing 1, steps 1 and 4). In torch (``ssd_chunked``) the first term builds
-(Q, Q) decay and product tensors per head and position in memory, forward and backward; on
-the H200 that scan was 102 ms of a 187 ms training step (batch 2048 x 512, d_model 128, 4
-layers: the step without it 85 ms, ``bench/train.py``). Here one program per (batch, chunk,
-group) keeps them in registers: ``C B^T`` once for the group's heads, then per head the decay,
-the product with ``x`` and the state's term. The backward recomputes the same tiles in two
-kernels, one per (chunk, head) for ``dx``, ``d acs`` and ``dS`` (the gradient of the state
-entering each chunk), one per (chunk, group) for ``dB`` and ``dC``, the sums over the group's heads:
+(Dao & Gu 2024, listing 1, steps 1 and 4; ``D`` as in their Mamba2 block). The forward is three
+kernels: each chunk's own state ``sum_s exp(acs_end - acs_s) u_s B_s^T`` per (chunk, group)
+(listing 1, step 2), its pass from chunk to chunk ``S_{z+1} = exp(acs_end_z) S_z + own_z`` per
+(batch, head) (step 3), and the output per (chunk, group): ``C B^T`` once for the group's heads,
+then per head the decay, the product with ``u``, the state's term and the skip. In torch
+(``ssd_chunked``) the first term builds (Q, Q) decay and product tensors per head and position in
+memory; on the H200 that scan was 102 ms of a 187 ms training step (batch 2048 x 512, d_model 128,
+4 layers: the step without it 85 ms, ``bench/train.py``). ``u = x dt`` is formed in the kernels'
+registers, not in memory.
 
-    M = (C B^T) * decay            dx = M^T dy          dM = dy x^T
-    d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S     dB = d(C B^T)^T C
-    d acs_l = sum_s (dM * M)_ls - sum_s (dM * M)_sl + sum_p (e dy)_lp (C S^T)_lp     dS = (e dy)^T C
+The backward, with ``M = (C B^T) * decay``, ``e_l = exp(acs_l)``, ``w_s = exp(acs_end - acs_s)``,
+``G`` the gradient of the state entering each chunk and ``R`` of each chunk's own state:
 
-with ``e_l = exp(acs_l)`` and ``*`` elementwise. Each chunk's own state (listing 1, step 2) is a
-kernel per (chunk, group) too (:func:`ssd_chunk_states`; in torch it wrote ``x`` times its decay
-and a permuted copy to memory, forward and backward); the pass of the states from chunk to chunk
-(:func:`alphamodel.mamba2.pass_states`) stays in torch: its tensors are (P, N) per chunk and head,
-not per position.
+    G = (e dy)^T C                          (a kernel per (chunk, group))
+    R_z = G_{z+1} ... passed back from chunk to chunk with d final; d initial  (per (batch, head))
+    du = M^T dy + w (B R^T)        dx = du dt + D dy        d dt = sum_p du x        dD = sum dy x
+    dM = dy u^T      d acs_l = sum_s (dM * M)_ls - sum_s (dM * M)_sl + sum_p (e dy)_lp (C S^T)_lp
+                           - w_l sum_p (u B R^T)_lp  (+ their sum and d acs_end at the chunk's last)
+    d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S
+                                        dB = d(C B^T)^T C + sum_heads (w u) R
 
-The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan``,
-``alphamodel::ssd_chunk_states`` and their ``_bwd``, fake tensors and autograd registered) as in
-:mod:`alphamodel.cfc_triton`, so ``torch.compile`` and CUDA graphs keep them. float32 throughout;
-on CUDA the products run in TF32 unless ``torch.get_float32_matmul_precision()`` is ``"highest"``
-(then exact float32), as torch's own matmuls; in the interpreter they are exact float32.
-``Q``, ``P`` and ``N`` must be powers of two >= 16 (``tl.dot`` tiles). Runs on CUDA, or on CPU
-tensors in Triton's interpreter (``TRITON_INTERPRET=1`` set before triton is imported).
+``du``, ``d acs`` and ``dD`` in a kernel per (chunk, head), ``dB`` and ``dC`` (sums over the
+group's heads) in one per (chunk, group), so that neither holds the other's tiles.
+
+The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
+``_bwd``, fake tensors and autograd registered) as in :mod:`alphamodel.cfc_triton`, so
+``torch.compile`` and CUDA graphs keep them. float32 throughout; on CUDA the products run in TF32
+unless ``torch.get_float32_matmul_precision()`` is ``"highest"`` (then exact float32), as torch's
+own matmuls; in the interpreter they are exact float32. ``Q``, ``P`` and ``N`` must be powers of
+two >= 16 (``tl.dot`` tiles). Runs on CUDA, or on CPU tensors in Triton's interpreter
+(``TRITON_INTERPRET=1`` set before triton is imported).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from alphamodel.cfc_triton import _on, _precision, check_device
+from alphamodel.errors import UsageError
 
-__all__ = ["ssd_chunk_scan", "ssd_chunk_scan_bwd", "ssd_chunk_states", "ssd_chunk_states_bwd", "ssd_scan"]
+__all__ = ["ssd_chunk_scan", "ssd_chunk_scan_bwd", "ssd_scan"]
 
 
 @triton.jit
@@ -49,6 +58,36 @@ def _rows(pid, L, Q: tl.constexpr):
     """Positions (Q,) int64 of chunk ``pid`` (= batch * chunks + chunk) in the (batch * L) rows."""
     nc = L // Q
     return ((pid // nc) * L + (pid % nc) * Q + tl.arange(0, Q)).to(tl.int64)
+
+
+@triton.jit
+def _state(pid, h, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr):
+    """Offsets (P, N) int64 of head ``h``'s state of chunk ``pid`` in a (batch, chunks, H, P, N) tensor."""
+    base = (pid.to(tl.int64) * H + h) * P
+    return (base + tl.arange(0, P)[:, None]) * N + tl.arange(0, N)[None, :]
+
+
+@triton.jit
+def _x_at(rows, h, H: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr):
+    """Offsets (Q, P) of head ``h``'s inputs x in the rows of ``xbc`` (batch * L, H P + 2 G N)."""
+    return rows[:, None] * (H * P + 2 * G * N) + h * P + tl.arange(0, P)[None, :]
+
+
+@triton.jit
+def _b_at(rows, g, H: tl.constexpr, P: tl.constexpr, G: tl.constexpr, N: tl.constexpr):
+    """Offsets (Q, N) of group ``g``'s B in the rows of ``xbc``; its C lies ``G N`` further."""
+    return rows[:, None] * (H * P + 2 * G * N) + H * P + g * N + tl.arange(0, N)[None, :]
+
+
+@triton.jit
+def _y_at(rows, h, H: tl.constexpr, P: tl.constexpr):
+    """Offsets (Q, P) of head ``h`` in a (batch * L, H, P) tensor (y, dy)."""
+    return (rows[:, None] * H + h) * P + tl.arange(0, P)[None, :]
+
+
+@triton.jit
+def _load(ptr):
+    return tl.load(ptr).to(tl.float32)
 
 
 @triton.jit
@@ -60,77 +99,6 @@ def _decay(acs, Q: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, y_ptr, L,
-                H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
-                PREC: tl.constexpr):
-    """y (batch, L, H, P) of the chunk ``program_id(0)``, heads of group ``program_id(1)``."""
-    pid, g = tl.program_id(0), tl.program_id(1)
-    rows = _rows(pid, L, Q)
-    cn, cp = tl.arange(0, N), tl.arange(0, P)
-    bc = (rows[:, None] * G + g) * N + cn[None, :]
-    cm = tl.load(c_ptr + bc)
-    cb = tl.dot(cm, tl.trans(tl.load(b_ptr + bc)), input_precision=PREC)  # (Q, Q), once per group
-    for j in range(H // G):
-        h = g * (H // G) + j
-        acs = tl.load(acs_ptr + rows * H + h)
-        xy = (rows[:, None] * H + h) * P + cp[None, :]
-        y = tl.dot(cb * _decay(acs, Q), tl.load(x_ptr + xy), input_precision=PREC)
-        s = tl.load(s_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :])  # (P, N)
-        y += tl.exp(acs)[:, None] * tl.dot(cm, tl.trans(s), input_precision=PREC)
-        tl.store(y_ptr + xy, y)
-
-
-@triton.jit
-def _bwd_heads_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, dx_ptr, dacs_ptr, ds_ptr, L,
-                      H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
-                      PREC: tl.constexpr):
-    """dx, d acs and dS of one head in one chunk (module docstring). Programs run head-fastest
-    (``program_id(0) = chunk * H + head``), so that the heads of a chunk, which read the same B and
-    C, run side by side and share them through L2."""
-    pid, h = tl.program_id(0) // H, tl.program_id(0) % H
-    g = h // (H // G)
-    rows = _rows(pid, L, Q)
-    cn, cp = tl.arange(0, N), tl.arange(0, P)
-    bc = (rows[:, None] * G + g) * N + cn[None, :]
-    cm = tl.load(c_ptr + bc)
-    acs = tl.load(acs_ptr + rows * H + h)
-    m = tl.dot(cm, tl.trans(tl.load(b_ptr + bc)), input_precision=PREC) * _decay(acs, Q)
-    xy = (rows[:, None] * H + h) * P + cp[None, :]
-    dy = tl.load(dy_ptr + xy)
-    tl.store(dx_ptr + xy, tl.dot(tl.trans(m), dy, input_precision=PREC))
-    pm = tl.dot(dy, tl.trans(tl.load(x_ptr + xy)), input_precision=PREC) * m  # dM * M
-    sp = ((pid * H + h) * P + cp[:, None]) * N + cn[None, :]
-    ed = dy * tl.exp(acs)[:, None]
-    off = tl.sum(ed * tl.dot(cm, tl.trans(tl.load(s_ptr + sp)), input_precision=PREC), axis=1)
-    tl.store(dacs_ptr + rows * H + h, tl.sum(pm, axis=1) - tl.sum(pm, axis=0) + off)
-    tl.store(ds_ptr + sp, tl.dot(tl.trans(ed), cm, input_precision=PREC))
-
-
-@triton.jit
-def _bwd_group_kernel(dy_ptr, x_ptr, acs_ptr, b_ptr, c_ptr, s_ptr, db_ptr, dc_ptr, L,
-                      H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
-                      PREC: tl.constexpr):
-    """dB and dC of group ``program_id(1)`` in chunk ``program_id(0)``: the sums over the group's
-    heads (module docstring); apart from the per-head kernel, so that neither holds the other's tiles."""
-    pid, g = tl.program_id(0), tl.program_id(1)
-    rows = _rows(pid, L, Q)
-    cn, cp = tl.arange(0, N), tl.arange(0, P)
-    dcb = tl.zeros((Q, Q), dtype=tl.float32)
-    dc = tl.zeros((Q, N), dtype=tl.float32)
-    for j in range(H // G):
-        h = g * (H // G) + j
-        acs = tl.load(acs_ptr + rows * H + h)
-        xy = (rows[:, None] * H + h) * P + cp[None, :]
-        dy = tl.load(dy_ptr + xy)
-        dcb += tl.dot(dy, tl.trans(tl.load(x_ptr + xy)), input_precision=PREC) * _decay(acs, Q)
-        s = tl.load(s_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :])
-        dc += tl.dot(dy * tl.exp(acs)[:, None], s, input_precision=PREC)
-    bc = (rows[:, None] * G + g) * N + cn[None, :]
-    tl.store(dc_ptr + bc, dc + tl.dot(dcb, tl.load(b_ptr + bc), input_precision=PREC))
-    tl.store(db_ptr + bc, tl.dot(tl.trans(dcb), tl.load(c_ptr + bc), input_precision=PREC))
-
-
-@triton.jit
 def _to_end(acs, Q: tl.constexpr):
     """exp(acs_end - acs_s): (Q,) float32 decay from each position to its chunk's last."""
     cq = tl.arange(0, Q)
@@ -138,196 +106,286 @@ def _to_end(acs, Q: tl.constexpr):
 
 
 @triton.jit
-def _states_kernel(x_ptr, acs_ptr, b_ptr, st_ptr, L,
+def _states_kernel(xbc_ptr, dt_ptr, acs_ptr, st_ptr, L,
                    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
                    PREC: tl.constexpr):
-    """The chunk's own state ``sum_s exp(acs_end - acs_s) x_s B_s^T`` (P, N) for each head of group
-    ``program_id(1)`` in chunk ``program_id(0)``."""
+    """The chunk's own state ``sum_s exp(acs_end - acs_s) x_s dt_s B_s^T`` (P, N) for each head of
+    group ``program_id(1)`` in chunk ``program_id(0)``."""
     pid, g = tl.program_id(0), tl.program_id(1)
     rows = _rows(pid, L, Q)
-    cn, cp = tl.arange(0, N), tl.arange(0, P)
-    bm = tl.load(b_ptr + (rows[:, None] * G + g) * N + cn[None, :])
+    bm = _load(xbc_ptr + _b_at(rows, g, H, P, G, N))
     for j in range(H // G):
         h = g * (H // G) + j
-        acs = tl.load(acs_ptr + rows * H + h)
-        w = _to_end(acs, Q)
-        xw = tl.load(x_ptr + (rows[:, None] * H + h) * P + cp[None, :]) * w[:, None]
-        tl.store(st_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :],
-                 tl.dot(tl.trans(xw), bm, input_precision=PREC))
+        at = rows * H + h
+        w = _to_end(tl.load(acs_ptr + at), Q) * tl.load(dt_ptr + at)
+        xw = _load(xbc_ptr + _x_at(rows, h, H, P, G, N)) * w[:, None]
+        tl.store(st_ptr + _state(pid, h, H, P, N), tl.dot(tl.trans(xw), bm, input_precision=PREC))
 
 
 @triton.jit
-def _states_bwd_kernel(ds_ptr, x_ptr, acs_ptr, b_ptr, dx_ptr, dacs_ptr, db_ptr, L,
-                       H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
-                       PREC: tl.constexpr):
-    """dx, d acs and dB of :func:`_states_kernel` from d states (the docstring of
-    :func:`ssd_chunk_states`), per (chunk, group)."""
+def _pass_kernel(st_ptr, acs_ptr, init_ptr, fin_ptr, L, H: tl.constexpr, PN: tl.constexpr, Q: tl.constexpr,
+                 HAS_INIT: tl.constexpr):
+    """``S_0`` = the initial state (or 0), ``S_{z+1} = exp(acs_end_z) S_z + own_z`` for batch
+    ``program_id(0) // H``, head ``% H``: the chunks' own states in ``st_ptr`` are replaced by the
+    states entering them (each read before it is written); the last ``S`` goes to ``fin_ptr``."""
+    bh = tl.program_id(0).to(tl.int64)
+    b, h = bh // H, bh % H
+    e = tl.arange(0, PN)
+    if HAS_INIT:
+        s = tl.load(init_ptr + bh * PN + e)
+    else:
+        s = tl.zeros((PN,), dtype=tl.float32)
+    nc = L // Q
+    for z in range(nc):
+        at = ((b * nc + z) * H + h) * PN + e
+        own = tl.load(st_ptr + at)
+        tl.store(st_ptr + at, s)
+        s = tl.exp(tl.load(acs_ptr + (b * L + z * Q + Q - 1) * H + h)) * s + own
+    tl.store(fin_ptr + bh * PN + e, s)
+
+
+@triton.jit
+def _fwd_kernel(xbc_ptr, dt_ptr, acs_ptr, s_ptr, d_ptr, y_ptr, L,
+                H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                PREC: tl.constexpr):
+    """y (batch, L, H, P) of the chunk ``program_id(0)``, heads of group ``program_id(1)``."""
     pid, g = tl.program_id(0), tl.program_id(1)
     rows = _rows(pid, L, Q)
-    cn, cp, cq = tl.arange(0, N), tl.arange(0, P), tl.arange(0, Q)
-    bc = (rows[:, None] * G + g) * N + cn[None, :]
-    bm = tl.load(b_ptr + bc)
+    bc = _b_at(rows, g, H, P, G, N)
+    cm = _load(xbc_ptr + bc + G * N)
+    cb = tl.dot(cm, tl.trans(_load(xbc_ptr + bc)), input_precision=PREC)  # (Q, Q), once per group
+    for j in range(H // G):
+        h = g * (H // G) + j
+        at = rows * H + h
+        acs = tl.load(acs_ptr + at)
+        x = _load(xbc_ptr + _x_at(rows, h, H, P, G, N))
+        y = tl.dot(cb * _decay(acs, Q), x * tl.load(dt_ptr + at)[:, None], input_precision=PREC)
+        s = tl.load(s_ptr + _state(pid, h, H, P, N))
+        y += tl.exp(acs)[:, None] * tl.dot(cm, tl.trans(s), input_precision=PREC)
+        tl.store(y_ptr + _y_at(rows, h, H, P), y + tl.load(d_ptr + h) * x)
+
+
+@triton.jit
+def _dstate_kernel(dy_ptr, xbc_ptr, acs_ptr, ds_ptr, L,
+                   H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                   PREC: tl.constexpr):
+    """G = (e dy)^T C (P, N), the output's gradient of the state entering chunk ``program_id(0)``,
+    for each head of group ``program_id(1)``."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rows = _rows(pid, L, Q)
+    cm = _load(xbc_ptr + _b_at(rows, g, H, P, G, N) + G * N)
+    for j in range(H // G):
+        h = g * (H // G) + j
+        ed = tl.load(dy_ptr + _y_at(rows, h, H, P)) * tl.exp(tl.load(acs_ptr + rows * H + h))[:, None]
+        tl.store(ds_ptr + _state(pid, h, H, P, N), tl.dot(tl.trans(ed), cm, input_precision=PREC))
+
+
+@triton.jit
+def _pass_bwd_kernel(ds_ptr, ent_ptr, acs_ptr, dfin_ptr, dlast_ptr, dinit_ptr, L, H: tl.constexpr,
+                     PN: tl.constexpr, Q: tl.constexpr):
+    """The backward of :func:`_pass_kernel` for batch ``program_id(0) // H``, head ``% H``: from
+    the gradients ``G`` of the entering states (in ``ds_ptr``) and of the final one, the gradients
+    of the chunks' own states (replacing ``G`` in ``ds_ptr``), of each chunk's ``acs_end``
+    (``dlast_ptr``, (batch, chunks, H)) and of the initial state."""
+    bh = tl.program_id(0).to(tl.int64)
+    b, h = bh // H, bh % H
+    e = tl.arange(0, PN)
+    r = tl.load(dfin_ptr + bh * PN + e)  # the gradient of the state after chunk z
+    nc = L // Q
+    for k in range(nc):
+        z = nc - 1 - k
+        at = ((b * nc + z) * H + h) * PN + e
+        entering = tl.load(ds_ptr + at)
+        tl.store(ds_ptr + at, r)
+        dec = tl.exp(tl.load(acs_ptr + (b * L + z * Q + Q - 1) * H + h))
+        tl.store(dlast_ptr + (b * nc + z) * H + h, dec * tl.sum(r * tl.load(ent_ptr + at)))
+        r = entering + dec * r
+    tl.store(dinit_ptr + bh * PN + e, r)
+
+
+@triton.jit
+def _bwd_heads_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dlast_ptr, d_ptr,
+                      dxbc_ptr, ddt_ptr, dacs_ptr, dd_ptr, L,
+                      H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                      PREC: tl.constexpr):
+    """dx (into ``dxbc``), d dt, d acs and the chunk's part of dD of one head in one chunk (module
+    docstring). Programs run head-fastest (``program_id(0) = chunk * H + head``), so that the heads
+    of a chunk, which read the same B and C, run side by side and share them through L2."""
+    pid, h = tl.program_id(0) // H, tl.program_id(0) % H
+    g = h // (H // G)
+    rows = _rows(pid, L, Q)
+    cq = tl.arange(0, Q)
+    bc = _b_at(rows, g, H, P, G, N)
+    bm, cm = _load(xbc_ptr + bc), _load(xbc_ptr + bc + G * N)
+    at = rows * H + h
+    acs, dt = tl.load(acs_ptr + at), tl.load(dt_ptr + at)
+    m = tl.dot(cm, tl.trans(bm), input_precision=PREC) * _decay(acs, Q)
+    sp = _state(pid, h, H, P, N)
+    t = tl.dot(bm, tl.trans(tl.load(r_ptr + sp)), input_precision=PREC)  # (Q, P): B R^T
+    w = _to_end(acs, Q)
+    xy = _x_at(rows, h, H, P, G, N)
+    dy, x = tl.load(dy_ptr + _y_at(rows, h, H, P)), _load(xbc_ptr + xy)
+    u = x * dt[:, None]
+    du = tl.dot(tl.trans(m), dy, input_precision=PREC) + w[:, None] * t
+    tl.store(dxbc_ptr + xy, (du * dt[:, None] + tl.load(d_ptr + h) * dy).to(dxbc_ptr.dtype.element_ty))
+    tl.store(ddt_ptr + at, tl.sum(du * x, axis=1))
+    pm = tl.dot(dy, tl.trans(u), input_precision=PREC) * m  # dM * M
+    ed = dy * tl.exp(acs)[:, None]
+    off = tl.sum(ed * tl.dot(cm, tl.trans(tl.load(s_ptr + sp)), input_precision=PREC), axis=1)
+    gw = tl.sum(u * t, axis=1) * w  # from w_s = exp(acs_end - acs_s) of the own state
+    end = tl.sum(gw) + tl.load(dlast_ptr + pid * H + h)
+    tl.store(dacs_ptr + at, tl.sum(pm, axis=1) - tl.sum(pm, axis=0) + off - gw + tl.where(cq == Q - 1, end, 0.0))
+    tl.store(dd_ptr + pid * H + h, tl.sum(dy * x))
+
+
+@triton.jit
+def _bwd_group_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dxbc_ptr, L,
+                      H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
+                      PREC: tl.constexpr):
+    """dB and dC (into ``dxbc``) of group ``program_id(1)`` in chunk ``program_id(0)``: the sums
+    over the group's heads (module docstring)."""
+    pid, g = tl.program_id(0), tl.program_id(1)
+    rows = _rows(pid, L, Q)
+    dcb = tl.zeros((Q, Q), dtype=tl.float32)
+    dc = tl.zeros((Q, N), dtype=tl.float32)
     db = tl.zeros((Q, N), dtype=tl.float32)
     for j in range(H // G):
         h = g * (H // G) + j
-        acs = tl.load(acs_ptr + rows * H + h)
-        w = _to_end(acs, Q)
-        xy = (rows[:, None] * H + h) * P + cp[None, :]
-        x = tl.load(x_ptr + xy)
-        ds = tl.load(ds_ptr + ((pid * H + h) * P + cp[:, None]) * N + cn[None, :])  # (P, N)
-        t = tl.dot(bm, tl.trans(ds), input_precision=PREC)  # (Q, P): B_s dS^T
-        tl.store(dx_ptr + xy, w[:, None] * t)
-        gw = tl.sum(x * t, axis=1) * w  # d acs from w_s = exp(acs_end - acs_s)
-        tl.store(dacs_ptr + rows * H + h, tl.where(cq == Q - 1, tl.sum(gw), 0.0) - gw)
-        db += tl.dot(x * w[:, None], ds, input_precision=PREC)
-    tl.store(db_ptr + bc, db)
+        at = rows * H + h
+        acs = tl.load(acs_ptr + at)
+        dy = tl.load(dy_ptr + _y_at(rows, h, H, P))
+        u = _load(xbc_ptr + _x_at(rows, h, H, P, G, N)) * tl.load(dt_ptr + at)[:, None]
+        dcb += tl.dot(dy, tl.trans(u), input_precision=PREC) * _decay(acs, Q)
+        sp = _state(pid, h, H, P, N)
+        dc += tl.dot(dy * tl.exp(acs)[:, None], tl.load(s_ptr + sp), input_precision=PREC)
+        db += tl.dot(u * _to_end(acs, Q)[:, None], tl.load(r_ptr + sp), input_precision=PREC)
+    bc = _b_at(rows, g, H, P, G, N)
+    out = dxbc_ptr.dtype.element_ty
+    tl.store(dxbc_ptr + bc + G * N, (dc + tl.dot(dcb, _load(xbc_ptr + bc), input_precision=PREC)).to(out))
+    tl.store(dxbc_ptr + bc, (db + tl.dot(tl.trans(dcb), _load(xbc_ptr + bc + G * N), input_precision=PREC)).to(out))
 
 
-def _grid(x: torch.Tensor, g: int, q: int) -> tuple[int, int]:
-    return x.shape[0] * (x.shape[1] // q), g
+def _sizes(xbc: torch.Tensor, dt: torch.Tensor, d_state: int, ngroups: int, chunk_size: int, num_warps: int
+           ) -> tuple[tuple[int, ...], dict]:
+    """``(b, L, h, p, n, chunks)`` and the kernels' size and launch arguments."""
+    b, L, w = xbc.shape
+    h = dt.shape[-1]
+    p = (w - 2 * ngroups * d_state) // h
+    kw = {"H": h, "G": ngroups, "P": p, "N": d_state, "Q": chunk_size, "PREC": _precision(dt), "num_warps": num_warps}
+    return (b, L, h, p, d_state, L // chunk_size), kw
 
 
 @torch.library.custom_op("alphamodel::ssd_chunk_scan", mutates_args=())
-def ssd_chunk_scan(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, C: torch.Tensor, states: torch.Tensor,
-                   chunk_size: int, num_warps: int) -> torch.Tensor:
-    """y (batch, L, H, P) float32 (module docstring). x (batch, L, H, P) (inputs times the step);
-    acs (batch, L, H) cumulative log decays inside each chunk; B, C (batch, L, G, N); states
-    (batch, L / chunk_size, H, P, N) the state entering each chunk. All float32 and contiguous;
-    L a multiple of ``chunk_size``; H a multiple of G; ``num_warps`` per program. The op itself
-    checks none of this: :func:`ssd_scan` prepares its inputs and checks sizes and device."""
-    b, L, h, p = x.shape
-    g, n = B.shape[-2:]
-    y = torch.empty_like(x)
-    with _on(x):
-        _fwd_kernel[_grid(x, g, chunk_size)](x, acs, B, C, states, y, L, H=h, G=g, P=p, N=n, Q=chunk_size,
-                                             PREC=_precision(x), num_warps=num_warps)
-    return y
+def ssd_chunk_scan(xbc: torch.Tensor, dt: torch.Tensor, acs: torch.Tensor, D: torch.Tensor,
+                   initial_state: torch.Tensor | None, d_state: int, ngroups: int, chunk_size: int, num_warps: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, final, entering)`` float32 (module docstring): y (batch, L, H, P); the state after the
+    last position (batch, H, P, N); the state entering each chunk (batch, L / chunk_size, H, P, N),
+    which the backward reads. xbc (batch, L, H P + 2 G N) the inputs x (H, P), then B (G, N), then C
+    (G, N) of each position, any float dtype (read as float32); dt (batch, L, H) steps; acs (batch,
+    L, H) the cumulative ``A dt`` inside each chunk; D (H,); ``initial_state`` (batch, H, P, N) or
+    None (zeros); N = ``d_state``, G = ``ngroups``. All contiguous, all but xbc float32; L a
+    multiple of ``chunk_size``; H a multiple of G; ``num_warps`` per program. The op itself checks
+    none of this: :func:`ssd_scan` prepares its inputs and checks sizes and device."""
+    (b, L, h, p, n, nc), kw = _sizes(xbc, dt, d_state, ngroups, chunk_size, num_warps)
+    entering, final, y = dt.new_empty(b, nc, h, p, n), dt.new_empty(b, h, p, n), dt.new_empty(b, L, h, p)
+    grid = (b * nc, ngroups)
+    init = initial_state is not None
+    with _on(xbc):
+        _states_kernel[grid](xbc, dt, acs, entering, L, **kw)
+        _pass_kernel[(b * h,)](entering, acs, initial_state if init else final, final, L, H=h, PN=p * n,
+                               Q=chunk_size, HAS_INIT=init, num_warps=num_warps)
+        _fwd_kernel[grid](xbc, dt, acs, entering, D, y, L, **kw)
+    return y, final, entering
 
 
 @ssd_chunk_scan.register_fake
-def _(x, acs, B, C, states, chunk_size, num_warps):
-    return torch.empty_like(x)
+def _(xbc, dt, acs, D, initial_state, d_state, ngroups, chunk_size, num_warps):
+    (b, L, h, p, n, nc), _ = _sizes(xbc, dt, d_state, ngroups, chunk_size, num_warps)
+    return dt.new_empty(b, L, h, p), dt.new_empty(b, h, p, n), dt.new_empty(b, nc, h, p, n)
 
 
 @torch.library.custom_op("alphamodel::ssd_chunk_scan_bwd", mutates_args=())
-def ssd_chunk_scan_bwd(dy: torch.Tensor, x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                       states: torch.Tensor, chunk_size: int, num_warps: int
+def ssd_chunk_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor,
+                       acs: torch.Tensor, D: torch.Tensor, entering: torch.Tensor, d_state: int, ngroups: int,
+                       chunk_size: int, num_warps: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dx, dacs, dB, dC, dstates)``, shaped as :func:`ssd_chunk_scan`'s inputs, from dy (batch, L, H, P)."""
-    b, L, h, p = x.shape
-    g, n = B.shape[-2:]
-    dx, dacs, dB, dC, ds = _bwd_empty(x, acs, B, C, states)
-    dy = dy.contiguous()
-    kw = {"H": h, "G": g, "P": p, "N": n, "Q": chunk_size, "PREC": _precision(x), "num_warps": num_warps}
-    with _on(x):
-        _bwd_heads_kernel[(_grid(x, 1, chunk_size)[0] * h,)](dy, x, acs, B, C, states, dx, dacs, ds, L, **kw)
-        _bwd_group_kernel[_grid(x, g, chunk_size)](dy, x, acs, B, C, states, dB, dC, L, **kw)
-    return dx, dacs, dB, dC, ds
+    """``(d xbc, ddt, dacs, dD, d initial_state)`` of :func:`ssd_chunk_scan`, shaped as its
+    inputs, from dy (batch, L, H, P) and d final (batch, H, P, N); ``entering`` its third output."""
+    (b, L, h, p, n, nc), kw = _sizes(xbc, dt, d_state, ngroups, chunk_size, num_warps)
+    dxbc, ddt, dacs, _, dinit = _bwd_empty(xbc, dt, acs, D, dfinal)
+    ds, dlast, dd = torch.empty_like(entering), dt.new_empty(b, nc, h), dt.new_empty(b * nc, h)
+    dy, grid = dy.contiguous(), (b * nc, ngroups)
+    with _on(xbc):
+        _dstate_kernel[grid](dy, xbc, acs, ds, L, **kw)
+        _pass_bwd_kernel[(b * h,)](ds, entering, acs, dfinal.contiguous(), dlast, dinit, L, H=h, PN=p * n,
+                                   Q=chunk_size, num_warps=num_warps)
+        _bwd_heads_kernel[(b * nc * h,)](dy, xbc, dt, acs, entering, ds, dlast, D, dxbc, ddt, dacs, dd, L, **kw)
+        _bwd_group_kernel[grid](dy, xbc, dt, acs, entering, ds, dxbc, L, **kw)
+    return dxbc, ddt, dacs, dd.sum(0), dinit
 
 
-def _bwd_empty(x, acs, B, C, states) -> tuple[torch.Tensor, ...]:
-    """The backward's outputs, uninitialised (every element is written by the kernel)."""
-    return tuple(torch.empty_like(t) for t in (x, acs, B, C, states))
+def _bwd_empty(*like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The backward's outputs, uninitialised (the kernels write every element; dD is summed)."""
+    return tuple(torch.empty_like(t) for t in like)
 
 
 @ssd_chunk_scan_bwd.register_fake
-def _(dy, x, acs, B, C, states, chunk_size, num_warps):
-    return _bwd_empty(x, acs, B, C, states)
+def _(dy, dfinal, xbc, dt, acs, D, entering, d_state, ngroups, chunk_size, num_warps):
+    return _bwd_empty(xbc, dt, acs, D, dfinal)
 
 
 def _setup(ctx, inputs, output) -> None:
-    x, acs, B, C, states, chunk_size, num_warps = inputs
-    ctx.save_for_backward(x, acs, B, C, states)
-    ctx.launch = (chunk_size, num_warps)
+    xbc, dt, acs, D, initial_state, *sizes = inputs
+    ctx.save_for_backward(xbc, dt, acs, D, output[2])
+    ctx.mark_non_differentiable(output[2])
+    ctx.sizes, ctx.init = sizes, initial_state is not None
 
 
-def _backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    return (*ssd_chunk_scan_bwd(dy, *ctx.saved_tensors, *ctx.launch), None, None)
+def _backward(ctx, dy: torch.Tensor, dfinal: torch.Tensor | None, _) -> tuple[torch.Tensor | None, ...]:
+    xbc, dt, acs, D, entering = ctx.saved_tensors
+    if dfinal is None:
+        dfinal = entering.new_zeros(entering[:, 0].shape)
+    *grads, dinit = ssd_chunk_scan_bwd(dy, dfinal, xbc, dt, acs, D, entering, *ctx.sizes)
+    return (*grads, dinit if ctx.init else None, None, None, None, None)
 
 
 ssd_chunk_scan.register_autograd(_backward, setup_context=_setup)
 
 
-@torch.library.custom_op("alphamodel::ssd_chunk_states", mutates_args=())
-def ssd_chunk_states(x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, chunk_size: int, num_warps: int
-                     ) -> torch.Tensor:
-    """Each chunk's own final state (batch, L / chunk_size, H, P, N) float32: ``sum_s exp(acs_end -
-    acs_s) x_s B_s^T`` over its positions (Dao & Gu 2024, listing 1, step 2). x (batch, L, H, P),
-    acs (batch, L, H), B (batch, L, G, N) as :func:`ssd_chunk_scan`'s. Backward, with ``w_s =
-    exp(acs_end - acs_s)`` and ``T = B dS^T``: ``dx = w T``, ``dB = sum_heads (w x) dS``,
-    ``d acs_s = -w_s sum_p (x T)_sp`` plus their sum at the chunk's last position. Unchecked, as
-    :func:`ssd_chunk_scan`."""
-    b, L, h, p = x.shape
-    g, n = B.shape[-2:]
-    out = x.new_empty(b, L // chunk_size, h, p, n)
-    with _on(x):
-        _states_kernel[_grid(x, g, chunk_size)](x, acs, B, out, L, H=h, G=g, P=p, N=n, Q=chunk_size,
-                                                PREC=_precision(x), num_warps=num_warps)
-    return out
+def ssd_scan(xbc: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, D: torch.Tensor, d_state: int, ngroups: int = 1,
+             chunk_size: int = 64, initial_state: torch.Tensor | None = None, num_warps: int = 4
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SSD scan of a Mamba2 block with its skip: ``ssd_chunked(x dt, A dt, B, C) + D x``
+    (:func:`alphamodel.mamba2.ssd_chunked`, same results in float32; tests/test_ssd_triton.py),
+    reading x, B and C where the block's convolution wrote them.
 
-
-@ssd_chunk_states.register_fake
-def _(x, acs, B, chunk_size, num_warps):
-    b, L, h, p = x.shape
-    return x.new_empty(b, L // chunk_size, h, p, B.shape[-1])
-
-
-@torch.library.custom_op("alphamodel::ssd_chunk_states_bwd", mutates_args=())
-def ssd_chunk_states_bwd(ds: torch.Tensor, x: torch.Tensor, acs: torch.Tensor, B: torch.Tensor, chunk_size: int,
-                         num_warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dx, dacs, dB)`` of :func:`ssd_chunk_states` from d states (batch, L / chunk_size, H, P, N)."""
-    b, L, h, p = x.shape
-    g, n = B.shape[-2:]
-    dx, dacs, dB = (torch.empty_like(t) for t in (x, acs, B))
-    with _on(x):
-        _states_bwd_kernel[_grid(x, g, chunk_size)](ds.contiguous(), x, acs, B, dx, dacs, dB, L, H=h, G=g, P=p, N=n,
-                                                    Q=chunk_size, PREC=_precision(x), num_warps=num_warps)
-    return dx, dacs, dB
-
-
-@ssd_chunk_states_bwd.register_fake
-def _(ds, x, acs, B, chunk_size, num_warps):
-    return tuple(torch.empty_like(t) for t in (x, acs, B))
-
-
-def _states_setup(ctx, inputs, output) -> None:
-    x, acs, B, chunk_size, num_warps = inputs
-    ctx.save_for_backward(x, acs, B)
-    ctx.launch = (chunk_size, num_warps)
-
-
-def _states_backward(ctx, ds: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    return (*ssd_chunk_states_bwd(ds, *ctx.saved_tensors, *ctx.launch), None, None)
-
-
-ssd_chunk_states.register_autograd(_states_backward, setup_context=_states_setup)
-
-
-def ssd_scan(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int = 64,
-             initial_state: torch.Tensor | None = None, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`alphamodel.mamba2.ssd_chunked` (same arguments, shapes and results, float32) with
-    the chunk states, the within-chunk and the state-output terms as Triton kernels.
-
-    x (batch, L, H, P) inputs times the step ``dt``; a (batch, L, H) log decays ``A dt <= 0``; B, C
-    (batch, L, G, N); ``initial_state`` (batch, H, P, N) or None; ``num_warps`` per program of the
-    kernels. Each chunk's own state by :func:`ssd_chunk_states` (Triton), its pass from chunk to
-    chunk by :func:`alphamodel.mamba2.pass_states` (torch: tensors per chunk, not per position).
-    Raises UsageError for tensors off CUDA (unless Triton's interpreter runs, option
-    ``ssd_impl``), for ``chunk_size``, P (``headdim``) or N (``d_state``) not a power of two >= 16,
-    and for G (``ngroups``) not a divisor of H.
+    xbc (batch, L, H P + 2 G N): per position x (H heads of P), then B, then C (G groups of N =
+    ``d_state``, G = ``ngroups``), in any float dtype (bf16 under autocast; read as float32, its
+    gradient in its dtype); dt (batch, L, H) steps >= 0; A (H,) log decay rates <= 0 (``A dt`` the
+    log decay of a step); D (H,) skip weights; ``initial_state`` (batch, H, P, N) or None;
+    ``num_warps`` per program of the kernels. Returns ``(y (batch, L, H, P), final state (batch, H,
+    P, N))`` float32, with gradients for every tensor argument. Raises UsageError for tensors off
+    CUDA (unless Triton's interpreter runs, option ``ssd_impl``), for G (``ngroups``) not a divisor
+    of H, for a width of xbc that is not H P + 2 G N, and for ``chunk_size``, P (``headdim``) or N
+    (``d_state``) not a power of two >= 16.
     """
     from alphamodel.config import check_tiles
-    from alphamodel.mamba2 import pad_chunks, pass_states
 
-    check_device(x, "ssd_impl")
-    b, L, h, p = x.shape
-    g, n = B.shape[-2:]
-    check_tiles({"chunk_size": chunk_size, "headdim": p, "d_state": n}, "ssd_impl 'triton'")
-    x, a, B, C = pad_chunks(x.float(), a.float(), B.float(), C.float(), chunk_size)
-    c, q = x.shape[1] // chunk_size, chunk_size
-    acs = torch.cumsum(a.reshape(b, c, q, h), dim=2)  # (b, c, q, h)
-    x, B, C, flat = x.contiguous(), B.contiguous(), C.contiguous(), acs.reshape(b, c * q, h)
-    states = ssd_chunk_states(x, flat, B, q, num_warps)
-    entering, final = pass_states(states, acs[:, :, -1], initial_state)
-    y = ssd_chunk_scan(x, flat, B, C, entering.contiguous(), q, num_warps)
+    check_device(xbc, "ssd_impl")
+    b, L, w = xbc.shape
+    h = dt.shape[-1]
+    if h % ngroups:
+        raise UsageError("ngroups", f"expected a divisor of the {h} heads", ngroups)
+    p, rest = divmod(w - 2 * ngroups * d_state, h)
+    if rest or p <= 0:
+        raise UsageError("headdim", f"expected xbc's width {w} to be {h} heads x headdim + 2 x {ngroups} groups "
+                         f"x {d_state} (d_state)", w)
+    check_tiles({"chunk_size": chunk_size, "headdim": p, "d_state": d_state}, "ssd_impl 'triton'")
+    pad = (-L) % chunk_size  # at the end, dt 0: no step, no input
+    xbc, dt = F.pad(xbc, (0, 0, 0, pad)).contiguous(), F.pad(dt.float(), (0, 0, 0, pad)).contiguous()
+    c, q = xbc.shape[1] // chunk_size, chunk_size
+    acs = torch.cumsum((dt * A.float()).reshape(b, c, q, h), dim=2).reshape(b, c * q, h)
+    init = None if initial_state is None else initial_state.float().contiguous()
+    y, final, _ = ssd_chunk_scan(xbc, dt, acs, D.float().contiguous(), init, d_state, ngroups, q, num_warps)
     return y[:, :L], final

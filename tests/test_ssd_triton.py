@@ -50,12 +50,26 @@ def kernels():
 
 
 def scan_inputs(b: int, L: int, h: int, p: int, g: int, n: int, seed: int, init: bool) -> list[torch.Tensor]:
-    """x, a (log decays <= 0), B, C and an initial state (or None), float32 on DEVICE."""
+    """x, dt (> 0), A (< 0), B, C, D and an initial state (or None), float32 on DEVICE."""
     gen = torch.Generator().manual_seed(seed)
-    t = [torch.randn(b, L, h, p, generator=gen), -torch.rand(b, L, h, generator=gen) * 0.7,
-         torch.randn(b, L, g, n, generator=gen), torch.randn(b, L, g, n, generator=gen),
+    t = [torch.randn(b, L, h, p, generator=gen), torch.rand(b, L, h, generator=gen) * 0.5 + 0.01,
+         -torch.rand(h, generator=gen) * 1.5 - 0.1, torch.randn(b, L, g, n, generator=gen),
+         torch.randn(b, L, g, n, generator=gen), torch.randn(h, generator=gen),
          torch.randn(b, h, p, n, generator=gen) if init else None]
     return [None if v is None else v.to(DEVICE) for v in t]
+
+
+def scan(kernels, x, dt, A, B, C, D, q, s0=None):
+    """``ssd_scan`` on x, B and C laid out as the block's convolution writes them (one xbc)."""
+    xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1)
+    return kernels.ssd_scan(xbc, dt, A, D, B.shape[-1], B.shape[-2], q, s0)
+
+
+def reference_scan(x, dt, A, B, C, D, q, s0):
+    """The torch scan in float64 with the block's step and skip: ``ssd_chunked(x dt, A dt, B, C) + D x``."""
+    x, dt, A, B, C, D = (t.double() for t in (x, dt, A, B, C, D))
+    y, final = ssd_chunked(x * dt.unsqueeze(-1), A * dt, B, C, q, None if s0 is None else s0.double())
+    return y + x * D.unsqueeze(-1), final
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -63,16 +77,17 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.detach().double() - want.detach()).abs().max() / want.detach().abs().max().clamp(min=1.0))
 
 
-@pytest.mark.parametrize(("L", "h", "g", "q", "init"), [(100, 4, 2, 32, True), (64, 2, 1, 16, False),
-                                                        (48, 4, 4, 16, True)])
-def test_triton_scan_equals_the_torch_scan_with_gradients(kernels, L, h, g, q, init):
-    x, a, B, C, s0 = scan_inputs(2, L, h, 16, g, 16, seed=L + h, init=init)
-    leaves = [t for t in (x, a, B, C, s0) if t is not None]
+@pytest.mark.parametrize(("L", "h", "g", "q", "p", "n", "init"), [
+    (100, 4, 2, 32, 16, 16, True), (64, 2, 1, 16, 16, 16, False), (48, 4, 4, 16, 16, 16, True),
+    (40, 2, 1, 16, 32, 64, True)])  # a state of 2048 elements: the pass runs in 4 blocks
+def test_triton_scan_equals_the_torch_scan_with_gradients(kernels, L, h, g, q, p, n, init):
+    inputs = scan_inputs(2, L, h, p, g, n, seed=L + h, init=init)
+    leaves = [t for t in inputs if t is not None]
     for t in leaves:
         t.requires_grad_()
-    y, final = kernels.ssd_scan(x, a, B, C, q, s0)
-    want_y, want_final = ssd_chunked(x.double(), a.double(), B.double(), C.double(), q,
-                                     None if s0 is None else s0.double())
+    x, dt, A, B, C, D, s0 = inputs
+    y, final = scan(kernels, x, dt, A, B, C, D, q, s0)
+    want_y, want_final = reference_scan(*inputs[:6], q, s0)
     assert y.shape == want_y.shape and final.shape == want_final.shape and y.dtype == torch.float32
     assert rel_err(y, want_y) < 1e-5 and rel_err(final, want_final) < 1e-5
     gen = torch.Generator().manual_seed(1)
@@ -82,6 +97,31 @@ def test_triton_scan_equals_the_torch_scan_with_gradients(kernels, L, h, g, q, i
     errs = [rel_err(u, v) for u, v in zip(got, want)]
     assert max(errs) < 1e-5, errs
     assert all(float(u.abs().max()) > 0 for u in got)  # every input's gradient reaches it
+
+
+def test_triton_scan_without_the_final_state_in_the_loss(kernels):
+    """Only y in the loss (the final state's gradient is absent): the same gradients as the reference."""
+    inputs = scan_inputs(1, 48, 2, 16, 1, 16, seed=9, init=False)
+    leaves = [t.requires_grad_() for t in inputs[:6]]
+    got = torch.autograd.grad(scan(kernels, *leaves, 16)[0].square().sum(), leaves)
+    want = torch.autograd.grad(reference_scan(*leaves, 16, None)[0].square().sum(), leaves)
+    errs = [rel_err(u, v) for u, v in zip(got, want)]
+    assert max(errs) < 1e-5, errs
+
+
+def test_triton_scan_reads_bf16_inputs(kernels):
+    """x, B and C in bfloat16 (the convolution's output under autocast): the values of the float64
+    scan of the same (rounded) inputs, their gradient in bfloat16 to its rounding."""
+    x, dt, A, B, C, D, s0 = scan_inputs(2, 64, 2, 16, 1, 16, seed=11, init=True)
+    xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1).bfloat16().requires_grad_()
+    y, final = kernels.ssd_scan(xbc, dt, A, D, 16, 1, 16, s0)
+    ref = xbc.detach().double().requires_grad_()
+    xr, Br, Cr = ref[..., :32].unflatten(2, (2, 16)), ref[..., 32:48, None], ref[..., 48:, None]
+    want_y, want_final = reference_scan(xr, dt, A, Br.mT, Cr.mT, D, 16, s0)
+    assert rel_err(y, want_y) < 1e-5 and rel_err(final, want_final) < 1e-5
+    (got,) = torch.autograd.grad((y * y).sum() + final.sum(), xbc)
+    (want,) = torch.autograd.grad((want_y * want_y).sum() + want_final.sum(), ref)
+    assert got.dtype == torch.bfloat16 and rel_err(got, want) < 1e-2
 
 
 def test_mamba2_triton_equals_chunked_with_state_and_mask(kernels):
@@ -105,26 +145,28 @@ def test_mamba2_triton_equals_chunked_with_state_and_mask(kernels):
 
 
 def test_triton_scan_under_torch_compile(kernels):
-    """The custom ops trace without a graph break (fullgraph), give the eager values, and pass
-    torch's checks of their registration (schema, autograd, fake tensors)."""
-    x, a, B, C, s0 = scan_inputs(2, 32, 2, 16, 1, 16, seed=3, init=True)
+    """The custom op traces without a graph break (fullgraph), gives the eager values, and passes
+    torch's checks of its registration (schema, autograd, fake tensors), with and without an
+    initial state."""
+    inputs = scan_inputs(2, 32, 2, 16, 1, 16, seed=3, init=True)
 
     def run(f):
-        leaves = [t.clone().requires_grad_() for t in (x, a, B, C, s0)]
-        y, final = f(*leaves[:4], 16, leaves[4])
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        y, final = f(kernels, *leaves[:6], 16, leaves[6])
         return [y, final, *torch.autograd.grad((y * y).sum() + final.sum(), leaves)]
 
-    eager = run(kernels.ssd_scan)
-    compiled = run(torch.compile(kernels.ssd_scan, backend="inductor" if CUDA else "aot_eager", fullgraph=True))
+    eager = run(scan)
+    compiled = run(torch.compile(scan, backend="inductor" if CUDA else "aot_eager", fullgraph=True))
     assert max(rel_err(c, e.double()) for c, e in zip(compiled, eager)) < (1e-5 if CUDA else 1e-6)
-    acs = torch.cumsum(a.reshape(2, 2, 16, 2), dim=2).reshape(2, 32, 2)
-    states = torch.randn(2, 2, 2, 16, 16, device=DEVICE)
-    args = [t.contiguous().requires_grad_() for t in (x, acs, B, C, states)]
+    x, dt, A, B, C, D, s0 = inputs
+    acs = torch.cumsum((dt * A).reshape(2, 2, 16, 2), dim=2).reshape(2, 32, 2)
     checks = ("test_schema", "test_autograd_registration", "test_faketensor")
-    result = torch.library.opcheck(kernels.ssd_chunk_scan, (*args, 16, 4), test_utils=checks)
-    assert set(result.values()) == {"SUCCESS"}
-    result = torch.library.opcheck(kernels.ssd_chunk_states, (*args[:3], 16, 4), test_utils=checks)
-    assert set(result.values()) == {"SUCCESS"}
+    xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1)
+    for init in (s0, None):
+        args = [t.contiguous().requires_grad_() for t in (xbc, dt, acs, D)]
+        init = None if init is None else init.clone().requires_grad_()
+        result = torch.library.opcheck(kernels.ssd_chunk_scan, (*args, init, 16, 1, 16, 4), test_utils=checks)
+        assert set(result.values()) == {"SUCCESS"}
 
 
 @pytest.mark.parametrize("L, c, k, dtype", [(37, 200, 3, torch.float32), (2, 130, 3, torch.float32),
@@ -180,12 +222,15 @@ def test_triton_conv_under_torch_compile(kernels):
 
 
 def test_triton_scan_sizes_are_usage_errors(kernels):
-    x, a, B, C, _ = scan_inputs(1, 32, 2, 8, 1, 16, seed=4, init=False)
     with pytest.raises(UsageError, match="^headdim: expected a power of two >= 16 with ssd_impl 'triton'"):
-        kernels.ssd_scan(x, a, B, C, 16)
-    x, a, B, C, _ = scan_inputs(1, 32, 2, 16, 1, 16, seed=4, init=False)
+        scan(kernels, *scan_inputs(1, 32, 2, 8, 1, 16, seed=4, init=False)[:6], 16)
     with pytest.raises(UsageError, match="^chunk_size: expected a power of two >= 16"):
-        kernels.ssd_scan(x, a, B, C, 8)
+        scan(kernels, *scan_inputs(1, 32, 2, 16, 1, 16, seed=4, init=False)[:6], 8)
+    with pytest.raises(UsageError, match="^ngroups: expected a divisor of the 2 heads, got 3"):
+        scan(kernels, *scan_inputs(1, 32, 2, 16, 3, 16, seed=4, init=False)[:6], 16)
+    x, dt, A, B, C, D, _ = scan_inputs(1, 32, 2, 16, 1, 16, seed=4, init=False)
+    with pytest.raises(UsageError, match="^headdim: expected xbc's width 63 to be 2 heads x headdim"):
+        kernels.ssd_scan(torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)[..., 1:]], -1), dt, A, D, 16)
     with pytest.raises(UsageError, match="^model.headdim: expected a power of two >= 16 with ssd_impl"):
         check_config(ModelConfig(n_features=3, d_model=12, headdim=12, ssd_impl="triton"), "model")
     with pytest.raises(alphafeat.errors.UsageError, match="^model.ssd_impl: expected chunked or triton"):
