@@ -28,12 +28,16 @@ The backward, with ``M = (C B^T) * decay``, ``e_l = exp(acs_l)``, ``w_s = exp(ac
     d(C B^T) = sum_heads dM * decay     dC = d(C B^T) B + sum_heads (e dy) S
                                         dB = d(C B^T)^T C + sum_heads (w u) R
 
-``du``, ``d acs`` and ``dD`` in a kernel per (chunk, head), ``dB`` and ``dC`` (sums over the
-group's heads) in one per (chunk, group), so that neither holds the other's tiles.
+``du``, ``d acs`` and ``dD`` in a kernel per (chunk, head); ``dC``, then ``dB`` (sums over the
+group's heads) in a launch each per (chunk, group), each recomputing ``d(C B^T)``: so that none
+holds the others' tiles (one launch for both took 3.4 ms a layer, two 2.9 ms; H200).
 
 The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
 ``_bwd``, fake tensors and autograd registered) as in :mod:`alphamodel.cfc_triton`, so
-``torch.compile`` and CUDA graphs keep them. float32 throughout; on CUDA the products run in TF32
+``torch.compile`` and CUDA graphs keep them. x, B, C, y and the gradients of x, B, C and y are
+in the dtype of the convolution's output (bf16 under autocast: half the memory traffic of
+float32; measured on the H200, the step 99.2 ms against 104.3 ms with a float32 y), every other
+tensor and all arithmetic in float32; on CUDA the products run in TF32
 unless ``torch.get_float32_matmul_precision()`` is ``"highest"`` (then exact float32), as torch's
 own matmuls; in the interpreter they are exact float32. ``Q``, ``P`` and ``N`` must be powers of
 two >= 16 (``tl.dot`` tiles). Runs on CUDA, or on CPU tensors in Triton's interpreter
@@ -124,17 +128,18 @@ def _states_kernel(xbc_ptr, dt_ptr, acs_ptr, st_ptr, L,
 
 @triton.jit
 def _pass_kernel(st_ptr, acs_ptr, init_ptr, fin_ptr, L, H: tl.constexpr, PN: tl.constexpr, Q: tl.constexpr,
-                 HAS_INIT: tl.constexpr):
+                 BLOCK: tl.constexpr, HAS_INIT: tl.constexpr):
     """``S_0`` = the initial state (or 0), ``S_{z+1} = exp(acs_end_z) S_z + own_z`` for batch
-    ``program_id(0) // H``, head ``% H``: the chunks' own states in ``st_ptr`` are replaced by the
-    states entering them (each read before it is written); the last ``S`` goes to ``fin_ptr``."""
+    ``program_id(0) // H``, head ``% H``, elements ``program_id(1)`` (a block of the P N): the
+    chunks' own states in ``st_ptr`` are replaced by the states entering them (each read before it
+    is written); the last ``S`` goes to ``fin_ptr``."""
     bh = tl.program_id(0).to(tl.int64)
     b, h = bh // H, bh % H
-    e = tl.arange(0, PN)
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     if HAS_INIT:
         s = tl.load(init_ptr + bh * PN + e)
     else:
-        s = tl.zeros((PN,), dtype=tl.float32)
+        s = tl.zeros((BLOCK,), dtype=tl.float32)
     nc = L // Q
     for z in range(nc):
         at = ((b * nc + z) * H + h) * PN + e
@@ -162,7 +167,7 @@ def _fwd_kernel(xbc_ptr, dt_ptr, acs_ptr, s_ptr, d_ptr, y_ptr, L,
         y = tl.dot(cb * _decay(acs, Q), x * tl.load(dt_ptr + at)[:, None], input_precision=PREC)
         s = tl.load(s_ptr + _state(pid, h, H, P, N))
         y += tl.exp(acs)[:, None] * tl.dot(cm, tl.trans(s), input_precision=PREC)
-        tl.store(y_ptr + _y_at(rows, h, H, P), y + tl.load(d_ptr + h) * x)
+        tl.store(y_ptr + _y_at(rows, h, H, P), (y + tl.load(d_ptr + h) * x).to(y_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -176,20 +181,21 @@ def _dstate_kernel(dy_ptr, xbc_ptr, acs_ptr, ds_ptr, L,
     cm = _load(xbc_ptr + _b_at(rows, g, H, P, G, N) + G * N)
     for j in range(H // G):
         h = g * (H // G) + j
-        ed = tl.load(dy_ptr + _y_at(rows, h, H, P)) * tl.exp(tl.load(acs_ptr + rows * H + h))[:, None]
+        ed = _load(dy_ptr + _y_at(rows, h, H, P)) * tl.exp(tl.load(acs_ptr + rows * H + h))[:, None]
         tl.store(ds_ptr + _state(pid, h, H, P, N), tl.dot(tl.trans(ed), cm, input_precision=PREC))
 
 
 @triton.jit
 def _pass_bwd_kernel(ds_ptr, ent_ptr, acs_ptr, dfin_ptr, dlast_ptr, dinit_ptr, L, H: tl.constexpr,
-                     PN: tl.constexpr, Q: tl.constexpr):
-    """The backward of :func:`_pass_kernel` for batch ``program_id(0) // H``, head ``% H``: from
-    the gradients ``G`` of the entering states (in ``ds_ptr``) and of the final one, the gradients
-    of the chunks' own states (replacing ``G`` in ``ds_ptr``), of each chunk's ``acs_end``
-    (``dlast_ptr``, (batch, chunks, H)) and of the initial state."""
+                     PN: tl.constexpr, Q: tl.constexpr, BLOCK: tl.constexpr):
+    """The backward of :func:`_pass_kernel` for batch ``program_id(0) // H``, head ``% H``,
+    elements ``program_id(1)``: from the gradients ``G`` of the entering states (in ``ds_ptr``) and
+    of the final one, the gradients of the chunks' own states (replacing ``G`` in ``ds_ptr``), of
+    the initial state, and the block's part of each chunk's ``d acs_end`` (``dlast_ptr``, (batch,
+    chunks, H, PN / BLOCK))."""
     bh = tl.program_id(0).to(tl.int64)
-    b, h = bh // H, bh % H
-    e = tl.arange(0, PN)
+    b, h, k0 = bh // H, bh % H, tl.program_id(1)
+    e = k0 * BLOCK + tl.arange(0, BLOCK)
     r = tl.load(dfin_ptr + bh * PN + e)  # the gradient of the state after chunk z
     nc = L // Q
     for k in range(nc):
@@ -198,7 +204,7 @@ def _pass_bwd_kernel(ds_ptr, ent_ptr, acs_ptr, dfin_ptr, dlast_ptr, dinit_ptr, L
         entering = tl.load(ds_ptr + at)
         tl.store(ds_ptr + at, r)
         dec = tl.exp(tl.load(acs_ptr + (b * L + z * Q + Q - 1) * H + h))
-        tl.store(dlast_ptr + (b * nc + z) * H + h, dec * tl.sum(r * tl.load(ent_ptr + at)))
+        tl.store(dlast_ptr + ((b * nc + z) * H + h) * (PN // BLOCK) + k0, dec * tl.sum(r * tl.load(ent_ptr + at)))
         r = entering + dec * r
     tl.store(dinit_ptr + bh * PN + e, r)
 
@@ -207,7 +213,7 @@ def _pass_bwd_kernel(ds_ptr, ent_ptr, acs_ptr, dfin_ptr, dlast_ptr, dinit_ptr, L
 def _bwd_heads_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dlast_ptr, d_ptr,
                       dxbc_ptr, ddt_ptr, dacs_ptr, dd_ptr, L,
                       H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
-                      PREC: tl.constexpr):
+                      PREC: tl.constexpr, PARTS: tl.constexpr):
     """dx (into ``dxbc``), d dt, d acs and the chunk's part of dD of one head in one chunk (module
     docstring). Programs run head-fastest (``program_id(0) = chunk * H + head``), so that the heads
     of a chunk, which read the same B and C, run side by side and share them through L2."""
@@ -224,7 +230,7 @@ def _bwd_heads_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dlast_ptr,
     t = tl.dot(bm, tl.trans(tl.load(r_ptr + sp)), input_precision=PREC)  # (Q, P): B R^T
     w = _to_end(acs, Q)
     xy = _x_at(rows, h, H, P, G, N)
-    dy, x = tl.load(dy_ptr + _y_at(rows, h, H, P)), _load(xbc_ptr + xy)
+    dy, x = _load(dy_ptr + _y_at(rows, h, H, P)), _load(xbc_ptr + xy)
     u = x * dt[:, None]
     du = tl.dot(tl.trans(m), dy, input_precision=PREC) + w[:, None] * t
     tl.store(dxbc_ptr + xy, (du * dt[:, None] + tl.load(d_ptr + h) * dy).to(dxbc_ptr.dtype.element_ty))
@@ -233,7 +239,7 @@ def _bwd_heads_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dlast_ptr,
     ed = dy * tl.exp(acs)[:, None]
     off = tl.sum(ed * tl.dot(cm, tl.trans(tl.load(s_ptr + sp)), input_precision=PREC), axis=1)
     gw = tl.sum(u * t, axis=1) * w  # from w_s = exp(acs_end - acs_s) of the own state
-    end = tl.sum(gw) + tl.load(dlast_ptr + pid * H + h)
+    end = tl.sum(gw) + tl.sum(tl.load(dlast_ptr + (pid * H + h) * PARTS + tl.arange(0, PARTS)))
     tl.store(dacs_ptr + at, tl.sum(pm, axis=1) - tl.sum(pm, axis=0) + off - gw + tl.where(cq == Q - 1, end, 0.0))
     tl.store(dd_ptr + pid * H + h, tl.sum(dy * x))
 
@@ -241,28 +247,40 @@ def _bwd_heads_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dlast_ptr,
 @triton.jit
 def _bwd_group_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dxbc_ptr, L,
                       H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, Q: tl.constexpr,
-                      PREC: tl.constexpr):
-    """dB and dC (into ``dxbc``) of group ``program_id(1)`` in chunk ``program_id(0)``: the sums
-    over the group's heads (module docstring)."""
+                      PREC: tl.constexpr, DC: tl.constexpr):
+    """dC (``DC``) or dB (into ``dxbc``) of group ``program_id(1)`` in chunk ``program_id(0)``: the
+    sums over the group's heads (module docstring). Both need ``d(C B^T)``; computing it in each of
+    two launches keeps two (Q, N) accumulators and two products a head per program, not three."""
     pid, g = tl.program_id(0), tl.program_id(1)
     rows = _rows(pid, L, Q)
     dcb = tl.zeros((Q, Q), dtype=tl.float32)
-    dc = tl.zeros((Q, N), dtype=tl.float32)
-    db = tl.zeros((Q, N), dtype=tl.float32)
+    acc = tl.zeros((Q, N), dtype=tl.float32)
     for j in range(H // G):
         h = g * (H // G) + j
         at = rows * H + h
         acs = tl.load(acs_ptr + at)
-        dy = tl.load(dy_ptr + _y_at(rows, h, H, P))
+        dy = _load(dy_ptr + _y_at(rows, h, H, P))
         u = _load(xbc_ptr + _x_at(rows, h, H, P, G, N)) * tl.load(dt_ptr + at)[:, None]
         dcb += tl.dot(dy, tl.trans(u), input_precision=PREC) * _decay(acs, Q)
         sp = _state(pid, h, H, P, N)
-        dc += tl.dot(dy * tl.exp(acs)[:, None], tl.load(s_ptr + sp), input_precision=PREC)
-        db += tl.dot(u * _to_end(acs, Q)[:, None], tl.load(r_ptr + sp), input_precision=PREC)
+        if DC:
+            acc += tl.dot(dy * tl.exp(acs)[:, None], tl.load(s_ptr + sp), input_precision=PREC)
+        else:
+            acc += tl.dot(u * _to_end(acs, Q)[:, None], tl.load(r_ptr + sp), input_precision=PREC)
     bc = _b_at(rows, g, H, P, G, N)
     out = dxbc_ptr.dtype.element_ty
-    tl.store(dxbc_ptr + bc + G * N, (dc + tl.dot(dcb, _load(xbc_ptr + bc), input_precision=PREC)).to(out))
-    tl.store(dxbc_ptr + bc, (db + tl.dot(tl.trans(dcb), _load(xbc_ptr + bc + G * N), input_precision=PREC)).to(out))
+    if DC:
+        tl.store(dxbc_ptr + bc + G * N, (acc + tl.dot(dcb, _load(xbc_ptr + bc), input_precision=PREC)).to(out))
+    else:
+        tl.store(dxbc_ptr + bc, (acc + tl.dot(tl.trans(dcb), _load(xbc_ptr + bc + G * N),
+                                              input_precision=PREC)).to(out))
+
+
+#: Elements of a (P, N) state per program of the pass from chunk to chunk and its backward, at
+#: most (a larger state runs in blocks of this size): a whole state of bench/train.py's size
+#: (32 x 64) per program; blocks of 512 or 1024 ran slower on the H200 (the backward pass 2.46 ms
+#: a layer at 512 against 1.68 ms at 2048, .dev microbenchmark; the step 107.9 against 99.2 ms).
+_BLOCK = 2048
 
 
 def _sizes(xbc: torch.Tensor, dt: torch.Tensor, d_state: int, ngroups: int, chunk_size: int, num_warps: int
@@ -279,7 +297,7 @@ def _sizes(xbc: torch.Tensor, dt: torch.Tensor, d_state: int, ngroups: int, chun
 def ssd_chunk_scan(xbc: torch.Tensor, dt: torch.Tensor, acs: torch.Tensor, D: torch.Tensor,
                    initial_state: torch.Tensor | None, d_state: int, ngroups: int, chunk_size: int, num_warps: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(y, final, entering)`` float32 (module docstring): y (batch, L, H, P); the state after the
+    """``(y, final, entering)`` (module docstring): y (batch, L, H, P) in xbc's dtype; the state after the
     last position (batch, H, P, N); the state entering each chunk (batch, L / chunk_size, H, P, N),
     which the backward reads. xbc (batch, L, H P + 2 G N) the inputs x (H, P), then B (G, N), then C
     (G, N) of each position, any float dtype (read as float32); dt (batch, L, H) steps; acs (batch,
@@ -288,13 +306,13 @@ def ssd_chunk_scan(xbc: torch.Tensor, dt: torch.Tensor, acs: torch.Tensor, D: to
     multiple of ``chunk_size``; H a multiple of G; ``num_warps`` per program. The op itself checks
     none of this: :func:`ssd_scan` prepares its inputs and checks sizes and device."""
     (b, L, h, p, n, nc), kw = _sizes(xbc, dt, d_state, ngroups, chunk_size, num_warps)
-    entering, final, y = dt.new_empty(b, nc, h, p, n), dt.new_empty(b, h, p, n), dt.new_empty(b, L, h, p)
-    grid = (b * nc, ngroups)
+    entering, final, y = dt.new_empty(b, nc, h, p, n), dt.new_empty(b, h, p, n), xbc.new_empty(b, L, h, p)
+    grid, block = (b * nc, ngroups), min(_BLOCK, p * n)
     init = initial_state is not None
     with _on(xbc):
         _states_kernel[grid](xbc, dt, acs, entering, L, **kw)
-        _pass_kernel[(b * h,)](entering, acs, initial_state if init else final, final, L, H=h, PN=p * n,
-                               Q=chunk_size, HAS_INIT=init, num_warps=num_warps)
+        _pass_kernel[(b * h, p * n // block)](entering, acs, initial_state if init else final, final, L, H=h,
+                                              PN=p * n, Q=chunk_size, BLOCK=block, HAS_INIT=init, num_warps=4)
         _fwd_kernel[grid](xbc, dt, acs, entering, D, y, L, **kw)
     return y, final, entering
 
@@ -302,7 +320,7 @@ def ssd_chunk_scan(xbc: torch.Tensor, dt: torch.Tensor, acs: torch.Tensor, D: to
 @ssd_chunk_scan.register_fake
 def _(xbc, dt, acs, D, initial_state, d_state, ngroups, chunk_size, num_warps):
     (b, L, h, p, n, nc), _ = _sizes(xbc, dt, d_state, ngroups, chunk_size, num_warps)
-    return dt.new_empty(b, L, h, p), dt.new_empty(b, h, p, n), dt.new_empty(b, nc, h, p, n)
+    return xbc.new_empty(b, L, h, p), dt.new_empty(b, h, p, n), dt.new_empty(b, nc, h, p, n)
 
 
 @torch.library.custom_op("alphamodel::ssd_chunk_scan_bwd", mutates_args=())
@@ -314,14 +332,18 @@ def ssd_chunk_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, xbc: torch.Tensor
     inputs, from dy (batch, L, H, P) and d final (batch, H, P, N); ``entering`` its third output."""
     (b, L, h, p, n, nc), kw = _sizes(xbc, dt, d_state, ngroups, chunk_size, num_warps)
     dxbc, ddt, dacs, _, dinit = _bwd_empty(xbc, dt, acs, D, dfinal)
-    ds, dlast, dd = torch.empty_like(entering), dt.new_empty(b, nc, h), dt.new_empty(b * nc, h)
+    block = min(_BLOCK, p * n)
+    parts = p * n // block
+    ds, dlast, dd = torch.empty_like(entering), dt.new_empty(b, nc, h, parts), dt.new_empty(b * nc, h)
     dy, grid = dy.contiguous(), (b * nc, ngroups)
     with _on(xbc):
         _dstate_kernel[grid](dy, xbc, acs, ds, L, **kw)
-        _pass_bwd_kernel[(b * h,)](ds, entering, acs, dfinal.contiguous(), dlast, dinit, L, H=h, PN=p * n,
-                                   Q=chunk_size, num_warps=num_warps)
-        _bwd_heads_kernel[(b * nc * h,)](dy, xbc, dt, acs, entering, ds, dlast, D, dxbc, ddt, dacs, dd, L, **kw)
-        _bwd_group_kernel[grid](dy, xbc, dt, acs, entering, ds, dxbc, L, **kw)
+        _pass_bwd_kernel[(b * h, parts)](ds, entering, acs, dfinal.contiguous(), dlast, dinit, L, H=h, PN=p * n,
+                                         Q=chunk_size, BLOCK=block, num_warps=4)
+        _bwd_heads_kernel[(b * nc * h,)](dy, xbc, dt, acs, entering, ds, dlast, D, dxbc, ddt, dacs, dd, L,
+                                         PARTS=parts, **kw)
+        for dc in (True, False):
+            _bwd_group_kernel[grid](dy, xbc, dt, acs, entering, ds, dxbc, L, DC=dc, **kw)
     return dxbc, ddt, dacs, dd.sum(0), dinit
 
 
@@ -364,8 +386,9 @@ def ssd_scan(xbc: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, D: torch.Tens
     ``d_state``, G = ``ngroups``), in any float dtype (bf16 under autocast; read as float32, its
     gradient in its dtype); dt (batch, L, H) steps >= 0; A (H,) log decay rates <= 0 (``A dt`` the
     log decay of a step); D (H,) skip weights; ``initial_state`` (batch, H, P, N) or None;
-    ``num_warps`` per program of the kernels. Returns ``(y (batch, L, H, P), final state (batch, H,
-    P, N))`` float32, with gradients for every tensor argument. Raises UsageError for tensors off
+    ``num_warps`` per program of the kernels. Returns ``(y (batch, L, H, P) in xbc's dtype, final
+    state (batch, H, P, N) float32)``, with gradients for every tensor argument (y's may come in
+    any float dtype). Raises UsageError for tensors off
     CUDA (unless Triton's interpreter runs, option ``ssd_impl``), for G (``ngroups``) not a divisor
     of H, for a width of xbc that is not H P + 2 G N, and for ``chunk_size``, P (``headdim``) or N
     (``d_state``) not a power of two >= 16.

@@ -79,7 +79,8 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.mark.parametrize(("L", "h", "g", "q", "p", "n", "init"), [
     (100, 4, 2, 32, 16, 16, True), (64, 2, 1, 16, 16, 16, False), (48, 4, 4, 16, 16, 16, True),
-    (40, 2, 1, 16, 32, 64, True)])  # a state of 2048 elements: the pass runs in 4 blocks
+    (40, 2, 1, 16, 32, 64, True), (20, 2, 1, 16, 32, 128, False)])  # states of 2048 and 4096 elements:
+    # the pass from chunk to chunk in one block and in two
 def test_triton_scan_equals_the_torch_scan_with_gradients(kernels, L, h, g, q, p, n, init):
     inputs = scan_inputs(2, L, h, p, g, n, seed=L + h, init=init)
     leaves = [t for t in inputs if t is not None]
@@ -111,15 +112,15 @@ def test_triton_scan_without_the_final_state_in_the_loss(kernels):
 
 def test_triton_scan_reads_bf16_inputs(kernels):
     """x, B and C in bfloat16 (the convolution's output under autocast): the values of the float64
-    scan of the same (rounded) inputs, their gradient in bfloat16 to its rounding."""
+    scan of the same (rounded) inputs, y and the gradient of xbc in bfloat16 to its rounding."""
     x, dt, A, B, C, D, s0 = scan_inputs(2, 64, 2, 16, 1, 16, seed=11, init=True)
     xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1).bfloat16().requires_grad_()
     y, final = kernels.ssd_scan(xbc, dt, A, D, 16, 1, 16, s0)
     ref = xbc.detach().double().requires_grad_()
     xr, Br, Cr = ref[..., :32].unflatten(2, (2, 16)), ref[..., 32:48, None], ref[..., 48:, None]
     want_y, want_final = reference_scan(xr, dt, A, Br.mT, Cr.mT, D, 16, s0)
-    assert rel_err(y, want_y) < 1e-5 and rel_err(final, want_final) < 1e-5
-    (got,) = torch.autograd.grad((y * y).sum() + final.sum(), xbc)
+    assert y.dtype == torch.bfloat16 and rel_err(y, want_y) < 1e-2 and rel_err(final, want_final) < 1e-5
+    (got,) = torch.autograd.grad((y.float() * y.float()).sum() + final.sum(), xbc)
     (want,) = torch.autograd.grad((want_y * want_y).sum() + want_final.sum(), ref)
     assert got.dtype == torch.bfloat16 and rel_err(got, want) < 1e-2
 
