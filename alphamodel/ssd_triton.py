@@ -92,6 +92,7 @@ def _y_at(rows, h, H: tl.constexpr, P: tl.constexpr):
 
 @triton.jit
 def _load(ptr):
+    """``tl.load(ptr)`` as float32 (xbc, and y's gradient, come in the convolution's dtype)."""
     return tl.load(ptr).to(tl.float32)
 
 
