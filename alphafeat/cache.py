@@ -17,7 +17,8 @@ Writing (:class:`CacheWriter`)
     * A run takes an exclusive ``flock`` on ``OUT/.alphafeat.lock``: a second run on the same
       cache waits for the first, then finds its partitions current and skips them.
     * A partition whose file already carries the same fingerprint is skipped (rerun of an
-      unchanged input). New partitions are written to ``OUT/.staging-*`` and moved into place
+      unchanged input). New partitions are written to ``OUT/.staging-*`` (named ``*.arrow.part``,
+      :func:`staged_path`) and moved into place
       at commit (``os.replace``; over an existing partition an atomic swap of the names,
       :func:`move_into_place`) and the manifest is replaced atomically. An interrupted run
       (error, Ctrl-C, kill) leaves the previous cache as it was; its staging directory is
@@ -74,6 +75,17 @@ def partition_metadata(path: str | os.PathLike[str]) -> dict | None:
         return json.loads(meta[META_KEY])
     except (OSError, KeyError, ValueError, pa.ArrowException):
         return None
+
+
+#: Suffix of a staged partition's name until the commit moves it into place (``ESH4.arrow.part``):
+#: a glob over the cache for ``*.arrow`` (polars' ``**`` enters hidden folders) never reads a
+#: staged or half-written partition that a hard-killed run left in its ``.staging-*`` folder.
+STAGED_SUFFIX = ".part"
+
+
+def staged_path(staging: str | os.PathLike[str], relpath: str) -> Path:
+    """Where the partition ``relpath`` is written in the staging folder ``staging``."""
+    return Path(staging) / (relpath + STAGED_SUFFIX)
 
 
 def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dict, compression: str = "none") -> None:
@@ -254,23 +266,24 @@ class CacheWriter:
 
     def write(self, relpath: str, table: pa.Table, metadata: dict) -> Path:
         """Stage ``table`` for ``relpath`` with ``metadata`` (JSON-able) in its schema."""
-        write_partition(self.staging / relpath, table, metadata)
+        write_partition(staged_path(self.staging, relpath), table, metadata)
         return self.staged(relpath)
 
     def staged(self, relpath: str) -> Path:
-        """Record ``relpath`` as staged: another process wrote ``staging / relpath`` with
+        """Record ``relpath`` as staged: another process wrote :func:`staged_path` with
         :func:`write_partition`. Returns its final path (valid after :meth:`commit`)."""
-        if not (self.staging / relpath).is_file():
-            raise CacheError(self.staging / relpath, "partition was not staged")
+        if not staged_path(self.staging, relpath).is_file():
+            raise CacheError(staged_path(self.staging, relpath), "partition was not staged")
         self.written.append(relpath)
         return self.out / relpath
 
     def commit(self, manifest: dict) -> None:
         """Move staged partitions into place, delete those :meth:`others` decided to drop,
         write the manifest."""
-        missing = [r for r in self.written if not (self.staging / r).is_file()]
+        missing = [r for r in self.written if not staged_path(self.staging, r).is_file()]
         if missing:  # checked before anything moves: a failed commit leaves the cache as it was
-            raise CacheError(self.staging / missing[0], "staged partition is missing; the cache is unchanged")
+            raise CacheError(staged_path(self.staging, missing[0]),
+                             "staged partition is missing; the cache is unchanged")
         tmp = self.out / f".{MANIFEST}.tmp"
         write_text(tmp, json.dumps(manifest, indent=1, sort_keys=True))  # disk full fails here, before any move
         live = {self.out / r for r in self.written + self.kept + self.earlier}
@@ -279,7 +292,7 @@ class CacheWriter:
         for rel in self.written:
             dst = self.out / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            move_into_place(self.staging / rel, dst)
+            move_into_place(staged_path(self.staging, rel), dst)
         for rel in self.drop:
             f = self.out / rel
             if f not in live and f.is_file():

@@ -38,7 +38,7 @@ import pyarrow as pa
 import alphafeat
 from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
-from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, partition_metadata
+from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, partition_metadata, staged_path
 from alphafeat.dbn import file_identity
 from alphafeat.errors import AlphafeatError, DataError, InputError, UsageError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
@@ -1210,7 +1210,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             if res.rows:
                 writer.staged(res.relpath)
                 summary.partitions.append(writer.out / res.relpath)
-                summary.cache_bytes += (writer.staging / res.relpath).stat().st_size
+                summary.cache_bytes += staged_path(writer.staging, res.relpath).stat().st_size
                 summary.rows += res.rows
                 summary.rows_computed += res.rows
                 min_rows = min(min_rows, res.rows)

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from alphafeat import book as bk
-from alphafeat.cache import write_partition
+from alphafeat.cache import staged_path, write_partition
 from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity, is_zstd
 from alphafeat.errors import AlphafeatError, InputError
 from alphafeat.plan import Segment
@@ -646,7 +646,7 @@ def _stage(staging: str, seg: Segment, table: object, meta: dict, compression: s
     (an orphaned ``.staging-*`` in ``--out`` without the cache's lock, which a rerun refuses)."""
     if not os.path.isdir(staging):
         raise AlphafeatError(f"{staging}: the run's staging folder is gone (the run was stopped); not written")
-    write_partition(Path(staging) / seg.relpath, table, meta, compression)
+    write_partition(staged_path(staging, seg.relpath), table, meta, compression)
 
 
 def _row_bound(seg: Segment, kept: Path | None) -> int:

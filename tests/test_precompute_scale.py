@@ -332,7 +332,7 @@ def test_segment_whose_file_disappeared(gone, data, tmp_path):
         run_segment(seg, str(staging), {}, job, None)
     assert info.value.path == missing
     assert missing in str(info.value)
-    assert not staging.exists() or not any(staging.rglob("*.arrow"))
+    assert not staging.exists() or not any(staging.rglob("*.arrow*"))
 
 
 # --------------------------------------------------------------------------------------

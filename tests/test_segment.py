@@ -621,7 +621,7 @@ def test_a_worker_whose_run_is_gone_does_not_make_its_folders_again(tmp_path):
     assert not (tmp_path / "out").exists()
     gone.mkdir(parents=True)
     _stage(str(gone), seg, table, {}, "none")
-    assert (gone / seg.relpath).is_file()
+    assert (gone / (seg.relpath + ".part")).is_file() and not any(gone.rglob("*.arrow"))
 
 
 def test_stream_rows_shrink_with_segments_at_once(monkeypatch) -> None:
