@@ -527,8 +527,8 @@ def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
     n_seg = len(data.segments)
     min_len = min(s.n for s in data.segments)
     if cfg.stride >= min_len:
-        raise DataError(f"--stride {cfg.stride}: out of range, the shortest session has {min_len} rows "
-                        "(stride must be below it)", data.root)
+        raise DataError(f"stride {cfg.stride} (--stride, or \"stride\" in --config): out of range, the shortest "
+                        f"session has {min_len} rows (stride must be below it)", data.root)
     folds_n = cfg.folds or default_folds(n_seg, cfg.embargo)
     starts = np.array([s.ts[0] for s in data.segments])
     ends = np.array([s.ts[-1] for s in data.segments])

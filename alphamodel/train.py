@@ -354,7 +354,9 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
     try:
         meta = json.loads(cfg_path.read_text())
         model_cfg, norm = meta["model"], Normaliser.from_dict(meta["normaliser"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except KeyError as e:
+        raise InputError(cfg_path, f"not an alphamodel config (no key {e.args[0]!r})") from e
+    except (OSError, ValueError, TypeError) as e:
         raise InputError(cfg_path, f"not an alphamodel config ({type(e).__name__}: {e})") from e
     for key, other in TRITON_FALLBACK.items():
         if model_cfg.get(key) == "triton" and torch.device(device).type != "cuda":
@@ -373,8 +375,11 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
     state.pop("norm.std", None)
     try:
         model.load_state_dict(state)
-    except RuntimeError as e:
-        raise InputError(w_path, f"weights do not match {cfg_path} ({str(e).splitlines()[0]})") from e
+    except RuntimeError as e:  # torch's first line is a header; name the first tensor that differs
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        first = lines[1] if len(lines) > 1 else lines[0] if lines else "no detail"
+        more = f"; {len(lines) - 2} more" if len(lines) > 2 else ""
+        raise InputError(w_path, f"weights do not match {cfg_path} ({first}{more})") from e
     return model.to(device).eval(), norm, meta
 
 

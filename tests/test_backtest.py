@@ -267,7 +267,8 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
     assert "comma-separated, got '0,x'" in _one_error(capsys, base + ["--costs", "0,x"], usage)
     assert "argument --stride: expected a number of rows >= 1" in _one_error(capsys, base + ["--stride", "0"], usage)
     # out of range for this cache's sessions, too few sessions for the folds: data errors
-    assert "--stride 400: out of range" in _one_error(capsys, base + ["--stride", "400"])
+    err = _one_error(capsys, base + ["--stride", "400"])
+    assert 'stride 400 (--stride, or "stride" in --config): out of range' in err
     assert "too few" in _one_error(capsys, base + ["--folds", "3"])
     # on the embedded sample (no --cache): refused before its cache is built in OUT
     assert "--folds 9: 3 session(s) are too few" in _one_error(capsys, ["backtest", "--out", str(out), "--folds", "9"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +14,7 @@ from hand_cache import write_hand_cache
 from scipy.stats import mannwhitneyu, rankdata
 
 from alphafeat.cache import MANIFEST
-from alphafeat.errors import AlphafeatError
+from alphafeat.errors import AlphafeatError, InputError
 from alphamodel.data import CacheData, Window
 from alphamodel.evaluation import walk_forward_folds
 from alphamodel.metrics import auc, average_ranks, base_rate
@@ -181,6 +182,16 @@ def test_tiny_training_run_end_to_end_and_repeatable(cache, tmp_path):
     assert 0.3 < h2["base_rate_test"] < 0.7
     model, norm, meta = load_model(tmp_path / "a")
     assert meta["features"] == norm.names and meta["horizons"] == HORIZONS
+    # a config that does not fit the weights, or lacks a key: one message naming what is wrong
+    bad = tmp_path / "bad"
+    shutil.copytree(tmp_path / "a", bad)
+    conf = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**conf, "model": {**conf["model"], "d_state": 32}}))
+    with pytest.raises(InputError, match=r"model.safetensors: weights do not match .*\(size mismatch for blocks\."):
+        load_model(bad)
+    (bad / "config.json").write_text(json.dumps({k: v for k, v in conf.items() if k != "normaliser"}))
+    with pytest.raises(InputError, match=r"config.json: not an alphamodel config \(no key 'normaliser'\)"):
+        load_model(bad)
     saved = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert saved["horizons"][0]["auc_model"] == pytest.approx(h2["auc_model"])
 
