@@ -272,8 +272,9 @@ class CacheWriter:
     def staged(self, relpath: str) -> Path:
         """Record ``relpath`` as staged: another process wrote :func:`staged_path` with
         :func:`write_partition`. Returns its final path (valid after :meth:`commit`)."""
-        if not staged_path(self.staging, relpath).is_file():
-            raise CacheError(staged_path(self.staging, relpath), "partition was not staged")
+        path = staged_path(self.staging, relpath)
+        if not path.is_file():
+            raise CacheError(path, "partition was not staged")
         self.written.append(relpath)
         return self.out / relpath
 

@@ -128,14 +128,18 @@ def ssd_chunked(
     return y, final_state
 
 
+def check_groups(heads: int, groups: int) -> None:
+    """UsageError (option ``ngroups``) unless ``groups`` of B and C divide the ``heads`` of x."""
+    if heads % groups:
+        raise UsageError("ngroups", f"expected a divisor of the {heads} heads", groups)
+
+
 def pad_chunks(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int
                ) -> tuple[torch.Tensor, ...]:
     """``x, a, B, C`` of :func:`ssd_chunked` padded at the end to a multiple of ``chunk_size``
     positions with ``a = 0, x = 0`` (which leave the state unchanged); UsageError unless the
     groups of ``B`` divide the heads of ``x``."""
-    h, g = x.shape[2], B.shape[2]
-    if h % g:
-        raise UsageError("ngroups", f"expected a divisor of the {h} heads", g)
+    check_groups(x.shape[2], B.shape[2])
     pad = (-x.shape[1]) % chunk_size
     if not pad:
         return x, a, B, C

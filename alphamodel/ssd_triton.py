@@ -397,12 +397,12 @@ def ssd_scan(xbc: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, D: torch.Tens
     (``d_state``) not a power of two >= 16.
     """
     from alphamodel.config import check_tiles
+    from alphamodel.mamba2 import check_groups
 
     check_device(xbc, "ssd_impl")
     b, L, w = xbc.shape
     h = dt.shape[-1]
-    if h % ngroups:
-        raise UsageError("ngroups", f"expected a divisor of the {h} heads", ngroups)
+    check_groups(h, ngroups)
     p, rest = divmod(w - 2 * ngroups * d_state, h)
     if rest or p <= 0:
         raise UsageError("headdim", f"expected xbc's width {w} to be {h} heads x headdim + 2 x {ngroups} groups "

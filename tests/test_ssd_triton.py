@@ -59,10 +59,14 @@ def scan_inputs(b: int, L: int, h: int, p: int, g: int, n: int, seed: int, init:
     return [None if v is None else v.to(DEVICE) for v in t]
 
 
+def pack(x, B, C):
+    """x (b, L, H, P), B and C (b, L, G, N) laid out as the block's convolution writes them: one xbc."""
+    return torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1)
+
+
 def scan(kernels, x, dt, A, B, C, D, q, s0=None):
-    """``ssd_scan`` on x, B and C laid out as the block's convolution writes them (one xbc)."""
-    xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1)
-    return kernels.ssd_scan(xbc, dt, A, D, B.shape[-1], B.shape[-2], q, s0)
+    """``ssd_scan`` on x, B and C packed into one xbc."""
+    return kernels.ssd_scan(pack(x, B, C), dt, A, D, B.shape[-1], B.shape[-2], q, s0)
 
 
 def reference_scan(x, dt, A, B, C, D, q, s0):
@@ -114,7 +118,7 @@ def test_triton_scan_reads_bf16_inputs(kernels):
     """x, B and C in bfloat16 (the convolution's output under autocast): the values of the float64
     scan of the same (rounded) inputs, y and the gradient of xbc in bfloat16 to its rounding."""
     x, dt, A, B, C, D, s0 = scan_inputs(2, 64, 2, 16, 1, 16, seed=11, init=True)
-    xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1).bfloat16().requires_grad_()
+    xbc = pack(x, B, C).bfloat16().requires_grad_()
     y, final = kernels.ssd_scan(xbc, dt, A, D, 16, 1, 16, s0)
     ref = xbc.detach().double().requires_grad_()
     xr, Br, Cr = ref[..., :32].unflatten(2, (2, 16)), ref[..., 32:48, None], ref[..., 48:, None]
@@ -162,7 +166,7 @@ def test_triton_scan_under_torch_compile(kernels):
     x, dt, A, B, C, D, s0 = inputs
     acs = torch.cumsum((dt * A).reshape(2, 2, 16, 2), dim=2).reshape(2, 32, 2)
     checks = ("test_schema", "test_autograd_registration", "test_faketensor")
-    xbc = torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)], dim=-1)
+    xbc = pack(x, B, C)
     for init in (s0, None):
         args = [t.contiguous().requires_grad_() for t in (xbc, dt, acs, D)]
         init = None if init is None else init.clone().requires_grad_()
@@ -231,7 +235,7 @@ def test_triton_scan_sizes_are_usage_errors(kernels):
         scan(kernels, *scan_inputs(1, 32, 2, 16, 3, 16, seed=4, init=False)[:6], 16)
     x, dt, A, B, C, D, _ = scan_inputs(1, 32, 2, 16, 1, 16, seed=4, init=False)
     with pytest.raises(UsageError, match="^headdim: expected xbc's width 63 to be 2 heads x headdim"):
-        kernels.ssd_scan(torch.cat([x.flatten(2), B.flatten(2), C.flatten(2)[..., 1:]], -1), dt, A, D, 16)
+        kernels.ssd_scan(pack(x, B, C)[..., 1:], dt, A, D, 16)
     with pytest.raises(UsageError, match="^model.headdim: expected a power of two >= 16 with ssd_impl"):
         check_config(ModelConfig(n_features=3, d_model=12, headdim=12, ssd_impl="triton"), "model")
     with pytest.raises(alphafeat.errors.UsageError, match="^model.ssd_impl: expected chunked or triton"):
