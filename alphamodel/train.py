@@ -377,7 +377,7 @@ def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaM
         model.load_state_dict(state)
     except RuntimeError as e:  # torch's first line is a header; name the first tensor that differs
         lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-        first = lines[1] if len(lines) > 1 else lines[0] if lines else "no detail"
+        first = (lines[1] if len(lines) > 1 else lines[0] if lines else "no detail").rstrip(".")
         more = f"; {len(lines) - 2} more" if len(lines) > 2 else ""
         raise InputError(w_path, f"weights do not match {cfg_path} ({first}{more})") from e
     return model.to(device).eval(), norm, meta
