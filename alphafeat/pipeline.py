@@ -208,6 +208,9 @@ class Job:
     device: str
     #: threads of each segment's CPU features (:func:`feature_threads`; the values do not depend on it)
     feature_threads: int = 1
+    #: whether a segment takes idle cores for its features as other segments end (:func:`idle_cores`;
+    #: up to MAX_FEATURE_THREADS, block by block)
+    spare_threads: bool = False
     #: rows per block of the streamed CPU path (:func:`alphafeat.segment.stream_rows`; 0: its
     #: default; the values do not depend on it)
     block_rows: int = 0
@@ -350,6 +353,18 @@ def feature_threads(cfg: PrecomputeConfig, segments: int) -> int:
     return max(1, min(MAX_FEATURE_THREADS, per_worker - 1))
 
 
+def idle_cores() -> int:
+    """Cores running nothing now: ``os.cpu_count()`` less the runnable tasks of the kernel's
+    ``/proc/loadavg`` (its fourth field, ``running/total``; the reading thread among them);
+    0 where it cannot be read (not Linux)."""
+    try:
+        with open("/proc/loadavg", "rb") as fh:
+            running = int(fh.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, (os.cpu_count() or 1) - running)
+
+
 def _at_once(cfg: PrecomputeConfig, segments: int) -> int:
     """Segments running at once on this machine: ``--jobs`` or ``--dask-local`` workers, at most
     one per segment (1 with ``--scheduler``: another machine's workers)."""
@@ -461,12 +476,13 @@ def _min_depth(params: FeatureParams) -> dict[str, int]:
 def _pruned_stream(job: Job, index: dict[str, int], names: Iterable[str]) -> object:
     """A CPU :class:`~alphafeat.features.cpu.FeatureStream` computing only what features
     ``names`` need (:func:`~alphafeat.features.registry.prune_plan`: the same bits), in pieces
-    of :data:`_PIECE` rows on ``job.feature_threads`` threads; ``index``: each feature's column."""
+    of :data:`_PIECE` rows on ``job.feature_threads`` threads (up to :data:`MAX_FEATURE_THREADS`
+    with ``job.spare_threads``); ``index``: each feature's column."""
     from alphafeat.features.cpu import FeatureStream
     from alphafeat.features.registry import make_plan, prune_plan
 
     plan = prune_plan(make_plan(job.features), [index[n] for n in names])
-    return FeatureStream(plan, _PIECE, job.feature_threads)
+    return FeatureStream(plan, _PIECE, max(job.feature_threads, MAX_FEATURE_THREADS if job.spare_threads else 1))
 
 
 class SegmentColumns:
@@ -562,7 +578,10 @@ class SegmentColumns:
             feats = {name: out[self.index[name]] for name in wanted if self.index[name] in which}
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
-        self.stream.push_block(_prepare(b, self.job.features), lo, take)
+        threads = self.job.feature_threads
+        if self.job.spare_threads:  # cores other segments left (the tail of a run): take them
+            threads = max(threads, min(MAX_FEATURE_THREADS, 1 + idle_cores()))
+        self.stream.push_block(_prepare(b, self.job.features), lo, take, threads)
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
@@ -1171,10 +1190,13 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 if relabel is None and path.is_file():
                     recomputed.append(seg.relpath)
                 calls.append((seg, str(writer.staging), meta, relabel))
+        calls.sort(key=_work, reverse=True)  # the largest first: a run does not end waiting for a big one started last
         threads = feature_threads(cfg, len(calls))
         log.debug("CPU features of each segment on %d thread(s) (%d segment(s) to compute, %d core(s))",
                   threads, len(calls), os.cpu_count() or 1)  # fmt: skip
-        job_t = dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(_at_once(cfg, len(calls))))
+        at_once = _at_once(cfg, len(calls))
+        job_t = dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(at_once),
+                                    spare_threads=at_once > 1 and not cfg.scheduler)  # fmt: skip
         calls = [(seg, staging, meta, job_t, pre, keep, relabel) for seg, staging, meta, relabel in calls]
         by_rel = {c[0].relpath: c[0] for c in calls}
         for res in _map(calls, cfg, device):
@@ -1282,6 +1304,13 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     release_buffers()  # the buffers this process kept for its segments (arena) go back
     log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
     return summary
+
+
+def _work(call: tuple) -> int:
+    """A map call's work, to run the largest first: the bytes of its segment's book files (0
+    for a relabel, which reads none; a file holding several sessions counts whole for each)."""
+    seg, relabel = call[0], call[-1]
+    return 0 if relabel else sum(os.path.getsize(f) for f in seg.book_files if os.path.exists(f))
 
 
 def _reusable(old: dict | None, meta: dict, seg: Segment, job: Job, pre: str | None) -> bool:

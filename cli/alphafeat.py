@@ -21,7 +21,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import logging
 import signal
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,30 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from alphafeat import _blas_probe as blas_probe
 from alphafeat import validation as val
 from alphafeat.errors import InputError, UsageError
 from cli import Parser, console, option, progress_bar, run, verbose_parent
 
-
-class _NoBlasProbe:
-    """An import finder that fails the import of ``scipy.linalg`` while ``numba.np.arraymath``
-    runs, and no other. numba imports that module at the first compiled call of a process (a
-    cached kernel's too) and there probes ``scipy.linalg.cython_blas``, only to choose the inner
-    product of a jitted ``np.convolve`` / ``np.correlate`` (BLAS, or a loop without it; no
-    alphafeat kernel calls them). Importing scipy.linalg took ~0.24 s of every run that computes
-    anything (a third of the first load of the cached kernels, 2-core machine). numba's other
-    BLAS users (``np.dot``, ``np.linalg``) import it when they are compiled, as before. Only in
-    this command's process: a library user's numba is left as it is."""
-
-    @staticmethod
-    def find_spec(name: str, path: object = None, target: object = None) -> None:
-        arraymath = sys.modules.get("numba.np.arraymath")
-        if name == "scipy.linalg" and getattr(getattr(arraymath, "__spec__", None), "_initializing", False):
-            raise ModuleNotFoundError("scipy.linalg: numba's BLAS probe skipped by alphafeat's command", name=name)
-
-
-if not any(isinstance(f, _NoBlasProbe) for f in sys.meta_path):
-    sys.meta_path.insert(0, _NoBlasProbe())
+blas_probe.install()  # in this process; its worker processes: _precompute
 
 _PATH = option(val.validate_path)
 _JOBS = option(val.validate_jobs)
@@ -97,7 +78,10 @@ def _precompute(args: argparse.Namespace) -> int:
     if args.horizons is not None:
         cfg.horizons = args.horizons
     make_job(cfg, "cpu")  # every option checked before the progress bar starts: a bad one is one line
-    with progress_bar(disable=args.quiet) as progress:
+    import joblib
+
+    # joblib's (loky) workers of the plan and the map skip numba's BLAS probe too
+    with progress_bar(disable=args.quiet) as progress, joblib.parallel_config("loky", initializer=blas_probe.install):
         s = precompute(cfg, progress=progress)
     if getattr(args, "own_process", False):  # committed: a Ctrl-C now would only hide the summary
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -86,6 +86,34 @@ def test_push_block_equals_one_call_bit_for_bit(threads: int, declared) -> None:
         assert set(here) == {stream.all_cols} and not pool
 
 
+def test_push_block_threads_changing_block_to_block_bit_for_bit() -> None:
+    """A stream of at most 4 threads whose blocks use 1, 3, 2, 4, 1, ... of them (as a segment
+    does when other segments end and cores come free): every value equal to one
+    compute_features call bit for bit, and each block on the threads it was given."""
+    n = 6000
+    book = random_book(n, 5)
+    main = threading.get_ident()
+    ref = compute_features(book)
+    cols = _prepare(book, FeatureParams())
+    stream = FeatureStream(make_plan(FeatureParams()), 97, 4)
+    got = np.full((len(ref), n), -7.0)
+    cuts = list(range(0, n, 700)) + [n]
+    uses = [1, 3, 2, 4, 1, 2, 4, 3, 1]
+    for (a, c), use in zip(zip(cuts[:-1], cuts[1:]), uses * 2, strict=False):
+        lo = 1 if a > 0 else 0
+        where = set()
+
+        def take(i0, i1, out, which, a=a, lo=lo, where=where):
+            got[list(which), a - lo + i0 : a - lo + i1] = out[list(which)]
+            where.add(threading.get_ident() == main)
+
+        stream.push_block({k: v[a - lo : c] for k, v in cols.items()}, lo, take, use)
+        assert where == ({True} if use == 1 else {False})
+    stream.close()
+    for j, name in enumerate(ref):
+        assert np.array_equal(got[j], ref[name], equal_nan=True), name
+
+
 def _cache(out: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, threads: int,
            inputs: list[Path], **kw) -> dict[str, bytes]:  # fmt: skip
     monkeypatch.setattr(pipeline, "feature_threads", lambda cfg, segments: threads)
@@ -111,6 +139,34 @@ def test_threaded_cache_equals_sequential_bytes(tmp_path, monkeypatch, caplog, f
     ref = _cache(tmp_path / "one", monkeypatch, caplog, 1, inputs, **kw)
     got = _cache(tmp_path / "three", monkeypatch, caplog, 3, inputs, **kw)
     assert ref and got == ref
+
+
+def test_spare_cores_taken_block_by_block_keep_the_bytes(tmp_path, monkeypatch, caplog) -> None:
+    """With segments sharing the cores (``spare_threads``), a segment takes the idle cores
+    (``idle_cores``) block by block as others end: its blocks run on 1 to MAX_FEATURE_THREADS
+    threads as the idle count changes, and the partitions equal those of 1 thread byte for byte."""
+    import itertools
+
+    from alphafeat.features.cpu import FeatureStream
+
+    inputs = sorted(DATA.glob("*20240307*.dbn.zst"))
+    if not inputs:
+        pytest.skip("data/ has no embedded sample")
+    monkeypatch.setattr(segment, "BLOCK_ROWS", 1000)
+    monkeypatch.setattr(pipeline, "_PIECE", 301)
+    ref = _cache(tmp_path / "one", monkeypatch, caplog, 1, inputs)
+    monkeypatch.setattr(pipeline, "_at_once", lambda cfg, segments: 2)  # as if another segment ran beside
+    monkeypatch.setattr(pipeline, "idle_cores", itertools.cycle([0, 5, 1, 2, 0, 9]).__next__)
+    used, push_block = [], FeatureStream.push_block
+
+    def spy(self, cols, lo, take, threads=None):
+        used.append(threads)
+        return push_block(self, cols, lo, take, threads)
+
+    monkeypatch.setattr(FeatureStream, "push_block", spy)
+    got = _cache(tmp_path / "spare", monkeypatch, caplog, 1, inputs)
+    assert ref and got == ref
+    assert len(used) >= 6 and set(used) >= {1, 2, pipeline.MAX_FEATURE_THREADS}
 
 
 @pytest.mark.parametrize(

@@ -160,3 +160,23 @@ print(numba.njit(lambda a: np.dot(a, a))(np.arange(3.0)), "scipy.linalg" in sys.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
                          env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
     assert out.stdout.split() == ["False", "5.0", "True"]
+
+
+def _loads_scipy_linalg() -> bool:
+    """In a worker: load a cached kernel; whether scipy.linalg got imported."""
+    from alphafeat.features.cpu import _lut
+
+    _lut()
+    return "scipy.linalg" in sys.modules
+
+
+def test_command_workers_load_a_kernel_without_scipy_linalg() -> None:
+    """The command's joblib workers (plan scans, segments) get the same skip through joblib's
+    initializer (``cli/alphafeat.py``: ``parallel_config("loky", initializer=...)``); without
+    it a worker imports scipy.linalg at its first kernel (the check can fail)."""
+    from alphafeat import _blas_probe
+
+    with joblib.parallel_config("loky", initializer=_blas_probe.install):
+        skipped = joblib.Parallel(2)(joblib.delayed(_loads_scipy_linalg)() for _ in range(2))
+    plain = joblib.Parallel(2)(joblib.delayed(_loads_scipy_linalg)() for _ in range(2))
+    assert skipped == [False, False] and plain == [True, True]

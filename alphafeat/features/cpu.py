@@ -1111,7 +1111,8 @@ class FeatureStream:
         Most new rows one push (one piece of :meth:`push_block`) may bring (the result
         matrices are allocated once for them).
     threads : int
-        Threads :meth:`push_block` computes on (1: the calling thread only).
+        Most threads :meth:`push_block` computes on (1: the calling thread only); each call
+        may use fewer (its ``threads``). The pool threads start at the first call using them.
     """
 
     def __init__(self, plan: Plan, max_rows: int, threads: int = 1) -> None:
@@ -1135,14 +1136,8 @@ class FeatureStream:
         # the row-wise stage's carry: read by the kernel (copied), never changed
         self._still = Carry(np.zeros(S), np.full(N_LF, -1, dtype=np.int64), np.zeros(N_LF),
                             np.zeros(N_LF, dtype=np.int64), np.zeros(1))  # fmt: skip
-        self._pool = None
+        self._pool = None  # the pool threads and their result buffers, made at the first threaded push_block
         self._ring: list[np.ndarray] = []
-        if self.threads > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="features-rows")
-            self._ring = [reserve(f"features:ring{k}", self.out.shape, np.float64)
-                          for k in range(_AHEAD * (self.threads - 1) + 2)]  # fmt: skip
 
     def close(self) -> None:
         """Let the pool threads go (a threaded stream)."""
@@ -1167,9 +1162,10 @@ class FeatureStream:
         return self._continue(_MODE_CONTINUE_SCAN, cols, halo, out)
 
     def push_block(self, cols: dict[str, np.ndarray], lo: int,
-                   take: Callable[[int, int, np.ndarray, frozenset[int]], None]) -> None:
+                   take: Callable[[int, int, np.ndarray, frozenset[int]], None], threads: int | None = None) -> None:
         """Push rows ``lo`` on of ``cols`` (row ``lo - 1`` is the halo when ``lo > 0``; ``lo`` is
-        0 only for the first push) in pieces of at most ``max_rows`` rows.
+        0 only for the first push) in pieces of at most ``max_rows`` rows, on ``threads`` threads
+        (default and at most the stream's ``threads``; it may change from block to block).
 
         For each piece ``[i0, i1)`` of ``cols``, ``take(i0, i1, out, which)`` gets its features,
         ``out`` a float64 view ``(n_out, i1 - i0)`` valid during the call, of which the columns
@@ -1181,13 +1177,14 @@ class FeatureStream:
         """
         n = int(cols["ts_recv"].shape[0])
         spans = [(i0, min(i0 + self.max_rows, n)) for i0 in range(lo, n, self.max_rows)]
-        if self._pool is None:
+        use = self.threads if threads is None else max(1, min(int(threads), self.threads))
+        if use == 1:
             for i0, i1 in spans:
                 take(i0, i1, self.push(_rows_of(cols, i0, i1), i0 > 0), self.all_cols)
             return
         from concurrent.futures import wait
 
-        pool, ring = self._pool, self._ring
+        pool, ring = self._threaded(use)
         rows, rest = [], []  # per piece: its row-wise stage, the take of its other columns
         try:
             for j, (i0, i1) in enumerate(spans):
@@ -1206,6 +1203,17 @@ class FeatureStream:
             wait(rows + rest)  # nothing of the block is read after this returns
         for f in rest:
             f.result()
+
+    def _threaded(self, use: int) -> tuple[object, list[np.ndarray]]:
+        """The pool (``threads - 1`` threads, made once) and the result buffers of a push_block
+        on ``use`` threads: :data:`_AHEAD` pieces ahead per pool thread used."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="features-rows")
+            self._ring = [reserve(f"features:ring{k}", self.out.shape, np.float64)
+                          for k in range(_AHEAD * (self.threads - 1) + 2)]  # fmt: skip
+        return self._pool, self._ring[: _AHEAD * (use - 1) + 2]
 
     def _rows_piece(self, cols: dict[str, np.ndarray], span: tuple[int, int], buf: np.ndarray,
                     take: Callable[[int, int, np.ndarray, frozenset[int]], None]) -> None:
