@@ -28,12 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from alphafeat import _blas_probe as blas_probe
+from alphafeat import _command
 from alphafeat import validation as val
 from alphafeat.errors import InputError, UsageError
 from cli import Parser, console, option, progress_bar, run, verbose_parent
 
-blas_probe.install()  # in this process; its worker processes: _precompute
+_command.skip_blas_probe()  # in this process; in its worker processes: _precompute
 
 _PATH = option(val.validate_path)
 _JOBS = option(val.validate_jobs)
@@ -80,8 +80,9 @@ def _precompute(args: argparse.Namespace) -> int:
     make_job(cfg, "cpu")  # every option checked before the progress bar starts: a bad one is one line
     import joblib
 
-    # joblib's (loky) workers of the plan and the map skip numba's BLAS probe too
-    with progress_bar(disable=args.quiet) as progress, joblib.parallel_config("loky", initializer=blas_probe.install):
+    # joblib's (loky) workers of the plan and the map: the BLAS probe skipped, ended with this process
+    workers = joblib.parallel_config("loky", initializer=_command.worker_start)
+    with progress_bar(disable=args.quiet) as progress, workers:
         s = precompute(cfg, progress=progress)
     if getattr(args, "own_process", False):  # committed: a Ctrl-C now would only hide the summary
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -172,11 +172,49 @@ def _loads_scipy_linalg() -> bool:
 
 def test_command_workers_load_a_kernel_without_scipy_linalg() -> None:
     """The command's joblib workers (plan scans, segments) get the same skip through joblib's
-    initializer (``cli/alphafeat.py``: ``parallel_config("loky", initializer=...)``); without
-    it a worker imports scipy.linalg at its first kernel (the check can fail)."""
-    from alphafeat import _blas_probe
+    initializer (``cli/alphafeat.py``: ``parallel_config("loky", initializer=worker_start)``);
+    without it a worker imports scipy.linalg at its first kernel (the check can fail)."""
+    from alphafeat import _command
 
-    with joblib.parallel_config("loky", initializer=_blas_probe.install):
+    with joblib.parallel_config("loky", initializer=_command.worker_start):
         skipped = joblib.Parallel(2)(joblib.delayed(_loads_scipy_linalg)() for _ in range(2))
     plain = joblib.Parallel(2)(joblib.delayed(_loads_scipy_linalg)() for _ in range(2))
     assert skipped == [False, False] and plain == [True, True]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_command_workers_end_with_a_killed_command(tmp_path) -> None:
+    """A command killed with SIGKILL takes its joblib workers with it (``worker_start``: a
+    parent-death signal); they used to finish their segment and idle for loky's 300 s."""
+    import signal
+    import time
+
+    import psutil
+
+    pids = tmp_path / "pids"
+    code = f"""
+import os, time, joblib
+from alphafeat import _command
+def work(_):
+    with open({str(pids)!r}, "a") as fh:
+        fh.write(f"{{os.getpid()}}\\n")
+    time.sleep(120)
+with joblib.parallel_config("loky", initializer=_command.worker_start):
+    joblib.Parallel(2)(joblib.delayed(work)(i) for i in range(2))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT, env=dict(os.environ, PYTHONPATH=str(PROJECT)))
+    try:
+        deadline = time.monotonic() + 120
+        while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [int(p) for p in pids.read_text().split()]
+        assert len(workers) == 2 and all(psutil.pid_exists(p) for p in workers)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers) \
+                and time.monotonic() < deadline:  # fmt: skip
+            time.sleep(0.1)
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers)
+    finally:
+        proc.kill()

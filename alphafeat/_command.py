@@ -1,8 +1,11 @@
-"""Skip numba's BLAS probe in the processes of ``alphafeat precompute`` (the command's and its
-worker processes'; a library user's numba is left as it is)."""
+"""What the processes of the ``alphafeat`` command set up (its own and its joblib workers'; a
+library user's process is left as it is): numba's BLAS probe skipped, and workers that end with
+the command."""
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import sys
 
 
@@ -24,8 +27,25 @@ class NoBlasProbe:
             raise ModuleNotFoundError("scipy.linalg: numba's BLAS probe skipped by alphafeat's command", name=name)
 
 
-def install() -> None:
-    """Put :class:`NoBlasProbe` first on ``sys.meta_path`` (once). The command calls it in its
-    own process and passes it to joblib as the initializer of its worker processes."""
+def skip_blas_probe() -> None:
+    """Put :class:`NoBlasProbe` first on ``sys.meta_path`` (once): in the command's process."""
     if not any(isinstance(f, NoBlasProbe) for f in sys.meta_path):
         sys.meta_path.insert(0, NoBlasProbe())
+
+
+#: ``prctl(2)`` option: the signal a process gets when its parent ends (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def worker_start() -> None:
+    """joblib's initializer of the command's worker processes (plan scans, segments): the BLAS
+    probe skipped (:func:`skip_blas_probe`), and SIGKILL when the command's process ends
+    (``prctl(PR_SET_PDEATHSIG)``; Linux, elsewhere nothing): a command killed with ``kill -9``
+    otherwise left its workers to finish their segment into a staging folder nobody commits and
+    idle until loky's 300 s timeout, holding a session's memory and the command's stderr (a
+    ``| tee`` waited for them)."""
+    skip_blas_probe()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl here
+        pass
