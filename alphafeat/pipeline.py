@@ -208,9 +208,9 @@ class Job:
     device: str
     #: threads of each segment's CPU features (:func:`feature_threads`; the values do not depend on it)
     feature_threads: int = 1
-    #: whether a segment takes idle cores for its features as other segments end (:func:`idle_cores`;
-    #: up to MAX_FEATURE_THREADS, block by block)
-    spare_threads: bool = False
+    #: the run's file of the segments computing now (:func:`live_threads`: a segment takes the cores
+    #: others leave as they end); None: ``feature_threads`` throughout
+    in_flight: str | None = None
     #: rows per block of the streamed CPU path (:func:`alphafeat.segment.stream_rows`; 0: its
     #: default; the values do not depend on it)
     block_rows: int = 0
@@ -349,20 +349,38 @@ def feature_threads(cfg: PrecomputeConfig, segments: int) -> int:
     not known here)."""
     if cfg.scheduler:
         return 1
-    per_worker = (os.cpu_count() or 1) // _at_once(cfg, segments)
+    return _threads_of(_at_once(cfg, segments))
+
+
+def _threads_of(at_once: int) -> int:
+    """Feature threads of a segment while ``at_once`` segments share this machine's cores."""
+    per_worker = (os.cpu_count() or 1) // max(1, at_once)
     return max(1, min(MAX_FEATURE_THREADS, per_worker - 1))
 
 
-def idle_cores() -> int:
-    """Cores running nothing now: ``os.cpu_count()`` less the runnable tasks of the kernel's
-    ``/proc/loadavg`` (its fourth field, ``running/total``; the reading thread among them);
-    0 where it cannot be read (not Linux)."""
+#: In the staging folder: how many of the run's segments are computing now (:func:`live_threads`).
+IN_FLIGHT = ".in_flight"
+
+
+def _set_in_flight(staging: Path, n: int) -> None:
+    """Write ``n``, the segments computing now, for the workers (replaced whole: never half read)."""
+    tmp = staging / f"{IN_FLIGHT}.tmp"
+    tmp.write_text(str(n))
+    os.replace(tmp, staging / IN_FLIGHT)
+
+
+def live_threads(job: Job) -> int:
+    """Feature threads of a segment's next block: with ``job.in_flight`` those of
+    :func:`feature_threads` for the segments computing now (the main process rewrites the file
+    as results come back, so the last segments of a run take the cores the others left), at
+    least ``job.feature_threads``; without it, or where it cannot be read, ``job.feature_threads``."""
+    if not job.in_flight:
+        return job.feature_threads
     try:
-        with open("/proc/loadavg", "rb") as fh:
-            running = int(fh.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return max(0, (os.cpu_count() or 1) - running)
+        n = int(Path(job.in_flight).read_bytes())
+    except (OSError, ValueError):
+        return job.feature_threads
+    return max(job.feature_threads, _threads_of(n))
 
 
 def _at_once(cfg: PrecomputeConfig, segments: int) -> int:
@@ -477,12 +495,12 @@ def _pruned_stream(job: Job, index: dict[str, int], names: Iterable[str]) -> obj
     """A CPU :class:`~alphafeat.features.cpu.FeatureStream` computing only what features
     ``names`` need (:func:`~alphafeat.features.registry.prune_plan`: the same bits), in pieces
     of :data:`_PIECE` rows on ``job.feature_threads`` threads (up to :data:`MAX_FEATURE_THREADS`
-    with ``job.spare_threads``); ``index``: each feature's column."""
+    with ``job.in_flight``); ``index``: each feature's column."""
     from alphafeat.features.cpu import FeatureStream
     from alphafeat.features.registry import make_plan, prune_plan
 
     plan = prune_plan(make_plan(job.features), [index[n] for n in names])
-    return FeatureStream(plan, _PIECE, max(job.feature_threads, MAX_FEATURE_THREADS if job.spare_threads else 1))
+    return FeatureStream(plan, _PIECE, MAX_FEATURE_THREADS if job.in_flight else job.feature_threads)
 
 
 class SegmentColumns:
@@ -578,10 +596,7 @@ class SegmentColumns:
             feats = {name: out[self.index[name]] for name in wanted if self.index[name] in which}
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
-        threads = self.job.feature_threads
-        if self.job.spare_threads:  # cores other segments left (the tail of a run): take them
-            threads = max(threads, min(MAX_FEATURE_THREADS, 1 + idle_cores()))
-        self.stream.push_block(_prepare(b, self.job.features), lo, take, threads)
+        self.stream.push_block(_prepare(b, self.job.features), lo, take, live_threads(self.job))
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
@@ -1195,11 +1210,16 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         log.debug("CPU features of each segment on %d thread(s) (%d segment(s) to compute, %d core(s))",
                   threads, len(calls), os.cpu_count() or 1)  # fmt: skip
         at_once = _at_once(cfg, len(calls))
-        job_t = dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(at_once),
-                                    spare_threads=at_once > 1 and not cfg.scheduler)  # fmt: skip
+        in_flight = None
+        if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores
+            _set_in_flight(writer.staging, at_once)
+            in_flight = str(writer.staging / IN_FLIGHT)
+        job_t = dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(at_once), in_flight=in_flight)
         calls = [(seg, staging, meta, job_t, pre, keep, relabel) for seg, staging, meta, relabel in calls]
         by_rel = {c[0].relpath: c[0] for c in calls}
-        for res in _map(calls, cfg, device):
+        for done, res in enumerate(_map(calls, cfg, device), 1):
+            if in_flight and len(calls) - done < at_once:  # fewer segments left than workers
+                _set_in_flight(writer.staging, len(calls) - done)
             if isinstance(res, tuple):
                 err = InputError(*res[1:3], offset=res[3], record=res[4]) if res[0] == "input" else \
                     AlphafeatError(res[1])  # fmt: skip

@@ -141,10 +141,11 @@ def test_threaded_cache_equals_sequential_bytes(tmp_path, monkeypatch, caplog, f
     assert ref and got == ref
 
 
-def test_spare_cores_taken_block_by_block_keep_the_bytes(tmp_path, monkeypatch, caplog) -> None:
-    """With segments sharing the cores (``spare_threads``), a segment takes the idle cores
-    (``idle_cores``) block by block as others end: its blocks run on 1 to MAX_FEATURE_THREADS
-    threads as the idle count changes, and the partitions equal those of 1 thread byte for byte."""
+def test_threads_changing_as_segments_end_keep_the_bytes(tmp_path, monkeypatch, caplog) -> None:
+    """With segments sharing the cores, the run keeps the count of segments computing in its
+    staging folder and a segment's blocks run on the threads that count leaves it
+    (``live_threads``, 1 to MAX_FEATURE_THREADS, changing from block to block): the partitions
+    equal those of 1 thread byte for byte."""
     import itertools
 
     from alphafeat.features.cpu import FeatureStream
@@ -156,7 +157,10 @@ def test_spare_cores_taken_block_by_block_keep_the_bytes(tmp_path, monkeypatch, 
     monkeypatch.setattr(pipeline, "_PIECE", 301)
     ref = _cache(tmp_path / "one", monkeypatch, caplog, 1, inputs)
     monkeypatch.setattr(pipeline, "_at_once", lambda cfg, segments: 2)  # as if another segment ran beside
-    monkeypatch.setattr(pipeline, "idle_cores", itertools.cycle([0, 5, 1, 2, 0, 9]).__next__)
+    counts, set_in_flight = [], pipeline._set_in_flight
+    monkeypatch.setattr(pipeline, "_set_in_flight", lambda staging, n: (counts.append(n), set_in_flight(staging, n)))
+    monkeypatch.setattr(pipeline, "live_threads", lambda job: next(cycle))
+    cycle = itertools.cycle([1, 4, 2, 1, 3])
     used, push_block = [], FeatureStream.push_block
 
     def spy(self, cols, lo, take, threads=None):
@@ -164,9 +168,32 @@ def test_spare_cores_taken_block_by_block_keep_the_bytes(tmp_path, monkeypatch, 
         return push_block(self, cols, lo, take, threads)
 
     monkeypatch.setattr(FeatureStream, "push_block", spy)
-    got = _cache(tmp_path / "spare", monkeypatch, caplog, 1, inputs)
+    got = _cache(tmp_path / "live", monkeypatch, caplog, 1, inputs)
     assert ref and got == ref
-    assert len(used) >= 6 and set(used) >= {1, 2, pipeline.MAX_FEATURE_THREADS}
+    assert len(used) >= 6 and set(used) == {1, 2, 3, 4} and counts == [2, 0]
+
+
+def test_live_threads_follow_the_segments_in_flight(tmp_path, monkeypatch) -> None:
+    """A segment's threads from the count of segments computing now (16 cores: 16 or 8 at once
+    -> 1, 5 -> 2, 3 -> 4 at most), never below the job's share; the share where the count is
+    missing (run committed), unreadable or not kept (one segment at a time, --scheduler)."""
+    import dataclasses
+
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
+    f = tmp_path / pipeline.IN_FLIGHT
+    job = dataclasses.replace(pipeline.make_job(PrecomputeConfig(inputs=[], out=tmp_path / "c"), "cpu"),
+                              feature_threads=1, in_flight=str(f))  # fmt: skip
+    got = {}
+    for n in (16, 8, 5, 3, 1):
+        pipeline._set_in_flight(tmp_path, n)
+        got[n] = pipeline.live_threads(job)
+    assert got == {16: 1, 8: 1, 5: 2, 3: 4, 1: 4}
+    assert pipeline.live_threads(dataclasses.replace(job, feature_threads=3)) == 4
+    f.write_text("x")
+    assert pipeline.live_threads(job) == 1
+    f.unlink()
+    assert pipeline.live_threads(job) == 1
+    assert pipeline.live_threads(dataclasses.replace(job, in_flight=None, feature_threads=2)) == 2
 
 
 @pytest.mark.parametrize(
