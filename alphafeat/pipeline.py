@@ -897,10 +897,13 @@ def _label_params(table: pa.Table) -> dict:
 _PIECE = 4096
 
 
-def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, float]) -> tuple[pa.Table, int]:
+def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, float],
+                  gpu_locks: str | None = None) -> tuple[pa.Table, int]:  # fmt: skip
     """Features, labels and the stored book columns of one whole segment book (the GPU and
     volume-bar path) as an Arrow table; returns ``(table, crossed rows)`` and adds
-    ``features`` and ``labels`` to ``seconds``. Columns and types: :func:`column_specs`."""
+    ``features`` and ``labels`` to ``seconds``. Columns and types: :func:`column_specs`.
+    With ``gpu_locks`` (the run's staging folder) GPU features wait for a turn among the
+    run's segments (:func:`alphafeat.cuda.gpu_turn`: bounded GPU memory)."""
     t0 = time.perf_counter()
     k = b.complete_from
     if job.bar_volume:
@@ -908,7 +911,13 @@ def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, floa
         b = volume_bars(b, job.bar_volume)
         k = k if k <= 0 else (len(b) if t is None else int(np.searchsorted(b.ts_recv, t)))  # first bar after it
     cols = SegmentColumns(seg, job, len(b))
-    feats = compute_features(b, job.features, device=job.device)
+    if job.device == "cuda" and gpu_locks:
+        from alphafeat.cuda import gpu_turn
+
+        with gpu_turn(gpu_locks):
+            feats = compute_features(b, job.features, device=job.device)
+    else:
+        feats = compute_features(b, job.features, device=job.device)
     seconds["features"] = time.perf_counter() - t0
     cols.add(b, False, feats)
     cols.mark_complete(k)

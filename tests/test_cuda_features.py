@@ -30,7 +30,7 @@ REAL_GPU = HAVE_DEVICE and not IN_SIM
 needs_device = pytest.mark.skipif(
     not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
 )
-N_INPROCESS = 13  # number of test_inprocess_* test items below (checked by the runner)
+N_INPROCESS = 14  # number of test_inprocess_* test items below (checked by the runner)
 
 
 def rows(full: int, sim: int) -> int:
@@ -206,6 +206,20 @@ def test_inprocess_no_look_ahead_and_tiny() -> None:
     assert list(f) == [s.name for s in feature_specs(FeatureParams())]
     assert math.isnan(f["tick_return"][0]) and f["trade_rate_1s"][0] == one.trade_count[0]
     assert_same(compute_features(one), f)
+
+
+@needs_device
+def test_inprocess_gpu_turn_frees_the_device_buffers(tmp_path) -> None:
+    """Features computed in a turn (``gpu_turn``: segments of a run sharing the GPU) equal the
+    CPU's, and the process keeps no device buffer after the turn (pinned host buffers stay)."""
+    from alphafeat.cuda import gpu_turn, kernels
+
+    book = random_book(rows(400, 48), 31)
+    with gpu_turn(tmp_path):
+        gpu = compute_features(book, device="cuda")
+        assert kernels.buffers()._dev
+    assert not kernels.buffers()._dev and not kernels.buffers()._views
+    assert_same(compute_features(book), gpu)
 
 
 @needs_device

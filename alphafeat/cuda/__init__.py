@@ -11,9 +11,13 @@ Imports go one way: :func:`alphafeat.features.compute_features` calls this packa
 
 from __future__ import annotations
 
+import fcntl
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
@@ -23,7 +27,51 @@ if TYPE_CHECKING:
     from alphafeat.features.registry import FeatureParams
     from alphafeat.types import BookArrays
 
-__all__ = ["compute_features_cuda", "compute_features_cuda_many", "direction_labels_cuda", "pinned_empty"]
+__all__ = ["compute_features_cuda", "compute_features_cuda_many", "direction_labels_cuda", "gpu_turn", "pinned_empty"]
+
+#: GPU memory given to one segment's features when segments of a run share the GPU: a full
+#: generated ES session (up to ~4.3 M rows) holds its inputs and every feature's float64 output
+#: there, about 6-8 GB; :func:`gpu_turn` lets total memory // this many segments use it at once.
+SLOT_BYTES = 12 << 30
+
+
+@contextmanager
+def gpu_turn(lock_dir: str | Path) -> Iterator[None]:
+    """A turn on the GPU for one segment among the worker processes of a run.
+
+    Waits until fewer than ``slots`` segments hold a turn (``slots`` = the GPU's total memory //
+    :data:`SLOT_BYTES`, at least 1; an exclusive ``flock`` on one of the files ``.gpu-<k>`` in
+    ``lock_dir``, polled every 10 ms), and when the segment is done frees the device memory it
+    used (:func:`alphafeat.cuda.kernels.release_device`; pinned host buffers are kept). Each
+    worker process keeps its device buffers between calls otherwise, so 16 workers held 16
+    sessions' buffers at once: a generated quarter with ``--jobs 16 --device cuda`` ran out of
+    the H200's memory (CUDA_ERROR_OUT_OF_MEMORY). ``lock_dir`` must be on a filesystem the
+    workers share (the run's staging folder)."""
+    from alphafeat.cuda import kernels
+
+    total = kernels.total_memory()
+    slots = max(1, min(total // SLOT_BYTES, 1024))
+    fh = _take_slot(Path(lock_dir), slots)
+    try:
+        yield
+    finally:
+        try:
+            kernels.release_device()
+        finally:
+            fh.close()  # the lock goes with the descriptor
+
+
+def _take_slot(lock_dir: Path, slots: int) -> IO[bytes]:
+    """The open lock file of a free turn among ``slots`` (locked), waiting until one is free."""
+    while True:
+        for k in range(slots):
+            fh = open(lock_dir / f".gpu-{k}", "ab")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fh
+            except BlockingIOError:
+                fh.close()
+        time.sleep(0.01)
 
 
 def pinned_empty(shape, dtype=np.float64) -> np.ndarray:

@@ -427,6 +427,14 @@ class Buffers:
             self._host_in.clear()
             self._slots.clear()
 
+    def release_device(self) -> None:
+        """Drop the device buffers and their views (after the work in flight is done)."""
+        with self.lock:
+            if self._streams:
+                cuda.synchronize()
+            self._views.clear()
+            self._dev.clear()
+
     def _pooled(self, pool: list[np.ndarray], nbytes: int, size: int = 2) -> np.ndarray:
         """A pinned uint8 buffer of at least ``nbytes`` from ``pool`` (at most ``size`` kept).
 
@@ -522,6 +530,22 @@ def release_buffers() -> None:
     """Drop the device and pinned host buffers, streams and events kept between calls (after
     the work in flight is done)."""
     buffers().release()
+
+
+def release_device() -> None:
+    """Free the device buffers kept between calls (after the work in flight is done), back to
+    the driver at once (numba's deferred deallocations flushed); pinned host buffers, streams
+    and the plans' small arrays are kept."""
+    buffers().release_device()
+    deallocations = getattr(cuda.current_context(), "deallocations", None)  # (not under the simulator)
+    if deallocations is not None:
+        deallocations.clear()
+
+
+def total_memory() -> int:
+    """Bytes of memory of this process's GPU (``cuMemGetInfo``'s total; 2**62 under the simulator)."""
+    total = cuda.current_context().get_memory_info().total
+    return int(min(total, 2**62))
 
 
 def _pinned_flat(nbytes: int) -> np.ndarray:
