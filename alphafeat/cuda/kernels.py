@@ -417,12 +417,9 @@ class Buffers:
     def release(self) -> None:
         """Drop every buffer, stream and event (after the work in flight is done)."""
         with self.lock:
-            if self._streams:
-                cuda.synchronize()
+            self.release_device()
             self._streams.clear()
             self._plans.clear()
-            self._views.clear()
-            self._dev.clear()
             self._host_out.clear()
             self._host_in.clear()
             self._slots.clear()
