@@ -1331,7 +1331,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     summary.peak_rss = max(summary.peak_rss, peak_rss())
     summary.seconds = time.perf_counter() - t0
     release_buffers()  # the buffers this process kept for its segments (arena) go back
-    log.info("wrote %d rows in %d partitions to %s", summary.rows, len(summary.partitions), cfg.out)
+    log.info("%s: %d rows in %d partitions, %d of them already current", cfg.out, summary.rows,
+             len(summary.partitions), summary.partitions_skipped)  # fmt: skip
     return summary
 
 
