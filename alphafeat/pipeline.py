@@ -18,6 +18,7 @@ so nothing crosses a session break or a roll, and the cache is the same whatever
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -818,13 +819,15 @@ def relabel_table(table: pa.Table, job: Job, added: dict[str, np.ndarray] | None
     return pa.table({**book, **feats, **_label_arrays(labels)})
 
 
-def added_features(b: BookArrays, job: Job, names: list[str]) -> dict[str, np.ndarray]:
+def added_features(b: BookArrays, job: Job, names: list[str], where: str = "",
+                   gpu_locks: str | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """The stored columns (n,) of features ``names`` of the whole book ``b`` (a segment's kept
     book, :func:`alphafeat.segment.load_book`), with the dtypes, the values and the NaN of too
     shallow a book that a fresh run stores: on the CPU a
     :class:`~alphafeat.features.cpu.FeatureStream` of the plan pruned to these features
     (:func:`~alphafeat.features.registry.prune_plan`: the same operations on the same rows,
-    so the same bits), block by block; on a GPU every feature, as a fresh run computes them."""
+    so the same bits), block by block; on a GPU every feature, as a fresh run computes them
+    (:func:`device_features`: ``where`` names the segment, ``gpu_locks`` the run's turns)."""
     from alphafeat.features import _prepare
 
     index = {s.name: k for k, s in enumerate(feature_specs(job.features))}
@@ -847,7 +850,7 @@ def added_features(b: BookArrays, job: Job, names: list[str]) -> dict[str, np.nd
             stream.close()
     else:
         wide = dataclasses.replace(b, bid_sz=np.asarray(b.bid_sz, np.float64), ask_sz=np.asarray(b.ask_sz, np.float64))
-        feats = compute_features(wide, job.features, device=job.device)
+        feats = device_features(wide, job, where, gpu_locks)
         for n in names:
             out[n][:] = feats[n]
     need = _min_depth(job.features)
@@ -897,6 +900,26 @@ def _label_params(table: pa.Table) -> dict:
 _PIECE = 4096
 
 
+def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None) -> dict[str, np.ndarray]:
+    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`); on a
+    GPU, with ``gpu_locks`` (the run's staging folder), in a turn among the run's segments
+    (:func:`alphafeat.cuda.gpu_turn`: bounded GPU memory). A GPU out of memory (numba-cuda's
+    ``CudaAPIError``) raises an AlphafeatError line naming ``where`` (the segment)."""
+    if job.device != "cuda":
+        return compute_features(b, job.features, device=job.device)
+    from alphafeat.cuda import gpu_turn
+
+    try:
+        with gpu_turn(gpu_locks) if gpu_locks else contextlib.nullcontext():
+            return compute_features(b, job.features, device=job.device)
+    except Exception as e:
+        if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):
+            raise AlphafeatError(f"{where}: --device cuda: the GPU ran out of memory for the {len(b):,} rows of "
+                                 "this session (its whole book and features are held there); use --device cpu"
+                                 ) from None  # fmt: skip
+        raise
+
+
 def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, float],
                   gpu_locks: str | None = None) -> tuple[pa.Table, int]:  # fmt: skip
     """Features, labels and the stored book columns of one whole segment book (the GPU and
@@ -911,13 +934,7 @@ def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, floa
         b = volume_bars(b, job.bar_volume)
         k = k if k <= 0 else (len(b) if t is None else int(np.searchsorted(b.ts_recv, t)))  # first bar after it
     cols = SegmentColumns(seg, job, len(b))
-    if job.device == "cuda" and gpu_locks:
-        from alphafeat.cuda import gpu_turn
-
-        with gpu_turn(gpu_locks):
-            feats = compute_features(b, job.features, device=job.device)
-    else:
-        feats = compute_features(b, job.features, device=job.device)
+    feats = device_features(b, job, seg.relpath, gpu_locks)
     seconds["features"] = time.perf_counter() - t0
     cols.add(b, False, feats)
     cols.mark_complete(k)

@@ -561,14 +561,7 @@ def _map_segment(
         k = b.complete_from
         if k >= 0:  # the stream started without a snapshot: when the book became trustworthy
             res.complete_ts = int(b.ts_recv[k]) if k < len(b) else None
-        try:
-            table, res.crossed = segment_table(b, seg, job, res.seconds, gpu_locks=staging)
-        except Exception as e:
-            if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):  # numba-cuda's driver error
-                raise AlphafeatError(f"{seg.relpath}: --device cuda: the GPU ran out of memory for the {len(b):,} "
-                                     "rows of this session (its whole book and features are held there); use "
-                                     "--device cpu") from None  # fmt: skip
-            raise
+        table, res.crossed = segment_table(b, seg, job, res.seconds, gpu_locks=staging)
         del b
     else:
         writer = _BookWriter(kept) if keep and kept is not None and not is_kept(kept) else None
@@ -634,7 +627,7 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
                                  f"{table.num_rows:,}; not relabelled")  # fmt: skip
         res.seconds["book"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        added = added_features(b, job, missing)
+        added = added_features(b, job, missing, seg.relpath, gpu_locks=staging)
         del b
         res.seconds["features"] = time.perf_counter() - t1
     t1 = time.perf_counter()

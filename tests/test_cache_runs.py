@@ -252,7 +252,8 @@ def test_rerun_with_other_features_adds_them_from_the_kept_books(sample, tmp_pat
     precompute(dataclasses.replace(_cfg(days, out), keep_books="keep"))
     asked: list[list[str]] = []
     real = pl.added_features
-    monkeypatch.setattr(pl, "added_features", lambda b, job, names: asked.append(list(names)) or real(b, job, names))
+    monkeypatch.setattr(pl, "added_features",
+                        lambda b, job, names, *a, **k: asked.append(list(names)) or real(b, job, names, *a, **k))
     for i, change in enumerate(({"feature_set": "default,flow"}, {"feature_set": "mid,ofi", "horizons": (50, 500)},
                                 {"feature_set": "mid", "dtype": "float64"})):  # fmt: skip
         s = precompute(dataclasses.replace(_cfg(days, out), **change))

@@ -4,6 +4,7 @@ runs out of memory is one line naming the segment, not numba's traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from alphafeat import cuda as cuda_pkg
 from alphafeat import pipeline, segment
 from alphafeat.cuda import SLOT_BYTES, gpu_turn
 from alphafeat.errors import AlphafeatError
@@ -52,7 +54,9 @@ def test_turns_bound_the_segments_on_the_gpu(tmp_path, monkeypatch, memory: int,
 
 def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
     """numba-cuda's CudaAPIError CUDA_ERROR_OUT_OF_MEMORY in a segment's GPU features becomes
-    the AlphafeatError line naming the partition and --device cpu."""
+    the AlphafeatError line naming the partition and --device cpu: in a fresh segment and in a
+    rerun that adds features to a kept book (both through ``device_features``)."""
+
     class CudaAPIError(Exception):  # numba.cuda.cudadrv.driver's, by name (no GPU needed here)
         pass
 
@@ -60,7 +64,9 @@ def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
         raise CudaAPIError("[<CUresult.CUDA_ERROR_OUT_OF_MEMORY: 2>] Call to cuMemAlloc results in "
                            "CUDA_ERROR_OUT_OF_MEMORY")  # fmt: skip
 
-    monkeypatch.setattr(pipeline, "segment_table", oom)
+    turns = []
+    monkeypatch.setattr(pipeline, "compute_features", oom)
+    monkeypatch.setattr(cuda_pkg, "gpu_turn", lambda d: turns.append(d) or contextlib.nullcontext())
     inputs = sorted(DATA.glob("*20240307*.dbn.zst"))
     if not inputs:
         pytest.skip("data/ has no embedded sample")
@@ -68,8 +74,13 @@ def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
                      roll_days=8, on_error="raise", jobs=1, survey_dir=None)  # fmt: skip
     job = pipeline.make_job(pipeline.PrecomputeConfig(inputs=inputs, out=tmp_path / "c", device="cpu"), "cpu")
     job = dataclasses.replace(job, device="cuda")
+    seg = plan.segments[0]
     with pytest.raises(AlphafeatError) as e:
-        segment.run_segment(plan.segments[0], str(tmp_path), {}, job, None)
-    line = str(e.value)
-    assert "\n" not in line and plan.segments[0].relpath in line and "ran out of memory" in line
-    assert "--device cpu" in line
+        segment.run_segment(seg, str(tmp_path), {}, job, None)
+    book, _, _ = segment.build_book(seg)
+    with pytest.raises(AlphafeatError) as e2:
+        pipeline.added_features(book, job, ["ofi_l01"], seg.relpath, gpu_locks=str(tmp_path))
+    for line in (str(e.value), str(e2.value)):
+        assert "\n" not in line and seg.relpath in line and "ran out of memory" in line
+        assert "--device cpu" in line
+    assert turns == [str(tmp_path)] * 2
