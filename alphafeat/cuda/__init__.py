@@ -31,7 +31,8 @@ __all__ = ["compute_features_cuda", "compute_features_cuda_many", "direction_lab
 
 #: GPU memory given to one segment's features when segments of a run share the GPU: a full
 #: generated ES session (up to ~4.3 M rows) holds its inputs and every feature's float64 output
-#: there, about 6-8 GB; :func:`gpu_turn` lets total memory // this many segments use it at once.
+#: there, about 6-8 GB by an estimate from its sizes (not measured); :func:`gpu_turn` lets total
+#: memory // this many segments use it at once.
 SLOT_BYTES = 12 << 30
 
 
