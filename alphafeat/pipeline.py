@@ -850,9 +850,12 @@ def added_features(b: BookArrays, job: Job, names: list[str], where: str = "",
             stream.close()
     else:
         wide = dataclasses.replace(b, bid_sz=np.asarray(b.bid_sz, np.float64), ask_sz=np.asarray(b.ask_sz, np.float64))
-        feats = device_features(wide, job, where, gpu_locks)
-        for n in names:
-            out[n][:] = feats[n]
+
+        def use(feats: dict[str, np.ndarray]) -> None:
+            for n in names:
+                out[n][:] = feats[n]
+
+        device_features(wide, job, where, gpu_locks, use)
     need = _min_depth(job.features)
     for n in names:
         if need[n] > b.depth:
@@ -900,18 +903,22 @@ def _label_params(table: pa.Table) -> dict:
 _PIECE = 4096
 
 
-def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None) -> dict[str, np.ndarray]:
-    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`); on a
-    GPU, with ``gpu_locks`` (the run's staging folder), in a turn among the run's segments
-    (:func:`alphafeat.cuda.gpu_turn`: bounded GPU memory). A GPU out of memory (numba-cuda's
-    ``CudaAPIError``) raises an AlphafeatError line naming ``where`` (the segment)."""
+def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None,
+                    use: Callable[[dict[str, np.ndarray]], None]) -> None:  # fmt: skip
+    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`),
+    handed to ``use`` (which copies out what it keeps); on a GPU, with ``gpu_locks`` (the run's
+    staging folder), in a turn among the run's segments (:func:`alphafeat.cuda.gpu_turn`: bounded
+    GPU memory) that ends after ``use``, freeing the device and pinned host memory the features
+    lie in. A GPU out of memory (numba-cuda's ``CudaAPIError``) raises an AlphafeatError line
+    naming ``where`` (the segment)."""
     if job.device != "cuda":
-        return compute_features(b, job.features, device=job.device)
+        use(compute_features(b, job.features, device=job.device))
+        return
     from alphafeat.cuda import gpu_turn
 
     try:
         with gpu_turn(gpu_locks) if gpu_locks else contextlib.nullcontext():
-            return compute_features(b, job.features, device=job.device)
+            use(compute_features(b, job.features, device=job.device))
     except Exception as e:
         if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):
             raise AlphafeatError(f"{where}: --device cuda: the GPU ran out of memory for the {len(b):,} rows of "
@@ -934,11 +941,13 @@ def segment_table(b: BookArrays, seg: Segment, job: Job, seconds: dict[str, floa
         b = volume_bars(b, job.bar_volume)
         k = k if k <= 0 else (len(b) if t is None else int(np.searchsorted(b.ts_recv, t)))  # first bar after it
     cols = SegmentColumns(seg, job, len(b))
-    feats = device_features(b, job, seg.relpath, gpu_locks)
-    seconds["features"] = time.perf_counter() - t0
-    cols.add(b, False, feats)
+
+    def use(feats: dict[str, np.ndarray]) -> None:
+        seconds["features"] = time.perf_counter() - t0
+        cols.add(b, False, feats)
+
+    device_features(b, job, seg.relpath, gpu_locks, use)
     cols.mark_complete(k)
-    del feats
     return cols.table(seconds)
 
 

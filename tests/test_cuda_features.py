@@ -211,14 +211,16 @@ def test_inprocess_no_look_ahead_and_tiny() -> None:
 @needs_device
 def test_inprocess_gpu_turn_frees_the_device_buffers(tmp_path) -> None:
     """Features computed in a turn (``gpu_turn``: segments of a run sharing the GPU) equal the
-    CPU's, and the process keeps no device buffer after the turn (pinned host buffers stay)."""
+    CPU's (used inside the turn), and the process keeps no device buffer and no pinned host
+    buffer after the turn."""
     from alphafeat.cuda import gpu_turn, kernels
 
     book = random_book(rows(400, 48), 31)
     with gpu_turn(tmp_path):
-        gpu = compute_features(book, device="cuda")
-        assert kernels.buffers()._dev
-    assert not kernels.buffers()._dev and not kernels.buffers()._views
+        gpu = {k: v.copy() for k, v in compute_features(book, device="cuda").items()}
+        assert kernels.buffers()._dev and kernels.buffers()._host_out
+    bufs = kernels.buffers()
+    assert not bufs._dev and not bufs._views and not bufs._host_out and not bufs._host_in and not bufs._slots
     assert_same(compute_features(book), gpu)
 
 

@@ -1,5 +1,5 @@
 """Segments of a run that share a GPU take turns (:func:`alphafeat.cuda.gpu_turn`): at most
-total memory // SLOT_BYTES at once, each freeing its device memory after; a GPU that still
+total memory // SLOT_BYTES at once, each freeing its device and pinned host memory after; a GPU that still
 runs out of memory is one line naming the segment, not numba's traceback."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_turns_bound_the_segments_on_the_gpu(tmp_path, monkeypatch, memory: int,
 
     monkeypatch.setattr(kernels, "total_memory", lambda: memory)
     freed = []
-    monkeypatch.setattr(kernels, "release_device", lambda: freed.append(1))
+    monkeypatch.setattr(kernels, "release_buffers", lambda: freed.append(1))
     now, peak, done, lock = [0], [0], [], threading.Lock()
 
     def segment(i: int) -> None:

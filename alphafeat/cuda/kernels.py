@@ -525,15 +525,16 @@ def buffers() -> Buffers:
 
 def release_buffers() -> None:
     """Drop the device and pinned host buffers, streams and events kept between calls (after
-    the work in flight is done)."""
+    the work in flight is done), back to the driver at once (numba's deferred deallocations
+    flushed: numba frees pinned host memory through the same queue as device memory, ten
+    allocations or a fifth of the GPU's memory late). A pinned result a caller still holds is
+    freed with its last view, at the next flush."""
     buffers().release()
+    _flush_deallocations()
 
 
-def release_device() -> None:
-    """Free the device buffers kept between calls (after the work in flight is done), back to
-    the driver at once (numba's deferred deallocations flushed); pinned host buffers, streams
-    and the plans' small arrays are kept."""
-    buffers().release_device()
+def _flush_deallocations() -> None:
+    """Carry out numba-cuda's deferred frees of device and pinned host memory now."""
     deallocations = getattr(cuda.current_context(), "deallocations", None)  # (not under the simulator)
     if deallocations is not None:
         deallocations.clear()
