@@ -1352,7 +1352,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                         partitions=sorted(ours + others["earlier"]), earlier_partitions=others["earlier"],
                         replaced=others["replaced"], pruned=others["pruned"], book_complete_from=complete,
                         skipped=[{"path": str(p), "problem": why} for p, why in summary.skipped],
-                        run=stats)  # fmt: skip
+                        run=stats if summary.partitions_skipped < len(summary.partitions) else earlier.get("run", stats)
+                        )  # a rerun with nothing to compute keeps the computing run's record  # fmt: skip
         writer.commit(manifest)
     summary.peak_rss = max(summary.peak_rss, peak_rss())
     summary.seconds = time.perf_counter() - t0

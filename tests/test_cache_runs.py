@@ -54,9 +54,11 @@ def test_rerun_skips_unchanged_and_adding_a_later_session_keeps_earlier(sample, 
     s1 = precompute(_cfg(first_two, out))
     assert s1.partitions_skipped == 0 and len(s1.partitions) > 0
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*.arrow")}
+    run1 = read_manifest(out)["run"]
     s2 = precompute(_cfg(first_two, out))
     assert s2.partitions_skipped == len(s2.partitions)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.arrow")} == before  # untouched
+    assert read_manifest(out)["run"] == run1  # a rerun that computed nothing keeps the computing run's record
     crossed = [n for n in s1.notes if "crossed book" in n]  # counted again from the current partitions
     assert crossed and [n for n in s2.notes if "crossed book" in n] == crossed and s2.rows == s1.rows
     # a later session added: the earlier partitions stay current, the new ones are written
