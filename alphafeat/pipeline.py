@@ -1345,6 +1345,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             "rows_per_second": round(summary.rows_per_second),
         }
         ours = sorted(str(p.relative_to(writer.out)) for p in summary.partitions)
+        computed = summary.partitions_skipped < len(summary.partitions)  # else the computing run's record stays
         for rel in others["earlier"]:
             if rel in earlier.get("book_complete_from", {}):
                 complete[rel] = earlier["book_complete_from"][rel]
@@ -1352,8 +1353,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                         partitions=sorted(ours + others["earlier"]), earlier_partitions=others["earlier"],
                         replaced=others["replaced"], pruned=others["pruned"], book_complete_from=complete,
                         skipped=[{"path": str(p), "problem": why} for p, why in summary.skipped],
-                        run=stats if summary.partitions_skipped < len(summary.partitions) else earlier.get("run", stats)
-                        )  # a rerun with nothing to compute keeps the computing run's record  # fmt: skip
+                        run=stats if computed else earlier.get("run", stats))  # fmt: skip
         writer.commit(manifest)
     summary.peak_rss = max(summary.peak_rss, peak_rss())
     summary.seconds = time.perf_counter() - t0
