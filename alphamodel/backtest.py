@@ -294,7 +294,7 @@ def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:
         out[data.offsets[k]:data.offsets[k + 1]] = asof(seg.ts, ts, p_up)
         found.append(seg.session)
     if not found:
-        note = (f"not available: no planted-signal sidecar (glbx-mdp3-YYYYMMDD.{SIGNAL_SUFFIX}, written by "
+        note = (f"oracle not available: no planted-signal sidecar (glbx-mdp3-YYYYMMDD.{SIGNAL_SUFFIX}, written by "
                 "`alphafeat synth --signal-file`) beside the cache's sources; 'hindsight' (sign of the mid's move "
                 "over the next stride, look-ahead) is reported as an upper bound instead")
     else:

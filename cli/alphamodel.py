@@ -9,7 +9,7 @@ Subcommands
     embed     per-row embeddings of a trained model, written beside the cache
 
 ``alphamodel train`` with no ``--cache`` builds the cache of the embedded default sample under
-``OUT/cache`` (if absent) and trains a tiny model on it (a few minutes on 2 CPU cores).
+``OUT/cache`` (if absent) and trains a tiny model on it (about 15-60 s on 2 CPU cores).
 """
 
 from __future__ import annotations

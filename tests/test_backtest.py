@@ -358,7 +358,7 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
     assert all(a["available"] for a in s["aux_head"])
     for a in s["aux_head"]:
         assert 0 <= a["test_balanced_accuracy"] <= 1 and len(a["loss_weights"]) == 3
-    assert s["notes"]["oracle"].startswith("not available")  # data/ has no planted-signal sidecar
+    assert s["notes"]["oracle"].startswith("oracle not available")  # data/ has no planted-signal sidecar
     assert not strategies & {"oracle", "oracle-m0.2"}
     assert len(s["plots"]) == 4 and all((out / p).is_file() for p in s["plots"])
     for k in range(2):
