@@ -16,6 +16,7 @@ import gc
 import importlib
 import logging
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -91,11 +92,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
     verbose = getattr(args, "verbose", False)
-    logging.basicConfig(
-        level=verbose_level if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
+    logging.basicConfig(level=verbose_level if verbose else logging.WARNING, handlers=[_log_handler()])
     args.own_process = freeze_at_exit  # a command may ignore Ctrl-C once its outputs are committed
     try:
         with _collector_for_a_command(freeze_at_exit):
@@ -116,6 +113,31 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     if freeze_at_exit:  # the command is over: a Ctrl-C now would only break the interpreter's exit
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a traceback from a pool's exit, or 130 for a finished run)
     return status
+
+
+def _log_handler() -> logging.Handler:
+    """Rich's log lines on a terminal; elsewhere (a file, a pipe) plain lines, one a record,
+    that rich would wrap at 80 columns, cutting the paths they name."""
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        return handler
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    return handler
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler writing to the ``sys.stderr`` of the moment (as rich's console does),
+    not the one it was made with (a test's captured stream may be closed by then)."""
+
+    @property
+    def stream(self):  # noqa: ANN201 (logging's attribute)
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # noqa: ANN001
+        pass
 
 
 #: What a Ctrl-C during a command prints.

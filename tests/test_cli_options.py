@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -302,6 +304,21 @@ def test_a_data_error_leaves_only_its_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and err.startswith("error: ") and "not a DBN file" in err, err
     assert not (tmp_path / "c").exists()
+
+
+def test_a_warning_off_a_terminal_is_one_line_with_the_whole_path(tmp_path):
+    """--on-error skip warns of the bad file; on a pipe or file that is one line naming the whole
+    path (rich's log lines, for a terminal, wrap at 80 columns there and cut it)."""
+    deep = tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 2) / "in"
+    deep.mkdir(parents=True)
+    for p in sorted(Path(DATA).glob("*2024030[78]*.dbn.zst")):
+        (deep / p.name).write_bytes(p.read_bytes())
+    bad = deep / "glbx-mdp3-20240308.mbp-10.dbn.zst"
+    bad.write_bytes(bad.read_bytes()[:300_000])
+    argv = ["precompute", "--input", str(deep), "--out", str(tmp_path / "c"), "--on-error", "skip"]
+    run = subprocess.run([sys.executable, "-m", "cli.alphafeat", *argv], cwd=PROJECT, capture_output=True, text=True)
+    lines = [ln for ln in run.stderr.splitlines() if "WARNING" in ln]
+    assert run.returncode == 0 and len(lines) == 1 and f"skipping {bad}: " in lines[0], run.stderr
 
 
 def test_synth_names_only_the_missing_option(tmp_path, capsys):
