@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -132,11 +132,11 @@ class _StderrHandler(logging.StreamHandler):
     not the one it was made with (a test's captured stream may be closed by then)."""
 
     @property
-    def stream(self):  # noqa: ANN201 (logging's attribute)
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:  # noqa: ANN001
+    def stream(self, value: TextIO) -> None:
         pass
 
 
