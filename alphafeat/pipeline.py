@@ -764,6 +764,20 @@ def can_relabel(job: Job) -> bool:
     return job.book_levels >= 1 and (not job.barrier or validate_barrier(job.barrier).kind == "ticks")
 
 
+def relabel_changes(table: pa.Table, job: Job) -> tuple[str, ...]:
+    """What a relabel of the partition ``table`` into ``job``'s options changes, for the
+    summary: ``"labels"`` (other horizons or barrier), ``"features added"`` (stored features it
+    lacks, computed from the kept book), ``"features dropped"`` (stored features ``job`` does not
+    ask for); none of these: only output options (compression) changed."""
+    old, have = _label_params(table), set(table.column_names)
+    ours = {c["name"] for c in column_specs(job)}
+    labels = (old["horizons"] != list(job.horizons) or old["horizons_s"] != [float(x) for x in job.horizons_s]
+              or old["barrier"] != job.barrier or bool(job.barrier) and old["barrier_horizon"] != job.barrier_horizon)
+    dropped = any(n not in ours and not n.startswith(("label_", "t1_", "tb_")) for n in have)
+    return tuple(k for k, yes in (("labels", labels), ("features added", any(n not in have for n in job.names)),
+                                  ("features dropped", dropped)) if yes)  # fmt: skip
+
+
 def relabel_table(table: pa.Table, job: Job, added: dict[str, np.ndarray] | None = None) -> pa.Table:
     """``table`` (a partition) with ``job``'s features and labels: the same values and columns
     as computing the segment afresh (``tests/test_cache_runs.py``).
@@ -1217,6 +1231,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         others["skipped"] = []  # earlier partitions of segments skipped in this run (_keep_or_prune)
         recomputed: list[str] = []  # partitions on disk whose fingerprint (options, inputs) changed
         relabelled: list[str] = []  # ... of which only the label options changed: labels recomputed
+        changes: set[str] = set()  # what their relabels changed (relabel_changes)
         earlier = _earlier_manifest(writer.out)
         complete: dict[str, int | None] = {}
         calls = []
@@ -1268,6 +1283,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             seg = by_rel[res.relpath]
             if res.relabelled:
                 relabelled.append(res.relpath)
+                changes.update(res.changes)
                 if res.relpath in earlier.get("book_complete_from", {}):
                     complete[res.relpath] = earlier["book_complete_from"][res.relpath]
             summary.records += res.records
@@ -1311,10 +1327,13 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
             summary.notes.append(f"recomputed {len(recomputed)} partition(s) written earlier with other options or "
                                  f"inputs (each replaced when this run commits): {_first(recomputed, 3)}")
         if relabelled:
-            summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label options "
-                                 "or features: their book columns and stored features kept, features no longer "
-                                 "asked for dropped, added ones computed from the kept books, label columns of "
-                                 f"changed options recomputed from their mid: {_first(relabelled, 3)}")
+            done = {"labels": "label columns of changed options recomputed from their mid",
+                    "features added": "features they lack computed from the kept books",
+                    "features dropped": "features no longer asked for dropped"}  # fmt: skip
+            what = [v for k, v in done.items() if k in changes] or ["rewritten with the new output options"]
+            summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label, "
+                                 "feature or output options (their book columns and stored features kept): "
+                                 f"{'; '.join(what)}: {_first(sorted(relabelled), 3)}")  # fmt: skip
         if others["skipped"]:
             fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
                     "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip

@@ -98,6 +98,8 @@ class SegmentResult:
         ``ts_recv`` of that row (None: no row of the session is trustworthy, or a snapshot).
     relabelled : bool
         Whether only the labels were recomputed, from a partition written earlier.
+    changes : tuple of str
+        What that relabel changed (:func:`alphafeat.pipeline.relabel_changes`).
     """
 
     relpath: str
@@ -111,6 +113,7 @@ class SegmentResult:
     complete_from: int = -1
     complete_ts: int | None = None
     relabelled: bool = False
+    changes: tuple[str, ...] = ()
 
 
 def _prefetch(it: Iterable, depth: int = 2) -> Iterator:
@@ -608,12 +611,13 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
     staging; fills ``res`` (``relabelled``, ``rows``, ``crossed``)."""
     import pyarrow as pa
 
-    from alphafeat.pipeline import added_features, column_array, relabel_table
+    from alphafeat.pipeline import added_features, column_array, relabel_changes, relabel_table
 
     t0 = time.perf_counter()
     with pa.memory_map(src) as f:
         table = pa.ipc.open_file(f).read_all()
     res.seconds["read"] = time.perf_counter() - t0  # the partition's columns, read back
+    res.changes = relabel_changes(table, job)
     missing = [n for n in job.names if table.schema.get_field_index(n) < 0]
     added = None
     if missing:

@@ -231,7 +231,8 @@ def test_rerun_with_other_label_options_relabels_to_the_same_bytes(sample, tmp_p
              "compression": "zstd"}  # fmt: skip
     s = precompute(dataclasses.replace(_cfg(days, out), **other))
     assert s.records == 0 and len(s.partitions) > 0
-    assert any(n.startswith(f"relabelled {len(s.partitions)} partition(s)") for n in s.notes), s.notes
+    note = next(n for n in s.notes if n.startswith(f"relabelled {len(s.partitions)} partition(s)"))
+    assert "label columns of changed options" in note and "features" not in note.split("kept):")[1], note
     assert not any(n.startswith("recomputed") for n in s.notes)
     precompute(dataclasses.replace(_cfg(days, fresh), **other))
     assert _arrow(out) == _arrow(fresh)
@@ -261,8 +262,11 @@ def test_rerun_with_other_features_adds_them_from_the_kept_books(sample, tmp_pat
         s = precompute(dataclasses.replace(_cfg(days, out), **change))
         precompute(dataclasses.replace(_cfg(days, fresh / str(i)), **change))
         assert _arrow(out) == _arrow(fresh / str(i)), change
-        reused = any(n.startswith(f"relabelled {len(s.partitions)} partition(s)") for n in s.notes)
-        assert reused == ("dtype" not in change) and s.records == 0, (change, s.notes)  # dtype: from the books
+        note = next((n for n in s.notes if n.startswith(f"relabelled {len(s.partitions)} partition(s)")), "")
+        assert bool(note) == ("dtype" not in change) and s.records == 0, (change, s.notes)  # dtype: from the books
+        if note:  # the note says what changed, and only that
+            said = ("label columns" in note, "features they lack" in note, "no longer asked for dropped" in note)
+            assert said == ("horizons" in change, True, i > 0), note
     flow = {"log1p_trade_count", "log_trade_rate_1s", "log_trade_rate_60s", "slog_signed_volume",
             "slog_propagator_flow"}  # fmt: skip
     assert set(asked[0]) == flow and len(asked) == 2 * len(s.partitions)  # then the OFI levels and slog_ofi_l01
