@@ -768,14 +768,15 @@ def relabel_changes(table: pa.Table, job: Job) -> tuple[str, ...]:
     """What a relabel of the partition ``table`` into ``job``'s options changes, for the
     summary: ``"labels"`` (other horizons or barrier), ``"features added"`` (stored features it
     lacks, computed from the kept book), ``"features dropped"`` (stored features ``job`` does not
-    ask for); none of these: only output options (compression) changed."""
+    ask for), ``"compression"``."""
     old, have = _label_params(table), set(table.column_names)
     ours = {c["name"] for c in column_specs(job)}
     labels = (old["horizons"] != list(job.horizons) or old["horizons_s"] != [float(x) for x in job.horizons_s]
               or old["barrier"] != job.barrier or bool(job.barrier) and old["barrier_horizon"] != job.barrier_horizon)
     dropped = any(n not in ours and not n.startswith(("label_", "t1_", "tb_")) for n in have)
     return tuple(k for k, yes in (("labels", labels), ("features added", any(n not in have for n in job.names)),
-                                  ("features dropped", dropped)) if yes)  # fmt: skip
+                                  ("features dropped", dropped), ("compression", old["compression"] != job.compression))
+                 if yes)  # fmt: skip
 
 
 def relabel_table(table: pa.Table, job: Job, added: dict[str, np.ndarray] | None = None) -> pa.Table:
@@ -909,7 +910,8 @@ def _label_params(table: pa.Table) -> dict:
         params = {}
     return {"horizons": [int(h) for h in params.get("horizons") or []],
             "horizons_s": [float(s) for s in params.get("horizons_s") or []],
-            "barrier": params.get("barrier"), "barrier_horizon": params.get("barrier_horizon")}  # fmt: skip
+            "barrier": params.get("barrier"), "barrier_horizon": params.get("barrier_horizon"),
+            "compression": params.get("compression")}  # fmt: skip
 
 
 #: Rows of one push of the CPU features (:meth:`SegmentColumns.add`): their float64 result
@@ -1329,11 +1331,12 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         if relabelled:
             done = {"labels": "label columns of changed options recomputed from their mid",
                     "features added": "features they lack computed from the kept books",
-                    "features dropped": "features no longer asked for dropped"}  # fmt: skip
-            what = [v for k, v in done.items() if k in changes] or ["rewritten with the new output options"]
+                    "features dropped": "features no longer asked for dropped",
+                    "compression": f"rewritten with --compression {job.compression}"}  # fmt: skip
+            what = [v for k, v in done.items() if k in changes] or ["rewritten"]
             summary.notes.append(f"relabelled {len(relabelled)} partition(s) written earlier with other label, "
-                                 "feature or output options (their book columns and stored features kept): "
-                                 f"{'; '.join(what)}: {_first(sorted(relabelled), 3)}")  # fmt: skip
+                                 "feature or output options (their book columns and the stored features still asked "
+                                 f"for kept): {'; '.join(what)}: {_first(sorted(relabelled), 3)}")  # fmt: skip
         if others["skipped"]:
             fate = ("deleted (--prune; manifest: pruned)" if cfg.prune else "kept, with the data of the input as it "
                     "was then (manifest: earlier_partitions; --prune deletes them)")  # fmt: skip

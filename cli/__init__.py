@@ -31,6 +31,14 @@ from alphafeat.errors import AlphafeatError, UsageError
 console = Console(stderr=True)
 
 
+def stdout_console() -> Console:
+    """The console for a command's results on stdout: the terminal's width on a terminal; off
+    one (a file, a pipe) lines left unwrapped and tables up to 200 columns, where rich would
+    squeeze them into 80."""
+    con = Console()
+    return con if con.is_terminal else Console(width=200, soft_wrap=True)
+
+
 @contextlib.contextmanager
 def progress_bar(disable: bool = False) -> Iterator[Progress]:
     """A progress bar on stderr that stays on screen when the job ends and is cleared when it

@@ -25,13 +25,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from alphafeat import _command
 from alphafeat import validation as val
 from alphafeat.errors import InputError, UsageError
-from cli import Parser, console, option, progress_bar, run, verbose_parent
+from cli import Parser, console, option, progress_bar, run, stdout_console, verbose_parent
 
 _command.skip_blas_probe()  # in this process; in its worker processes: _precompute
 
@@ -88,7 +87,7 @@ def _precompute(args: argparse.Namespace) -> int:
     if getattr(args, "own_process", False):  # committed: a Ctrl-C now would only hide the summary
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    out = Console()
+    out = stdout_console()
     sched = Table(title="instrument per session")
     for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
         sched.add_column(col)
@@ -211,7 +210,7 @@ def _synth_report(args: argparse.Namespace) -> int:
     for f in facts:
         t.add_row(f.name, f"{f.generated:.4g}", "" if f.real is None else f"{f.real:.4g}",
                   f"{f.band_low:.3g} - {f.band_high:.3g}", "pass" if f.passed else "FAIL", f.source)
-    Console().print(t)
+    stdout_console().print(t)
     rows, notes = report.compare(real, seed=args.seed or 1)
     t = Table(title=f"book shape, synthetic vs real ({real.name}, first hour after the 17:00 CT open; "
                     f"synthetic scale {notes['scale']:.0f})")
@@ -219,7 +218,7 @@ def _synth_report(args: argparse.Namespace) -> int:
         t.add_column(col, justify="left" if col == "statistic" else "right")
     for r in rows:
         t.add_row(r.name, f"{r.real:.4g}", f"{r.synth:.4g}", r.tolerance, "pass" if r.ok else "FAIL")
-    Console().print(t)
+    stdout_console().print(t)
     out = args.out or DEFAULT_DATA_DIR
     out.mkdir(parents=True, exist_ok=True)
     path = out / synth.REPORT_NAME
@@ -245,7 +244,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     plots = args.plots or args.cache / "_plots"
     rep = inspect_cache(args.cache, None if args.no_plots else plots)
-    out = Console()
+    out = stdout_console()
     t = Table(title=f"rows per session: {args.cache}")
     for col in ("session", "raw_symbol", "rows"):
         t.add_column(col, justify="right")
@@ -297,7 +296,7 @@ def _roll_schedule(args: argparse.Namespace) -> int:
     plan = make_plan(_inputs(args), root=args.root, roll_rule=args.roll_rule, roll_days=args.roll_days,
                      on_error=args.on_error, jobs=args.jobs, survey_dir=pre)
     sched = plan.schedule
-    out = Console()
+    out = stdout_console()
     t = Table(title=f"front month of {args.root} per session ({args.roll_rule} rule)")
     for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
         t.add_column(col)
@@ -333,7 +332,7 @@ def _features(args: argparse.Namespace) -> int:
         params_ = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
         table.add_row(r["name"], r["unit"], r["formula"], r["source"], params_, str(r["min_depth"]),
                       ", ".join(r["groups"]))
-    Console().print(table)
+    stdout_console().print(table)
     return 0
 
 

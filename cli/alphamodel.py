@@ -26,7 +26,7 @@ from alphafeat.errors import AlphafeatError, InputError
 from alphafeat.validation import Context, Device, validate_costs, validate_enum, validate_int, validate_path
 from alphamodel.config import MAX_COST_TICKS
 from alphamodel.errors import AlphamodelError
-from cli import Parser, console, option, run, verbose_parent
+from cli import Parser, console, option, run, stdout_console, verbose_parent
 
 
 def _default_cache(out: Path, quiet: bool) -> Path:
@@ -57,7 +57,8 @@ def _need_torch() -> None:
     try:
         import torch  # noqa: F401
     except ImportError as e:
-        raise AlphamodelError("alphamodel needs PyTorch, which is not installed: pip install -e '.[model]'") from e
+        raise AlphamodelError("alphamodel needs PyTorch, which is not installed: pip install -e '.[model]' (without "
+                              "a GPU: pip install torch --index-url https://download.pytorch.org/whl/cpu first)") from e
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -118,7 +119,7 @@ def print_summary(s: dict) -> None:
                       f(h["base_rate_test"]) if first else "", m, f(r["auc"]), ci, lift,
                       end_section=m == models[-1])
             first = False
-    con = Console() if Console().is_terminal else Console(width=140)
+    con = stdout_console()
     con.print(t)
     for w in s.get("warnings", []):
         console.print(f"warning: {w}", markup=False)  # plain text (pip extras in [] are not markup)
@@ -179,16 +180,17 @@ def _backtest(args: argparse.Namespace) -> int:
     if any(r[m + "_mean"] is None for r in s["aggregate"] for m in ("sharpe", "deflated_sharpe")):
         console.print(f"n/a: Sharpe is the {s['notes']['sharpe']}; DSR is {s['notes']['deflated_sharpe']}",
                       soft_wrap=True)
+    con = stdout_console()
     for a in s["aux_head"]:
         if a.get("available"):
-            Console().print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "
-                            f"{a['test_balanced_accuracy']:.3f}, vs majority rate {a['test_majority_rate']:.3f} "
-                            f"({a['test_decisions']} test decisions; train "
-                            f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
-    Console().print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
-                    "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
+            con.print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "
+                      f"{a['test_balanced_accuracy']:.3f}, vs majority rate {a['test_majority_rate']:.3f} "
+                      f"({a['test_decisions']} test decisions; train "
+                      f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
+    con.print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
+              "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
     if "ofi_sign" in s["notes"]:
-        Console().print(s["notes"]["ofi_sign"])
+        con.print(s["notes"]["ofi_sign"])
     if "model" in s["notes"]:  # --model: whether the walk-forward is out of sample depends on it
         console.print(f"note: {s['notes']['model']}", soft_wrap=True, markup=False)
     _say_replaced(out, s)
@@ -210,7 +212,7 @@ def _embed(args: argparse.Namespace) -> int:
     from alphamodel.embed import write_embeddings
 
     path = write_embeddings(args.cache, args.model, args.out, args.device)
-    Console().print(f"embeddings written to {path}")
+    stdout_console().print(f"embeddings written to {path}")
     return 0
 
 
