@@ -417,20 +417,15 @@ class Buffers:
     def release(self) -> None:
         """Drop every buffer, stream and event (after the work in flight is done)."""
         with self.lock:
-            self.release_device()
+            if self._streams:
+                cuda.synchronize()
             self._streams.clear()
             self._plans.clear()
+            self._views.clear()
+            self._dev.clear()
             self._host_out.clear()
             self._host_in.clear()
             self._slots.clear()
-
-    def release_device(self) -> None:
-        """Drop the device buffers and their views (after the work in flight is done)."""
-        with self.lock:
-            if self._streams:
-                cuda.synchronize()
-            self._views.clear()
-            self._dev.clear()
 
     def _pooled(self, pool: list[np.ndarray], nbytes: int, size: int = 2) -> np.ndarray:
         """A pinned uint8 buffer of at least ``nbytes`` from ``pool`` (at most ``size`` kept).
@@ -530,11 +525,6 @@ def release_buffers() -> None:
     allocations or a fifth of the GPU's memory late). A pinned result a caller still holds is
     freed with its last view, at the next flush."""
     buffers().release()
-    _flush_deallocations()
-
-
-def _flush_deallocations() -> None:
-    """Carry out numba-cuda's deferred frees of device and pinned host memory now."""
     deallocations = getattr(cuda.current_context(), "deallocations", None)  # (not under the simulator)
     if deallocations is not None:
         deallocations.clear()
