@@ -58,7 +58,8 @@ def _need_torch() -> None:
         import torch  # noqa: F401
     except ImportError as e:
         raise AlphamodelError("alphamodel needs PyTorch, which is not installed: pip install -e '.[model]' (without "
-                              "a GPU: pip install torch --index-url https://download.pytorch.org/whl/cpu first)") from e
+                              "a GPU, the CPU wheel first, as README.md's test command: pip install "
+                              "'torch==2.13.0+cpu' --index-url https://download.pytorch.org/whl/cpu)") from e
 
 
 def _train(args: argparse.Namespace) -> int:
