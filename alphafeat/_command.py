@@ -4,6 +4,7 @@ the command."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 import sys
@@ -49,3 +50,21 @@ def worker_start() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # no prctl here
         pass
+
+
+def stop_pool_workers() -> None:
+    """Stop the worker processes of joblib's (loky's) reusable pool, if this process started
+    one: SIGKILL to all of them at once (loky sends it one after another, waiting for each to be
+    torn down, seconds for 16 that held a session's buffers or a CUDA context), then the pool shut
+    down without waiting. A process that ends right after (:func:`cli.end_process`) leaves none
+    behind idling for loky's 300 s timeout. Reads loky's private ``_executor`` and ``_processes``."""
+    mod = sys.modules.get("joblib.externals.loky.reusable_executor")
+    ex = getattr(mod, "_executor", None)
+    if ex is None:
+        return
+    import psutil
+
+    for pid in list(getattr(ex, "_processes", None) or ()):
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    ex.shutdown(wait=False, kill_workers=True)

@@ -1113,9 +1113,9 @@ def _stop_workers() -> None:
     after the commit 0.4-0.8 s shorter). Nothing of
     theirs is needed: their partitions are staged, their results here. The next run in this
     process (a notebook) starts new ones."""
-    from joblib.externals.loky import get_reusable_executor
+    from alphafeat._command import stop_pool_workers
 
-    get_reusable_executor(reuse=True).shutdown(wait=False, kill_workers=True)
+    stop_pool_workers()
 
 
 def _tasks(progress: object | None) -> tuple[Callable[[str, int], object], Callable[[object], None]]:

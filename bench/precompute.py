@@ -41,6 +41,7 @@ Prints a table and one JSON line.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -69,9 +70,31 @@ def _child_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _adopt_orphans() -> bool:
+    """Make this process the reaper of its descendants' orphans (Linux ``PR_SET_CHILD_SUBREAPER``):
+    worker processes a command leaves dying as it exits (:func:`cli.end_process`) are then this
+    process's children, waited for before the next case and counted in its CPU seconds."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap() -> float:
+    """Wait for every child process (orphans adopted included); returns the seconds waited."""
+    t0 = time.perf_counter()
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return time.perf_counter() - t0
+
+
 def run_measured(cmd: list[str]) -> dict:
-    """Run ``cmd``; wall seconds, CPU seconds and the peak of the summed RSS of its process tree.
-    Dirty pages of the case before (a cache, ``zstd -d``'s files) are written back first."""
+    """Run ``cmd``; wall seconds (until its process exits), CPU seconds of it and of its workers
+    (reaped: ``reaped_s``, how long after its exit the last of them was gone) and the peak of
+    the summed RSS of its process tree. Dirty pages of the case before (a cache, ``zstd -d``'s
+    files) are written back first."""
     os.sync()
     c0 = _child_cpu()
     t0 = time.perf_counter()
@@ -97,13 +120,19 @@ def run_measured(cmd: list[str]) -> dict:
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
-    out, _ = proc.communicate()
+    out = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()  # its workers may hold the pipe a moment after it exits
+    proc.wait()
     wall = time.perf_counter() - t0
     done.set()
     th.join()
+    reaped = _reap()
+    reader.join()
     if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{out.decode()[-3000:]}")
-    return {"seconds": round(wall, 3), "cpu_s": round(_child_cpu() - c0, 3), "peak_rss_gb": round(peak[0] / 1e9, 3)}
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{out[0].decode()[-3000:]}")
+    return {"seconds": round(wall, 3), "cpu_s": round(_child_cpu() - c0, 3), "peak_rss_gb": round(peak[0] / 1e9, 3),
+            "reaped_s": round(reaped, 3)}
 
 
 def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
@@ -231,6 +260,7 @@ def main() -> None:
                        check=True, cwd=PROJECT)  # fmt: skip
     cases = [c for c in args.cases.split(",") if c]
     EXTRA[:] = args.extra.split()
+    _adopt_orphans()
     by_day = sessions(args.input)
     days = list(by_day)
     first = by_day[days[0]]

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -85,9 +86,10 @@ def verbose_parent(help: str) -> argparse.ArgumentParser:
 
 
 def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: int = logging.DEBUG,
-        freeze_at_exit: bool = False) -> int:  # fmt: skip
+        own_process: bool = False) -> int:  # fmt: skip
     """Parse ``argv``, set up logging and call ``args.func(args)`` (the garbage collector set as
-    :func:`_collector_for_a_command` says; ``freeze_at_exit``: this process ends with the command).
+    :func:`_collector_for_a_command` says; ``own_process``: this process ends with the command,
+    :func:`end_process`).
 
     Returns the exit status: the command's own; 2 for a usage error (argparse's, or a
     :class:`~alphafeat.errors.UsageError`); 1 for any other
@@ -101,9 +103,9 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
         return e.code if isinstance(e.code, int) else 2
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=verbose_level if verbose else logging.WARNING, handlers=[_log_handler()])
-    args.own_process = freeze_at_exit  # a command may ignore Ctrl-C once its outputs are committed
+    args.own_process = own_process  # a command may ignore Ctrl-C once its outputs are committed
     try:
-        with _collector_for_a_command(freeze_at_exit):
+        with _collector_for_a_command():
             status = args.func(args)
     except (AlphafeatError, OSError) as e:
         if verbose:
@@ -118,9 +120,34 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     except KeyboardInterrupt:
         console.print(INTERRUPTED)
         status = 130
-    if freeze_at_exit:  # the command is over: a Ctrl-C now would only break the interpreter's exit
+    if own_process:  # the command is over: a Ctrl-C now would only break the interpreter's exit
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a traceback from a pool's exit, or 130 for a finished run)
     return status
+
+
+def end_process(status: int) -> NoReturn:
+    """End the process that ran a command (``alphafeat``'s own), now, with ``status``: its
+    outputs are committed and printed. Python's own exit would wait for the pool's worker
+    processes to be torn down, one after another (loky joins each: seconds for 16 that held a
+    session's buffers or a CUDA context), then walk and tear down the ~170 k objects of the
+    libraries a command imports. Here the workers get SIGKILL, all at once
+    (:func:`alphafeat._command.stop_pool_workers`; precompute's map did so already), and the
+    system reaps them after this process is gone. What an exit must still do is done: streams
+    flushed, the pool's semaphores unlinked (else its resource tracker reports them leaked), the
+    ``atexit`` handlers run (joblib's temporary folders, logging's flush) but multiprocessing's,
+    which would join the workers."""
+    import multiprocessing.util
+
+    from alphafeat._command import stop_pool_workers
+
+    stop_pool_workers()  # a command's own pool (synth's; precompute stopped its map's already)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    multiprocessing.util._run_finalizers(0)
+    atexit.unregister(multiprocessing.util._exit_function)
+    atexit._run_exitfuncs()
+    os._exit(status)
 
 
 def _log_handler() -> logging.Handler:
@@ -178,22 +205,13 @@ GC_THRESHOLD = 10_000
 
 
 @contextlib.contextmanager
-def _collector_for_a_command(freeze_at_exit: bool) -> Iterator[None]:
-    """The cyclic garbage collector's settings for one command; the threshold is restored after.
+def _collector_for_a_command() -> Iterator[None]:
+    """The cyclic garbage collector's threshold for one command, restored after.
 
     A command imports its libraries (``precompute``: numba, pyarrow, databento; ~170 k objects
     that live to the end). At the default threshold (700 allocations) the collector runs ~440
-    times while they are made; at :data:`GC_THRESHOLD`, ~50. At exit the interpreter's last
-    collections would walk and tear down their reference cycles; with ``freeze_at_exit``,
-    ``gc.freeze()`` at exit (an ``atexit`` handler) spares that. It is for a process that is the
-    command (``alphafeat``'s own): in a process that runs commands in-process (tests, notebooks)
-    the objects of triton's nanobind bindings, left uncollected, are reported as leaks at exit,
-    and so they would be after ``torch.compile`` in ``alphamodel``. On the embedded sample
-    (``alphafeat precompute``, 2 cores) the two take a run from ~1.3 s to ~1.0 s.
+    times while they are made; at :data:`GC_THRESHOLD`, ~50.
     """
-    if freeze_at_exit:
-        atexit.unregister(gc.freeze)  # once, however many commands a process runs
-        atexit.register(gc.freeze)
     old = gc.get_threshold()
     gc.set_threshold(max(old[0], GC_THRESHOLD), *old[1:])
     try:

@@ -30,7 +30,7 @@ from rich.table import Table
 from alphafeat import _command
 from alphafeat import validation as val
 from alphafeat.errors import InputError, UsageError
-from cli import Parser, console, option, progress_bar, run, stdout_console, verbose_parent
+from cli import Parser, console, end_process, option, progress_bar, run, stdout_console, verbose_parent
 
 _command.skip_blas_probe()  # in this process; in its worker processes: _precompute
 
@@ -439,9 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line).
-    Without ``argv`` (the program's own command line) the process ends with the command, and
-    the interpreter skips its last collections (:func:`cli.run`'s ``freeze_at_exit``)."""
-    return run(build_parser(), argv, verbose_level=logging.DEBUG, freeze_at_exit=argv is None)
+    Without ``argv`` (the program's own command line) the process ends with the command
+    (:func:`cli.end_process`)."""
+    status = run(build_parser(), argv, verbose_level=logging.DEBUG, own_process=argv is None)
+    if argv is None:
+        end_process(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -349,11 +349,11 @@ def test_a_finished_command_ignores_a_late_ctrl_c(tmp_path):
     import subprocess
     import sys
 
-    code = ("import signal, sys; from cli.alphafeat import main; sys.argv = ['alphafeat', 'precompute', "
-            f"'--input', {str(tmp_path / 'missing')!r}]; rc = main(); "
-            "print(rc, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split()[-2:] == ["1", "True"]
+    code = ("import atexit, signal, sys; from cli.alphafeat import main; sys.argv = ['alphafeat', 'precompute', "
+            f"'--input', {str(tmp_path / 'missing')!r}]; "
+            "atexit.register(lambda: print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)); main()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout.split()[-1:] == ["True"]
 
 
 def test_workers_start_with_ctrl_c_ignored():

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import joblib
 import pytest
@@ -102,23 +103,17 @@ def test_feature_stream_gives_the_kernel_one_layout(monkeypatch) -> None:
     assert {w for w, _ in seen} >= {10, 11, 6} and all(c for _, c in seen)
 
 
-def test_cli_collector_settings_are_restored(monkeypatch) -> None:
-    """cli.run raises the young-generation threshold while a command runs and restores it; it
-    freezes the collector at exit only for a process that is the command (the program's
-    ``alphafeat``), not for one that runs commands in-process (tests, notebooks)."""
-    import cli
+def test_cli_collector_threshold_is_restored() -> None:
+    """cli.run raises the young-generation threshold while a command runs and restores it."""
     from cli import GC_THRESHOLD, Parser, run
 
-    registered = []
-    monkeypatch.setattr(cli.atexit, "register", registered.append)
     before = gc.get_threshold()
     during = []
     p = Parser(prog="x")
     p.set_defaults(func=lambda args: during.append(gc.get_threshold()) or 0)
     assert run(p, []) == 0
     assert during[0][0] == max(before[0], GC_THRESHOLD) and during[0][1:] == before[1:]
-    assert gc.get_threshold() == before and registered == []
-    assert run(p, [], freeze_at_exit=True) == 0 and registered == [gc.freeze]
+    assert gc.get_threshold() == before
 
 
 def test_a_segment_computed_afresh_loads_no_pandas(tmp_path) -> None:
@@ -187,7 +182,6 @@ def test_command_workers_end_with_a_killed_command(tmp_path) -> None:
     """A command killed with SIGKILL takes its joblib workers with it (``worker_start``: a
     parent-death signal); they used to finish their segment and idle for loky's 300 s."""
     import signal
-    import time
 
     import psutil
 
@@ -220,21 +214,63 @@ with joblib.parallel_config("loky", initializer=_command.worker_start):
         proc.kill()
 
 
+def test_end_process_leaves_no_pool_workers(tmp_path) -> None:
+    """``cli.end_process`` (a command's own process ending at once) stops a pool the command
+    started itself (``alphafeat synth``'s joblib workers had idled 300 s after it), with the
+    command's status and nothing reported leaked."""
+    import psutil
+
+    code = """
+import os, joblib, cli
+pids = set(joblib.Parallel(2)(joblib.delayed(os.getpid)() for _ in range(8)))
+print(*pids, flush=True)
+cli.end_process(3)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PROJECT,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT)))  # fmt: skip
+    assert out.returncode == 3 and "leaked" not in out.stderr, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids and os.getpid() not in pids
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids) \
+            and time.monotonic() < deadline:  # fmt: skip
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
 def test_one_process_command_does_not_import_joblib(tmp_path) -> None:
     """``alphafeat precompute --jobs 1`` starts no worker and so does not import joblib (~0.09 s
-    of every run, a fifth of a rerun with nothing changed); with ``--jobs 2`` it does."""
+    of every run, a fifth of a rerun with nothing changed); with ``--jobs 2`` it does. Both run
+    as the program's own command line, which ends its process at once (``cli.end_process``):
+    the exit status is the command's, ``atexit`` handlers still run, loky's resource tracker
+    reports nothing leaked, and the workers it no longer waits for are gone soon after."""
+    import psutil
+
+    def alive(pids: list[str]) -> bool:
+        return any(psutil.pid_exists(int(p)) and psutil.Process(int(p)).status() != psutil.STATUS_ZOMBIE for p in pids)
+
     if not sorted(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
     code = """
-import sys
+import atexit, sys
+import psutil
 import cli.alphafeat
-rc = cli.alphafeat.main(["precompute", "--out", sys.argv[1], "--jobs", sys.argv[2], "-q"])
-print("joblib" in sys.modules, rc)
+atexit.register(lambda: print("joblib" in sys.modules, *(p.pid for p in psutil.Process().children())))
+sys.argv = ["alphafeat", "precompute", "--out", sys.argv[1], "--jobs", sys.argv[2], "-q"]
+cli.alphafeat.main()
 """
     got = []
     for jobs in ("1", "2"):
         cmd = [sys.executable, "-c", code, str(tmp_path / f"c{jobs}"), jobs]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=PROJECT,
                              env=dict(os.environ, PYTHONPATH=str(PROJECT)))  # fmt: skip
-        got.append(out.stdout.split()[-2:])
-    assert got == [["False", "0"], ["True", "0"]]
+        assert out.returncode == 0 and "leaked" not in out.stderr and "Warning" not in out.stderr, out.stderr
+        assert (tmp_path / f"c{jobs}" / "_alphafeat.json").is_file()
+        imported, *pids = out.stdout.split("\n")[-2].split()
+        got.append(imported)
+        deadline = time.monotonic() + 20
+        while alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pids)
+        assert len(pids) >= (2 if jobs == "2" else 0)  # the workers (and loky's resource tracker)
+    assert got == ["False", "True"]
