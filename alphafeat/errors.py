@@ -111,7 +111,9 @@ class InputError(AlphafeatError):
         if record is not None:
             where.append(f"record {record}")
         at = f" (at {', '.join(where)})" if where else ""
-        super().__init__(f"{self.path}: {problem}{at}")
+        #: The message without the path: what is wrong and where in the file.
+        self.detail = f"{problem}{at}"
+        super().__init__(f"{self.path}: {self.detail}")
 
 
 class DataError(AlphafeatError, ValueError):

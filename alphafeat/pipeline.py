@@ -1278,7 +1278,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 if cfg.on_error != "skip" or not isinstance(err, InputError):
                     raise err
                 log.warning("skipping %s", err)
-                summary.skipped.append((Path(err.path), str(err)))
+                summary.skipped.append((Path(err.path), err.detail))
                 _keep_or_prune(res[-1], writer, others, cfg.prune)
                 advance(t_map)
                 continue

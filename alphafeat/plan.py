@@ -135,7 +135,8 @@ class Plan:
     segments : list of Segment
         One per schedule entry, in session order.
     skipped : list of (Path, str)
-        Files left out with ``on_error="skip"`` and why.
+        Files left out with ``on_error="skip"`` and why (the problem and where in the file,
+        without the path).
     notes : list of str
         Things the summary should say (e.g. which files had to be scanned to plan).
     scanned : int
@@ -374,7 +375,7 @@ def _headers(files: list[Path], on_error: str, skipped: list) -> list[DBNFile]:
             if on_error != "skip":
                 raise
             log.warning("skipping %s", e)
-            skipped.append((p, str(e)))
+            skipped.append((p, e.detail))
     if not out:
         raise InputError(files[0], "every input file was skipped (--on-error skip)")
     return out
@@ -477,7 +478,7 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
             if on_error != "skip":
                 raise err
             log.warning("skipping %s", err)
-            skipped.append((f.path, str(err)))
+            skipped.append((f.path, err.detail))
             continue
         surveys[f.path] = res
     return surveys

@@ -91,9 +91,12 @@ def _precompute(args: argparse.Namespace) -> int:
     sched = Table(title="instrument per session")
     for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
         sched.add_column(col)
+    have = {p.parent.name for p in s.partitions}  # session=YYYY-MM-DD
     for c in s.schedule:
+        gone = f"session={c.session.isoformat()}" not in have  # its book file skipped, or no rows
         sched.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
-                      c.expiration.isoformat() if c.expiration else "", c.reason)
+                      c.expiration.isoformat() if c.expiration else "",
+                      c.reason + ("; no partition this run" if gone else ""))  # fmt: skip
     out.print(sched)
     t = Table(title=f"alphafeat precompute -> {s.out}", show_header=False)
     t.add_column("")
@@ -112,8 +115,8 @@ def _precompute(args: argparse.Namespace) -> int:
     out.print(t)
     for note in s.notes:
         out.print(f"note: {note}", soft_wrap=True)
-    for _, why in s.skipped:
-        out.print(f"skipped: {why}", soft_wrap=True)  # the message names the file
+    for path, why in s.skipped:
+        out.print(f"skipped: {path}: {why}", soft_wrap=True)
     return 0
 
 

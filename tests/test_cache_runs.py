@@ -97,6 +97,7 @@ def test_on_error_skip_keeps_the_manifest_and_the_files_in_step(sample, tmp_path
         assert sorted(m["partitions"]) == on_disk, prune
         assert [str(p) for p, _ in s.skipped] == [str(book)]
         assert [e["path"] for e in m["skipped"]] == [str(book)] and "truncated" in m["skipped"][0]["problem"]
+        assert str(book) not in m["skipped"][0]["problem"]  # the path once, in "path"
         day8 = [r for r in on_disk if "2024-03-08" in r]
         if not prune:
             assert len(day8) == 1 and m["earlier_partitions"] == day8

@@ -308,7 +308,8 @@ def test_a_data_error_leaves_only_its_line(tmp_path, capsys):
 
 def test_a_warning_off_a_terminal_is_one_line_with_the_whole_path(tmp_path):
     """--on-error skip warns of the bad file; on a pipe or file that is one line naming the whole
-    path (rich's log lines, for a terminal, wrap at 80 columns there and cut it)."""
+    path (rich's log lines, for a terminal, wrap at 80 columns there and cut it). The results
+    name it once, and the instrument table says which session has no partition."""
     deep = tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 2) / "in"
     deep.mkdir(parents=True)
     for p in sorted(Path(DATA).glob("*2024030[78]*.dbn.zst")):
@@ -319,6 +320,9 @@ def test_a_warning_off_a_terminal_is_one_line_with_the_whole_path(tmp_path):
     run = subprocess.run([sys.executable, "-m", "cli.alphafeat", *argv], cwd=PROJECT, capture_output=True, text=True)
     lines = [ln for ln in run.stderr.splitlines() if "WARNING" in ln]
     assert run.returncode == 0 and len(lines) == 1 and f"skipping {bad}: " in lines[0], run.stderr
+    # the results name the file once, and the session it held has no partition
+    assert sum(ln.startswith(f"skipped: {bad}: ") and ln.count(str(bad)) == 1 for ln in run.stdout.splitlines()) == 1
+    assert [("no partition this run" in ln) for ln in run.stdout.splitlines() if "2024-03-0" in ln] == [False, True]
 
 
 def test_synth_names_only_the_missing_option(tmp_path, capsys):
