@@ -1093,6 +1093,7 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
         return
     from joblib import Parallel, delayed
 
+    from alphafeat._command import stop_pool_workers
     from alphafeat.plan import spawning_workers
 
     par = Parallel(n_jobs=min(n_jobs, len(calls)), return_as="generator_unordered", pre_dispatch="n_jobs")
@@ -1102,19 +1103,10 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
         warnings.filterwarnings("ignore", message=".*tasks which were still being processed by the workers have "
                                 "been cancelled", category=UserWarning)  # fmt: skip
         yield from results
-    _stop_workers()
-
-
-def _stop_workers() -> None:
-    """Stop the loky workers of the map once every segment is back: each holds a session's
-    buffers (:func:`_keep_worker`), and at exit Python would wait for each to finalise its
-    interpreter and free them (16 sessions on the H200 host: 7.8-8.3 s against 8.5-9.4 s,
-    3 runs each, interleaved, with the commit's walk for empty folders left out too; the time
-    after the commit 0.4-0.8 s shorter). Nothing of
-    theirs is needed: their partitions are staged, their results here. The next run in this
-    process (a notebook) starts new ones."""
-    from alphafeat._command import stop_pool_workers
-
+    # every segment is back: stop the workers, each holding a session's buffers (_keep_worker),
+    # which Python's exit would otherwise wait to see torn down (16 sessions on the H200 host:
+    # 7.8-8.3 s against 8.5-9.4 s, 3 runs each, interleaved). Nothing of theirs is needed (their
+    # partitions staged, their results here); the next run in this process (a notebook) starts new ones.
     stop_pool_workers()
 
 
