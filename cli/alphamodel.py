@@ -228,14 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", type=path,
                    help="cache directory (default: build one from the embedded sample under OUT/cache)")
     p.add_argument("--out", default="out", type=path, help="output directory (default: ./out)")
-    p.add_argument("--epochs", type=size)
+    p.add_argument("--epochs", type=size, help="epochs per fold, at most (early stopping on validation; default 12)")
     p.add_argument("--window", type=option(validate_int, lo=1, what="a number of snapshots"),
-                   help="K, snapshots per window")
-    p.add_argument("--device", type=option(validate_enum, enum=Device), metavar="{" + ",".join(Device) + "}")
+                   help="K, snapshots per window (default 64)")
+    p.add_argument("--device", type=option(validate_enum, enum=Device), metavar="{" + ",".join(Device) + "}",
+                   help="auto (default): cuda when a GPU is usable, else cpu")
     p.add_argument("--config", type=path, help="JSON file: {\"model\": {...ModelConfig}, \"train\": {...TrainConfig}}")
-    p.add_argument("--seed", type=option(validate_int, lo=0))
-    p.add_argument("--batch-size", dest="batch_size", type=size)
-    p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=size)
+    p.add_argument("--seed", type=option(validate_int, lo=0), help="random seed (default 0)")
+    p.add_argument("--batch-size", dest="batch_size", type=size, help="windows per optimiser step (default 32)")
+    p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=size,
+                   help="optimiser steps per epoch (default 20)")
     p.add_argument("--threads", type=size, help="CPU threads for torch")
     p.add_argument("--folds", type=option(validate_int, lo=1, what="a number of walk-forward folds"),
                    help="walk-forward folds over sessions (default 3)")
@@ -269,8 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--fine-tune", dest="fine_tune", action="store_true",
                    help="also fine-tune the encoder with the C51 loss (strategy c51-finetune)")
     b.add_argument("--no-kelly", dest="no_kelly", action="store_true", help="unit position size")
-    b.add_argument("--device", type=device, metavar=devices)
-    b.add_argument("--seed", type=option(validate_int, lo=0))
+    b.add_argument("--device", type=device, metavar=devices, help="auto (default): cuda when a GPU is usable, else cpu")
+    b.add_argument("--seed", type=option(validate_int, lo=0), help="random seed (default 0)")
     b.add_argument("--config", type=path, help="JSON file of BacktestConfig keys (with 'c51': {...C51Config keys})")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=_backtest, prog=b.prog)
@@ -280,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("cache", type=path, help="cache directory")
     e.add_argument("--model", required=True, type=path, help="an `alphamodel train` output directory")
     e.add_argument("--out", type=path, help="output directory (default: CACHE-embeddings beside the cache)")
-    e.add_argument("--device", default=Device.CPU, type=device, metavar=devices)
+    e.add_argument("--device", default=Device.CPU, type=device, metavar=devices, help="default: cpu")
     e.set_defaults(func=_embed, prog=e.prog)
     return ap
 
