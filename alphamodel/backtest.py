@@ -665,7 +665,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
             learner = _Learner(net, copy.deepcopy(net), obs, z, torch.optim.Adam(net.parameters(), lr=c.lr), tb, cfg,
                                aux_w)
             pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
-            task = bar.add_task(f"fold {k + 1}/{len(folds)} c51", total=n_steps)
+            task = bar.add_task(f"fold {k} ({k + 1} of {len(folds)}) c51", total=n_steps)
             _train_policy(learner, market, pool, cfg.envs, cfg.policy_steps, gen, bar, task)
             pol = functools.partial(_c51_targets, z=z, rv=rv, cfg=cfg, horizon_s=horizon_s)
             strategies = {"c51": functools.partial(pol, net, obs, kelly=cfg.kelly)}
@@ -725,7 +725,7 @@ def _run(data: CacheData, market: Market, rows: _Rows, folds, given, cfg: Backte
         "checkpoints": [f"policy_fold{k}.safetensors" for k in range(len(folds))]}), indent=1))
     plots = _plots(tmp, curves, cfg) if cfg.plots else []
     return {"results": results, "aggregate": _aggregate(results), "folds": fold_info, "aux_head": aux_info,
-            "plots": plots, "notes": {**_standing_notes(cfg), **notes}, "config": _cfg_dict(cfg),
+            "plots": plots, "notes": {**_standing_notes(cfg, results), **notes}, "config": _cfg_dict(cfg),
             "columns": list(RESULT_COLUMNS), "tick_value_usd": market.tick_value,
             "direction_horizon": data.horizons[h_pick]}
 
@@ -745,12 +745,13 @@ def _given_model_note(model_dir: str, seen: list[str] | None, tests: list[set[st
             "folds are in sample, their results flattered")
 
 
-def _standing_notes(cfg: BacktestConfig) -> dict:
+def _standing_notes(cfg: BacktestConfig, results: list[dict]) -> dict:
+    ran = {r["strategy"] for r in results}
     return {
         "sharpe": "annualised Sharpe of daily (per-session) PnL x sqrt(252); NaN (null) with fewer than 2 test "
                   "sessions in a fold",
         "deflated_sharpe": "Bailey & Lopez de Prado 2014 over the strategies tried at the fold and cost "
-                           f"(all but {', '.join(NOT_TRIALS)})",
+                           f"(all but {', '.join(n for n in NOT_TRIALS if n in ran)})",
         "sizing": "Kelly (alphamodel.kelly)" if cfg.kelly else "unit size (--no-kelly)",
         "embargo_sessions": cfg.embargo}
 

@@ -360,6 +360,7 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
         assert 0 <= a["test_balanced_accuracy"] <= 1 and len(a["loss_weights"]) == 3
     assert s["notes"]["oracle"].startswith("oracle not available")  # data/ has no planted-signal sidecar
     assert not strategies & {"oracle", "oracle-m0.2"}
+    assert s["notes"]["deflated_sharpe"].endswith("(all but hindsight)")  # names no oracle that did not run
     assert len(s["plots"]) == 4 and all((out / p).is_file() for p in s["plots"])
     for k in range(2):
         assert (out / f"policy_fold{k}.safetensors").is_file()
