@@ -92,11 +92,12 @@ def _precompute(args: argparse.Namespace) -> int:
     for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
         sched.add_column(col)
     have = {p.parent.name for p in s.partitions}  # session=YYYY-MM-DD
+    why = " (a file skipped: below)" if s.skipped else ""
     for c in s.schedule:
         gone = f"session={c.session.isoformat()}" not in have  # its book file skipped, or no rows
         sched.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
                       c.expiration.isoformat() if c.expiration else "",
-                      c.reason + ("; no partition this run" if gone else ""))  # fmt: skip
+                      c.reason + (f"; no partition this run{why}" if gone else ""))  # fmt: skip
     out.print(sched)
     t = Table(title=f"alphafeat precompute -> {s.out}", show_header=False)
     t.add_column("")
@@ -284,7 +285,8 @@ def _read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebuild-predecoded", action="store_true",
                    help="clear the predecoded folder (<out parent>/.predecoded: kept books and plan scans) first")
     p.add_argument("--jobs", type=_JOBS, default=1,
-                   help="worker processes: plan scans and session segments in parallel (-1: all cores; default 1)")
+                   help="worker processes: plan scans and session segments in parallel (-1: all cores; default "
+                        "1; each starts in ~1 s, so worth it for several full sessions, not a small sample)")
 
 
 def _roll_schedule(args: argparse.Namespace) -> int:
@@ -341,12 +343,14 @@ def _features(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``alphafeat`` argument parser; option values are checked by :mod:`alphafeat.validation`."""
-    ap = Parser(prog="alphafeat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="alphafeat", description="The data-engineering command line (the main job: alphafeat "
+                "precompute).")
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging; tracebacks of errors")
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = [verbose_parent("debug logging; tracebacks of errors")]
 
-    p = sub.add_parser("precompute", help="DBN -> features and labels -> Arrow cache", parents=common)
+    p = sub.add_parser("precompute", help="DBN files -> features and labels -> Arrow cache (the main job)",
+                       parents=common)
     p.add_argument("--instrument-mode", default="front-month", type=option(val.validate_instrument_mode),
                    help="all | id=N | front-month (default: front-month)")
     p.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
@@ -354,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="cache", type=_PATH, help="cache directory (default: ./cache)")
     p.add_argument("--device", default=val.Device.AUTO, **_enum(val.Device),
                    help="where features are computed; auto: the CPU, whose streamed path keeps memory bounded "
-                        "(the GPU path holds whole books; about as fast on a quarter: README)")
+                        "(the GPU path holds whole books and is slower with many workers: README)")
     p.add_argument("--root", default="ES", type=option(val.validate_root),
                    help="product root for front-month (default: ES)")
     p.add_argument("--horizons", default=None, type=option(val.validate_horizons),
@@ -395,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     _read_options(r)
     r.set_defaults(func=_roll_schedule, prog=r.prog)
 
-    s = sub.add_parser("synth", help="write synthetic ES DBN v3 files", parents=common)
+    s = sub.add_parser("synth", help="synthetic ES DBN v3 files (the embedded default sample, test data, "
+                       "benchmarks)", parents=common)
     s.add_argument("--default", action="store_true",
                    help="write the embedded default sample (into data/ unless --out)")
     s.add_argument("--start", type=option(val.validate_date),
