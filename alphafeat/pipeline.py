@@ -773,7 +773,7 @@ def relabel_changes(table: pa.Table, job: Job) -> tuple[str, ...]:
     ours = {c["name"] for c in column_specs(job)}
     labels = (old["horizons"] != list(job.horizons) or old["horizons_s"] != [float(x) for x in job.horizons_s]
               or old["barrier"] != job.barrier or bool(job.barrier) and old["barrier_horizon"] != job.barrier_horizon)
-    dropped = any(n not in ours and not n.startswith(("label_", "t1_", "tb_")) for n in have)
+    dropped = any(n not in ours and not _is_label(n) for n in have)
     return tuple(k for k, yes in (("labels", labels), ("features added", any(n not in have for n in job.names)),
                                   ("features dropped", dropped), ("compression", old["compression"] != job.compression))
                  if yes)  # fmt: skip

@@ -94,8 +94,8 @@ def run_measured(cmd: list[str]) -> dict:
     """Run ``cmd``; wall seconds (until its process exits), CPU seconds of it and of its workers
     (reaped: ``reaped_s``, how long after its exit the last of them was gone; ~5 s after a run
     that replaced partitions, whose detached ``sleep`` frees their blocks: ``alphafeat.cache``)
-    and the peak of the summed RSS of its process tree. Dirty pages of the case before (a cache, ``zstd -d``'s
-    files) are written back first."""
+    and the peak of the summed RSS of its process tree. Dirty pages of the case before (a cache,
+    ``zstd -d``'s files) are written back first."""
     os.sync()
     c0 = _child_cpu()
     t0 = time.perf_counter()
