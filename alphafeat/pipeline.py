@@ -40,6 +40,7 @@ import alphafeat
 from alphafeat.arena import release as release_buffers
 from alphafeat.bars import volume_bars
 from alphafeat.cache import FORMAT_VERSION, CacheWriter, check_folder, check_out, partition_metadata, staged_path
+from alphafeat.cores import usable_cores
 from alphafeat.dbn import file_identity
 from alphafeat.errors import AlphafeatError, DataError, InputError, UsageError
 from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
@@ -344,7 +345,7 @@ MAX_FEATURE_THREADS = 4
 def feature_threads(cfg: PrecomputeConfig, segments: int) -> int:
     """Threads for each segment's CPU features (:meth:`alphafeat.features.cpu.FeatureStream.push_block`):
     the cores each worker has while ``segments`` segments run on the configured workers
-    (``os.cpu_count()`` over the workers running at once: ``--jobs`` or ``--dask-local``, at
+    (:func:`alphafeat.cores.usable_cores` over the workers running at once: ``--jobs`` or ``--dask-local``, at
     most one per segment), less one for the segment's decode thread, at most
     :data:`MAX_FEATURE_THREADS`, at least 1; 1 on a ``--scheduler``'s workers (their cores are
     not known here)."""
@@ -355,7 +356,7 @@ def feature_threads(cfg: PrecomputeConfig, segments: int) -> int:
 
 def _threads_of(at_once: int) -> int:
     """Feature threads of a segment while ``at_once`` segments share this machine's cores."""
-    per_worker = (os.cpu_count() or 1) // max(1, at_once)
+    per_worker = usable_cores() // max(1, at_once)
     return max(1, min(MAX_FEATURE_THREADS, per_worker - 1))
 
 
@@ -394,7 +395,7 @@ def _at_once(cfg: PrecomputeConfig, segments: int) -> int:
 
 def _local_jobs(cfg: PrecomputeConfig) -> int:
     """Worker processes of the local (joblib) map: ``--jobs``, all cores for -1."""
-    return (os.cpu_count() or 1) if cfg.jobs < 0 else max(1, cfg.jobs)
+    return usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
 
 
 def _col(name: str, unit: str, description: str, source: str) -> dict:
@@ -1252,7 +1253,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         calls.sort(key=_work, reverse=True)  # the largest first: a run does not end waiting for a big one started last
         threads = feature_threads(cfg, len(calls))
         log.debug("CPU features of each segment on %d thread(s) (%d segment(s) to compute, %d core(s))",
-                  threads, len(calls), os.cpu_count() or 1)  # fmt: skip
+                  threads, len(calls), usable_cores())  # fmt: skip
         at_once = _at_once(cfg, len(calls))
         in_flight = None
         if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores

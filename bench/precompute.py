@@ -55,6 +55,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from alphafeat.cores import usable_cores  # noqa: E402  (the project, run from its checkout)
+
 PROJECT = Path(__file__).resolve().parents[1]
 #: Options added to every precompute run (``--extra``).
 EXTRA: list[str] = []
@@ -238,7 +241,7 @@ def main() -> None:
     ap.add_argument("--input", required=True, type=Path, help="folder of generated (or real) DBN files")
     ap.add_argument("--generate", type=int, default=0, help="first write this many sessions into --input")
     ap.add_argument("--scale", default="full", help="generator scale for --generate (default full)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    ap.add_argument("--jobs", type=int, default=usable_cores(),
                     help="--jobs of N-session runs (default: cores)")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--extra", default="--device cpu",
@@ -268,7 +271,7 @@ def main() -> None:
     every = [f for fs in by_day.values() for f in fs]
     books = [f for f in every if ".mbp-10." in f.name or ".mbo." in f.name or ".mbp-1." in f.name]
     scratch = Path(tempfile.mkdtemp(prefix="bench-pre-", dir=args.scratch))
-    res: dict = {"sessions": len(days), "jobs": args.jobs, "cores": os.cpu_count(), "extra": args.extra,
+    res: dict = {"sessions": len(days), "jobs": args.jobs, "cores": usable_cores(), "extra": args.extra,
                  "input_bytes": sum(f.stat().st_size for f in every)}  # fmt: skip
     rows = []
 

@@ -179,7 +179,7 @@ def test_live_threads_follow_the_segments_in_flight(tmp_path, monkeypatch) -> No
     missing (run committed), unreadable or not kept (one segment at a time, --scheduler)."""
     import dataclasses
 
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(pipeline, "usable_cores", lambda: 16)
     f = tmp_path / pipeline.IN_FLIGHT
     job = dataclasses.replace(pipeline.make_job(PrecomputeConfig(inputs=[], out=tmp_path / "c"), "cpu"),
                               feature_threads=1, in_flight=str(f))  # fmt: skip
@@ -215,5 +215,21 @@ def test_live_threads_follow_the_segments_in_flight(tmp_path, monkeypatch) -> No
     ],
 )
 def test_feature_threads_share_the_cores(monkeypatch, opts: dict, segments: int, cores: int, want: int) -> None:
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(pipeline, "usable_cores", lambda: cores)
     assert feature_threads(PrecomputeConfig(inputs=[], out=Path("x"), **opts), segments) == want
+
+
+def test_usable_cores_follow_the_affinity_mask() -> None:
+    """A process given one core (``taskset``-like affinity) counts one, not the machine's cores;
+    the pipeline's share of cores reads the same count."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from alphafeat.cores import usable_cores; from alphafeat import pipeline; "
+            "print(usable_cores(), pipeline._local_jobs(pipeline.PrecomputeConfig(inputs=[], out='x', jobs=-1)))")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert got == ["1", "1"]

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import sys
 import threading
 import warnings
@@ -54,6 +53,7 @@ import warnings
 import numpy as np
 from numba import config, cuda
 
+from alphafeat.cores import usable_cores
 from alphafeat.errors import UsageError
 from alphafeat.features._declared import row_kernel
 from alphafeat.features._twin import load as _load_rows
@@ -463,7 +463,7 @@ class Buffers:
         if self._exec is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._exec = ThreadPoolExecutor(max_workers=max(1, min(COPY_THREADS, os.cpu_count() or 1)))
+            self._exec = ThreadPoolExecutor(max_workers=max(1, min(COPY_THREADS, usable_cores())))
         return self._exec
 
     def slots(self, cols: dict[str, np.ndarray], rows: int) -> list[dict[str, np.ndarray]]:

@@ -59,7 +59,6 @@ association of the carries in B, so results agree to rounding (tests: 1e-12 rela
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -70,6 +69,7 @@ import numba
 import numpy as np
 
 from alphafeat.arena import reserve
+from alphafeat.cores import usable_cores
 from alphafeat.errors import UsageError
 from alphafeat.features._declared import row_kernel
 from alphafeat.features._vmath import vexp, vexp_expm1, vlog, vlog1p
@@ -1015,7 +1015,7 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     n = int(cols["ts_recv"].shape[0])
     n_chunks = max(1, min(int(n_chunks), max(n, 1)))
     if n_jobs is None or n_jobs < 0:
-        n_jobs = os.cpu_count() or 1
+        n_jobs = usable_cores()
     n_jobs = max(1, min(int(n_jobs), n_chunks))
     if n == 0:
         return np.empty((plan.n_out, 0))

@@ -10,12 +10,12 @@ interval over the saved states.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numba
 import numpy as np
 
+from alphafeat.cores import usable_cores
 from alphafeat.synth.simulator import (
     _CMBP,
     _ET,
@@ -177,7 +177,7 @@ def auc_ceiling(
         hi = lo + block
         _mc_outcomes(rng, run.params, s_st[lo:hi], s_fst[lo:hi], hs, n_steps, out[lo:hi])
 
-    threads = threads or os.cpu_count() or 1
+    threads = threads or usable_cores()
     if threads > 1 and len(blocks) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
