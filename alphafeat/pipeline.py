@@ -226,7 +226,9 @@ class Summary:
     and book, or the predecoded load), ``features``, ``labels``, ``write``; ``read`` for
     relabelled partitions (the earlier partition read back). ``peak_rss`` is the
     largest peak resident memory of any process of the run (bytes); ``cache_bytes`` the size
-    of the run's partitions, those written and those already current.
+    of the run's partitions, those written and those already current; ``predecoded`` the
+    folder where the plan's scans and the kept books are (``--predecoded-dir``, default
+    :func:`default_predecoded_dir`).
     """
 
     files: int = 0
@@ -245,6 +247,7 @@ class Summary:
     peak_rss: int = 0
     cache_bytes: int = 0
     books_predecoded: int = 0
+    predecoded: Path | None = None
 
     @property
     def bytes_per_row(self) -> float:
@@ -1157,6 +1160,7 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     summary = Summary(device=device, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
     pre_dir = check_folder(cfg.predecoded_dir or default_predecoded_dir(cfg.out))
+    summary.predecoded = pre_dir
     if cfg.rebuild_predecoded and pre_dir.is_dir():
         import shutil
 

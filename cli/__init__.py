@@ -110,12 +110,12 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     except (AlphafeatError, OSError) as e:
         if verbose:
             console.print_exception()
+        prog = getattr(args, "prog", parser.prog)  # every error line starts "PROG: error:", as argparse's
         if isinstance(e, UsageError) and e.option.startswith("-"):  # worded as argparse words its own
-            prog = getattr(args, "prog", parser.prog)
             console.print(f"{prog}: error: argument {escape(e.option)}: {escape(e.problem)} (see {prog} --help)",
                           highlight=False, soft_wrap=True)  # fmt: skip
         else:
-            console.print(f"[bold red]error:[/] {escape(_line(e))}", highlight=False, soft_wrap=True)
+            console.print(f"{prog}: [bold red]error:[/] {escape(_line(e))}", highlight=False, soft_wrap=True)
         status = e.exit_code if isinstance(e, AlphafeatError) else 1
     except KeyboardInterrupt:
         console.print(INTERRUPTED)

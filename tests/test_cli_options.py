@@ -293,7 +293,7 @@ def test_verbose_adds_the_traceback(tmp_path, capsys):
     argv = ["precompute", "-q", "--input", str(tmp_path / "nope.dbn"), "--out", str(tmp_path / "c"), "-v"]
     assert alphafeat_main(argv) == 1
     err = capsys.readouterr().err
-    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("error:")
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("alphafeat precompute: error:")
 
 
 def test_a_data_error_leaves_only_its_line(tmp_path, capsys):
@@ -302,7 +302,8 @@ def test_a_data_error_leaves_only_its_line(tmp_path, capsys):
     bad.write_bytes(b'{"a": 1}')
     rc = alphafeat_main(["precompute", "--input", str(bad), "--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
-    assert rc == 1 and err.count("\n") == 1 and err.startswith("error: ") and "not a DBN file" in err, err
+    assert rc == 1 and err.count("\n") == 1 and err.startswith("alphafeat precompute: error: "), err
+    assert "not a DBN file" in err, err
     assert not (tmp_path / "c").exists()
 
 
