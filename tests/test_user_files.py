@@ -128,6 +128,19 @@ def test_continuous_mixed_with_raw_symbol_files_is_refused(gen, tmp_path, capsys
     assert not out.exists()
 
 
+def test_summary_names_the_predecoded_folder(gen, tmp_path, capsys):
+    """The summary says where the plan's scans (and kept books) went: ``<parent of --out>/.predecoded``,
+    which is there."""
+    import re
+
+    both = [str(gen["mbp-10"][0]), str(gen["trades"][0])]
+    code, table, err = _cli(capsys, "precompute", "--input", *both, "--out", str(tmp_path / "a" / "c"))
+    assert code == 0, err
+    where = tmp_path / "a" / ".predecoded"
+    assert "predecoded folder" in table and str(where) in re.sub(r"[\s│]", "", table), table
+    assert where.is_dir()
+
+
 # ---------------------------------------------------------------- live recordings
 
 
