@@ -397,7 +397,7 @@ def _at_once(cfg: PrecomputeConfig, segments: int) -> int:
 
 
 def _local_jobs(cfg: PrecomputeConfig) -> int:
-    """Worker processes of the local (joblib) map: ``--jobs``, all cores for -1."""
+    """Worker processes of the local (joblib) map: ``--jobs``, the usable cores for -1."""
     return usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
 
 
