@@ -63,6 +63,12 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
+def add_command(sub: argparse._SubParsersAction, name: str, text: str, **kw: Any) -> argparse.ArgumentParser:
+    """The command ``name`` of ``sub``, ``text`` both its line in the program's ``--help`` and
+    the first line of its own."""
+    return sub.add_parser(name, help=text, description=text, **kw)
+
+
 def option(validate: Callable[..., Any], **kw: Any) -> Callable[[str], Any]:
     """``validate(text, option, **kw)`` as an argparse ``type=``: its UsageError becomes
     argparse's one-line error (``argument --horizons: expected ..., got '0'``), exit 2."""

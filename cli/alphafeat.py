@@ -30,7 +30,7 @@ from rich.table import Table
 from alphafeat import _command
 from alphafeat import validation as val
 from alphafeat.errors import InputError, UsageError
-from cli import Parser, console, end_process, option, progress_bar, run, stdout_console, verbose_parent
+from cli import Parser, add_command, console, end_process, option, progress_bar, run, stdout_console, verbose_parent
 
 _command.skip_blas_probe()  # in this process; in its worker processes: _precompute
 
@@ -103,7 +103,7 @@ def _precompute(args: argparse.Namespace) -> int:
     t.add_column("")
     t.add_column("", justify="right")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in s.stage_seconds.items())
-    for k, v in (("files", f"{s.files}"), ("book records read", f"{s.records:,}"),
+    for k, v in (("files", f"{s.files}"), ("book records read (chosen contracts)", f"{s.records:,}"),
                  ("rows (this run's sessions)", f"{s.rows:,}"),
                  ("partitions (already current)", f"{len(s.partitions)} ({s.partitions_skipped})"),
                  ("books from the predecoded folder", f"{s.books_predecoded}"),
@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = [verbose_parent("debug logging; tracebacks of errors")]
 
-    p = sub.add_parser("precompute", help="DBN files -> features and labels -> Arrow cache (the main job)",
+    p = add_command(sub, "precompute", "DBN files -> features and labels -> Arrow cache (the main job)",
                        parents=common)
     p.add_argument("--instrument-mode", default="front-month", type=option(val.validate_instrument_mode),
                    help="all | id=N | front-month (default: front-month)")
@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     _read_options(p)  # --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
     p.set_defaults(func=_precompute, prog=p.prog)
 
-    r = sub.add_parser("roll-schedule", help="print the front-month contract chosen per CME Globex session",
+    r = add_command(sub, "roll-schedule", "print the front-month contract chosen per CME Globex session",
                        parents=common)
     r.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
                    help="DBN files or directories (book data; trades and definitions optional; default: the "
@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     _read_options(r)
     r.set_defaults(func=_roll_schedule, prog=r.prog)
 
-    s = sub.add_parser("synth", help="synthetic ES DBN v3 files (the embedded default sample, test data, "
+    s = add_command(sub, "synth", "synthetic ES DBN v3 files (the embedded default sample, test data, "
                        "benchmarks)", parents=common)
     s.add_argument("--default", action="store_true",
                    help="write the embedded default sample (into data/ unless --out)")
@@ -434,11 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: ../shared/data/real/esh4-glbx-mdp3-20231225.mbo.dbn.zst)")
     s.set_defaults(func=_synth, prog=s.prog)
 
-    f = sub.add_parser("features", help="print the feature registry (name, unit, formula, source, parameters)",
+    f = add_command(sub, "features", "print the feature registry (name, unit, formula, source, parameters)",
                        parents=common)
     f.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     f.set_defaults(func=_features, prog=f.prog)
-    i = sub.add_parser("inspect", help="rows, NaN rates and label balance of a cache, and PNG plots", parents=common)
+    i = add_command(sub, "inspect", "rows, NaN rates and label balance of a cache, and PNG plots", parents=common)
     i.add_argument("cache", type=_PATH, help="cache directory written by precompute")
     i.add_argument("--plots", default=None, type=_PATH, help="where to write PNG plots (default: CACHE/_plots)")
     i.add_argument("--no-plots", action="store_true", help="tables only")

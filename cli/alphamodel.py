@@ -26,7 +26,7 @@ from alphafeat.errors import AlphafeatError, InputError
 from alphafeat.validation import Context, Device, validate_costs, validate_enum, validate_int, validate_path
 from alphamodel.config import MAX_COST_TICKS
 from alphamodel.errors import AlphamodelError
-from cli import Parser, console, option, run, stdout_console, verbose_parent
+from cli import Parser, add_command, console, option, run, stdout_console, verbose_parent
 
 
 def _default_cache(out: Path, quiet: bool) -> Path:
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "15-60 s on 2 CPU cores).")  # fmt: skip
     ap.add_argument("-v", "--verbose", action="store_true", help="info logging; tracebacks of errors")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("train", help="walk-forward folds over sessions (purged, embargo): per-horizon AUC of the "
+    p = add_command(sub, "train", "walk-forward folds over sessions (purged, embargo): per-horizon AUC of the "
                        "model and of its baselines on the same rows, with session-bootstrap 95%% intervals",
                        parents=[verbose_parent("info logging; tracebacks of errors")])
     path, size = option(validate_path), option(validate_int, lo=1)
@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     device = option(validate_enum, enum=Device)
     devices = "{" + ",".join(Device) + "}"
-    b = sub.add_parser("backtest", help="a C51 trading policy on the encoder, walk-forward over sessions, per cost "
+    b = add_command(sub, "backtest", "a C51 trading policy on the encoder, walk-forward over sessions, per cost "
                        "level, beside baselines (flat, long, OFI sign, logistic, direction heads)",
                        parents=[verbose_parent("info logging; tracebacks of errors")])
     b.add_argument("--cache", type=path,
@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=_backtest, prog=b.prog)
 
-    e = sub.add_parser("embed", help="write per-row embeddings of a trained model beside the cache",
+    e = add_command(sub, "embed", "write per-row embeddings of a trained model beside the cache",
                        parents=[verbose_parent("info logging; tracebacks of errors")])
     e.add_argument("cache", type=path, help="cache directory")
     e.add_argument("--model", required=True, type=path, help="an `alphamodel train` output directory")

@@ -385,3 +385,14 @@ def test_workers_start_with_ctrl_c_ignored():
     assert signal.getsignal(signal.SIGINT) is before
     assert list(gen) == [signal.SIG_IGN] * 4
     get_reusable_executor().shutdown(wait=True)
+
+
+def test_each_command_help_starts_with_its_line_in_the_list():
+    """``PROG COMMAND --help`` opens with the line ``PROG --help`` lists for the command."""
+    for parser in (alphafeat_parser(), alphamodel_parser()):
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        listed = {a.dest: a.help for a in sub._choices_actions}
+        assert listed and set(listed) == set(sub.choices)
+        for name, cmd in sub.choices.items():
+            assert cmd.description == listed[name] and listed[name], name
+            assert " ".join(listed[name].split()) in " ".join(cmd.format_help().split()), name
