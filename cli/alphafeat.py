@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = [verbose_parent("debug logging; tracebacks of errors")]
 
     p = add_command(sub, "precompute", "DBN files -> features and labels -> Arrow cache (the main job)",
-                       parents=common)
+                    parents=common)
     p.add_argument("--instrument-mode", default="front-month", type=option(val.validate_instrument_mode),
                    help="all | id=N | front-month (default: front-month)")
     p.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_precompute, prog=p.prog)
 
     r = add_command(sub, "roll-schedule", "print the front-month contract chosen per CME Globex session",
-                       parents=common)
+                    parents=common)
     r.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
                    help="DBN files or directories (book data; trades and definitions optional; default: the "
                         "embedded sample in data/, as precompute)")
@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_roll_schedule, prog=r.prog)
 
     s = add_command(sub, "synth", "synthetic ES DBN v3 files (the embedded default sample, test data, "
-                       "benchmarks)", parents=common)
+                    "benchmarks)", parents=common)
     s.add_argument("--default", action="store_true",
                    help="write the embedded default sample (into data/ unless --out)")
     s.add_argument("--start", type=option(val.validate_date),
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_synth, prog=s.prog)
 
     f = add_command(sub, "features", "print the feature registry (name, unit, formula, source, parameters)",
-                       parents=common)
+                    parents=common)
     f.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     f.set_defaults(func=_features, prog=f.prog)
     i = add_command(sub, "inspect", "rows, NaN rates and label balance of a cache, and PNG plots", parents=common)

@@ -226,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-v", "--verbose", action="store_true", help="info logging; tracebacks of errors")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = add_command(sub, "train", "walk-forward folds over sessions (purged, embargo): per-horizon AUC of the "
-                       "model and of its baselines on the same rows, with session-bootstrap 95%% intervals",
-                       parents=[verbose_parent("info logging; tracebacks of errors")])
+                    "model and of its baselines on the same rows, with session-bootstrap 95%% intervals",
+                    parents=[verbose_parent("info logging; tracebacks of errors")])
     path, size = option(validate_path), option(validate_int, lo=1)
     p.add_argument("--cache", type=path,
                    help="cache directory (default: build one from the embedded sample under OUT/cache)")
@@ -255,8 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     device = option(validate_enum, enum=Device)
     devices = "{" + ",".join(Device) + "}"
     b = add_command(sub, "backtest", "a C51 trading policy on the encoder, walk-forward over sessions, per cost "
-                       "level, beside baselines (flat, long, OFI sign, logistic, direction heads)",
-                       parents=[verbose_parent("info logging; tracebacks of errors")])
+                    "level, beside baselines (flat, long, OFI sign, logistic, direction heads)",
+                    parents=[verbose_parent("info logging; tracebacks of errors")])
     b.add_argument("--cache", type=path,
                    help="cache directory (default: build one from the embedded sample under OUT/cache)")
     b.add_argument("--model", type=path, help="an `alphamodel train` output directory (default: train a small "
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_backtest, prog=b.prog)
 
     e = add_command(sub, "embed", "write per-row embeddings of a trained model beside the cache",
-                       parents=[verbose_parent("info logging; tracebacks of errors")])
+                    parents=[verbose_parent("info logging; tracebacks of errors")])
     e.add_argument("cache", type=path, help="cache directory")
     e.add_argument("--model", required=True, type=path, help="an `alphamodel train` output directory")
     e.add_argument("--out", type=path, help="output directory (default: CACHE-embeddings beside the cache)")
