@@ -227,8 +227,8 @@ class Summary:
     relabelled partitions (the earlier partition read back). ``peak_rss`` is the
     largest peak resident memory of any process of the run (bytes); ``cache_bytes`` the size
     of the run's partitions, those written and those already current; ``predecoded`` the
-    folder where the plan's scans and the kept books are (``--predecoded-dir``, default
-    :func:`default_predecoded_dir`).
+    folder where the plan's scans and the kept books are (:attr:`PrecomputeConfig.predecoded_dir`,
+    default :func:`default_predecoded_dir`).
     """
 
     files: int = 0

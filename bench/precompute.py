@@ -55,10 +55,10 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+PROJECT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT))
 from alphafeat.cores import usable_cores  # noqa: E402  (the project, run from its checkout)
 
-PROJECT = Path(__file__).resolve().parents[1]
 #: Options added to every precompute run (``--extra``).
 EXTRA: list[str] = []
 CASES = ("zstd", "cold1", "coldN", "coldN1", "warm", "same", "bytes", "dask", "pandas")

@@ -286,8 +286,9 @@ def _read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebuild-predecoded", action="store_true",
                    help="clear the predecoded folder (<out parent>/.predecoded: kept books and plan scans) first")
     p.add_argument("--jobs", type=_JOBS, default=1,
-                   help="worker processes: plan scans and session segments in parallel (-1: all cores; default "
-                        "1; each starts in ~1 s, so worth it for several full sessions, not a small sample)")
+                   help="worker processes: plan scans and session segments in parallel (-1: all the cores it may "
+                        "use; default 1; each starts in ~1 s, so worth it for several full sessions, not a small "
+                        "sample)")
 
 
 def _roll_schedule(args: argparse.Namespace) -> int:
