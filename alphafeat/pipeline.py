@@ -140,7 +140,7 @@ class PrecomputeConfig:
         ``raise`` (a bad input file stops the run) or ``skip`` (warn, leave out the file or
         the segments it holds, list it in ``Summary.skipped``).
     jobs : int
-        Worker processes (joblib, loky) computing segments in parallel; -1 for all cores. Each
+        Worker processes (joblib, loky) computing segments in parallel; -1 for all the cores it may use. Each
         segment's CPU features use the cores left per worker (:func:`feature_threads`).
     scheduler : str or None
         Address of a Dask distributed scheduler (``tcp://host:8786``): segments run on its

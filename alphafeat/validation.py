@@ -166,10 +166,11 @@ def validate_path(value: object, option: str) -> Path:
 
 
 def validate_jobs(value: object, option: str = "--jobs") -> int:
-    """Worker processes: ``>= 1``, or ``-1`` for all cores."""
+    """Worker processes: ``>= 1``, or ``-1`` for all the cores the process may use
+    (:func:`alphafeat.cores.usable_cores`)."""
     n = _as_int(value)
     if n is None or not (n >= 1 or n == -1):
-        raise UsageError(option, "expected a number of processes >= 1, or -1 for all cores", value)
+        raise UsageError(option, "expected a number of processes >= 1, or -1 for all the cores it may use", value)
     return n
 
 
