@@ -1256,9 +1256,9 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
                 calls.append((seg, str(writer.staging), meta, relabel))
         calls.sort(key=_work, reverse=True)  # the largest first: a run does not end waiting for a big one started last
         threads = feature_threads(cfg, len(calls))
-        log.debug("CPU features of each segment on %d thread(s) (%d segment(s) to compute, %d core(s))",
-                  threads, len(calls), usable_cores())  # fmt: skip
         at_once = _at_once(cfg, len(calls))
+        log.debug("%d segment(s) to compute, %d at once on this machine; CPU features of each on %d thread(s) "
+                  "(%d core(s))", len(calls), at_once, threads, usable_cores())  # fmt: skip
         in_flight = None
         if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores
             _set_in_flight(writer.staging, at_once)
