@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -95,6 +96,23 @@ def test_definitions(dst_files: list[Path]) -> None:
     exp = datetime.datetime(2024, 3, 15, 8, 30, tzinfo=CT)
     assert int(by["ESH4"]["expiration"]) == int(exp.timestamp()) * 10**9
     assert int(by["ESM4"]["expiration"]) > int(by["ESH4"]["expiration"])
+
+
+def test_rewritten_report_keeps_the_stylised_facts(tmp_path: Path) -> None:
+    """Rewriting the files (``synth --default``) replaces the report's counts but keeps what
+    ``synth --report`` measured of the generator; an unreadable earlier report is replaced."""
+    from alphafeat.synth.generate import REPORT_SECTIONS, write_report
+
+    path = tmp_path / synth.REPORT_NAME
+    path.write_text(json.dumps({"sessions": 9, "stylised_facts": [{"name": "x"}], "book_shape_vs_real": [1]}))
+    write_report(path, {"sessions": 3, "mbo_records": 5})
+    got = json.loads(path.read_text())
+    assert got == {"sessions": 3, "mbo_records": 5, "stylised_facts": [{"name": "x"}], "book_shape_vs_real": [1]}
+    assert set(REPORT_SECTIONS) >= {"stylised_facts", "book_shape_vs_real"}
+    path.write_text("{not json")
+    write_report(path, {"sessions": 1})
+    assert json.loads(path.read_text()) == {"sessions": 1}
+    assert [p.name for p in tmp_path.iterdir()] == [synth.REPORT_NAME]  # no temporary file left
 
 
 def test_deterministic(sample: list[Path], tmp_path: Path) -> None:

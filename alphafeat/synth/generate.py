@@ -200,7 +200,8 @@ def generate(
         otherwise (compression dominates the run time of big sets at high levels).
     report : bool
         Also write ``synth-report.json`` (parameters, per-session counts and rare cases, and
-        the AUC ceiling per label horizon from :func:`auc_ceiling` on the first session).
+        the AUC ceiling per label horizon from :func:`auc_ceiling` on the first session); the
+        stylised facts an earlier ``alphafeat synth --report`` added there are kept (:func:`write_report`).
     progress : callable, optional
         Called with 1 after each session is written.
     summary : list, optional
@@ -307,12 +308,29 @@ def generate(
         }
         for s in rep["sessions_detail"]:
             s["files"] = [Path(p).name for p in next(r["paths"] for r in results if r["session"] == s["session"])]
-        path = out / REPORT_NAME
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(rep, indent=1, sort_keys=False) + "\n")
-        os.replace(tmp, path)
+        write_report(out / REPORT_NAME, rep)
         logger.info("AUC ceiling per horizon: %s", rep["auc_ceiling"]["auc"])
     return written
+
+
+#: Sections of ``synth-report.json`` that ``alphafeat synth --report`` adds: measurements of the
+#: generator on sessions of its own (not of the files written), kept when the files are rewritten.
+REPORT_SECTIONS = ("stylised_facts", "stylised_facts_setup", "book_shape_vs_real")
+
+
+def write_report(path: Path, rep: dict) -> None:
+    """Write ``rep`` as the JSON report at ``path`` atomically, keeping the :data:`REPORT_SECTIONS`
+    of the report already there (a rerun of ``alphafeat synth --default`` must not drop the
+    stylised facts that ``--report`` measured; rerun ``--report`` after changing the generator).
+    An unreadable earlier report is replaced whole."""
+    try:
+        old = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        old = {}
+    rep = {**rep, **{k: old[k] for k in REPORT_SECTIONS if isinstance(old, dict) and k in old}}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rep, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
 
 
 def make_default_sample(out_dir: str | os.PathLike[str]) -> list[Path]:
