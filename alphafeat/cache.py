@@ -152,7 +152,8 @@ def check_folder(path: str | os.PathLike[str]) -> Path:
     ------
     CacheError
         ``path`` is a regular file; or lies below one; or it (or its nearest existing folder)
-        is not writable.
+        is not writable (a folder made there and removed at once, as permission bits do not
+        tell a read-only mount).
     """
     path = Path(path).resolve()
     if path.exists() and not path.is_dir():
@@ -164,6 +165,12 @@ def check_folder(path: str | os.PathLike[str]) -> Path:
         raise CacheError(path, f"cannot be made: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
         raise CacheError(path, f"cannot be written: no write permission on {base}")
+    probe = base / f".alphafeat-probe-{uuid.uuid4().hex[:8]}"  # what the permission bits do not say
+    try:  # (a read-only mount, /sys or /proc, root's access to anything)
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        raise CacheError(path, f"cannot be written: making a folder in {base} failed ({e.strerror or e})") from None
     return path
 
 

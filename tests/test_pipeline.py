@@ -176,6 +176,17 @@ def test_bad_out_fails_first_in_one_line(tmp_path, capsys, case):
     assert sorted(p.name for p in tmp_path.iterdir()) == [f.name]  # no .predecoded, no temp
 
 
+def test_out_where_no_folder_can_be_made_fails_first_in_one_line(capsys):
+    # permission bits pass (as for root) but no folder can be made there: found before the
+    # plan (which would otherwise warn once per scan it cannot keep), one line
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here (Linux): no folder where making one fails whatever the permissions")
+    assert _run("--input", str(need(ESU4_MBP1)), "--out", "/proc/alphafeat-cache", "--device", "cpu") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "/proc/alphafeat-cache: cannot be written: making a folder in /proc failed" in err
+
+
 def test_os_error_is_one_line_naming_the_path(capsys):
     import argparse
 
