@@ -104,7 +104,10 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     under ``-v``.
     """
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named by the command they were given to, as its other usage errors are
+            prog = getattr(args, "prog", parser.prog)
+            parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
     verbose = getattr(args, "verbose", False)

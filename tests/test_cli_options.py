@@ -396,3 +396,18 @@ def test_each_command_help_starts_with_its_line_in_the_list():
         for name, cmd in sub.choices.items():
             assert cmd.description == listed[name] and listed[name], name
             assert " ".join(listed[name].split()) in " ".join(cmd.format_help().split()), name
+
+
+def test_an_unknown_option_is_named_by_its_command(capsys):
+    """An option no command knows is reported by the command it was given to (its prog, its
+    --help), as the command's other usage errors are: exit 2, one line."""
+    for prog, main in (("alphafeat", alphafeat_main), ("alphamodel", alphamodel_main)):
+        parser = alphafeat_parser() if prog == "alphafeat" else alphamodel_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        for name in sub.choices:
+            assert main([name, "--no-such-option"]) == 2
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(f"{prog} {name}: error: "), (name, lines)
+            assert lines[0].endswith(f"(see {prog} {name} --help)"), lines
+            # a command with a required argument says that first (argparse's order)
+            assert "unrecognized arguments: --no-such-option " in lines[0] or "are required" in lines[0], lines
