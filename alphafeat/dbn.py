@@ -570,7 +570,8 @@ def open_dbn(path: str | os.PathLike[str]) -> DBNFile:
             problem = _zstd_problem(f) if src.compressed else None  # a header cut short: say why
             if problem is None:
                 raise
-            raise InputError(p, problem[1], offset=src.produced) from None
+            # the header was not decompressed: where the file itself ends inside the frame
+            raise InputError(p, problem[1], offset=problem[0], decompressed=False) from None
 
 
 def _normalize_ids(instrument_ids: Iterable[int] | None) -> np.ndarray | None:

@@ -408,6 +408,20 @@ def test_truncated_zstd_at_the_last_byte(mbo_zst) -> None:
     assert "truncated" in str(err) and err.offset == 206 + 68_792 * 56
 
 
+def test_header_cut_short_names_where_the_file_ends(mbo_zst) -> None:
+    """A file cut inside its first zstd frame gives no decompressed byte to point at: the error
+    says where the file itself ends, inside the frame (a fresh-user walk read "at byte offset 0
+    of the decompressed stream" as damage at the start)."""
+    data, _, ends, tmp = mbo_zst
+    p = tmp / "head.dbn.zst"
+    cut = ends[0] // 2
+    p.write_bytes(data[:cut])
+    with pytest.raises(InputError) as e:
+        open_dbn(p)
+    assert "truncated" in str(e.value) and e.value.offset == cut
+    assert str(e.value).endswith(f"(at byte offset {cut})")
+
+
 def test_cut_at_a_frame_end_is_a_valid_shorter_stream(mbo_zst) -> None:
     """Known limit: a cut exactly between zstd frames leaves a valid DBN stream.
 
