@@ -56,11 +56,16 @@ def progress_bar(disable: bool = False) -> Iterator[Progress]:
     bar.stop()
 
 
+def usage_line(prog: str, message: str) -> str:
+    """A usage error as one line: ``PROG: error: MESSAGE (see PROG --help)``."""
+    return f"{prog}: error: {' '.join(message.split())} (see {prog} --help)"
+
+
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line (``PROG: error: ...``), exit status 2."""
+    """An ``ArgumentParser`` whose errors are one line (:func:`usage_line`), exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+        self.exit(2, usage_line(self.prog, message) + "\n")
 
 
 def add_command(sub: argparse._SubParsersAction, name: str, text: str, **kw: Any) -> argparse.ArgumentParser:
@@ -107,7 +112,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
         args, extra = parser.parse_known_args(argv)
         if extra:  # named by the command they were given to, as its other usage errors are
             prog = getattr(args, "prog", parser.prog)
-            parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
+            parser.exit(2, usage_line(prog, f"unrecognized arguments: {' '.join(extra)}") + "\n")
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
     verbose = getattr(args, "verbose", False)

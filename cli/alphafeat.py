@@ -194,11 +194,11 @@ def _synth_report(args: argparse.Namespace) -> int:
     and the literature, and the book's shape beside the real ESH4 hour; the facts are added to
     ``<out>/synth-report.json`` (``data/`` unless --out) as ``stylised_facts``."""
     import json
-    import os
 
     from alphafeat import synth
     from alphafeat.pipeline import DEFAULT_DATA_DIR
     from alphafeat.synth import report
+    from alphafeat.synth.generate import write_json
 
     real = args.real or Path(__file__).resolve().parents[1] / report.REAL_FILE
     if not real.is_file():
@@ -237,9 +237,7 @@ def _synth_report(args: argparse.Namespace) -> int:
     rep["book_shape_vs_real"] = [
         {"name": r.name, "real": r.real, "generated": r.synth, "tolerance": r.tolerance, "pass": r.ok} for r in rows
     ]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rep, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_json(path, rep)
     print(f"report: {path}")
     return 0
 

@@ -327,9 +327,13 @@ def write_report(path: Path, rep: dict) -> None:
         old = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
         old = {}
-    rep = {**rep, **{k: old[k] for k in REPORT_SECTIONS if isinstance(old, dict) and k in old}}
+    write_json(path, {**rep, **{k: old[k] for k in REPORT_SECTIONS if isinstance(old, dict) and k in old}})
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Write ``obj`` as indented JSON at ``path`` atomically (a temporary file renamed over it)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rep, indent=1, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
     os.replace(tmp, path)
 
 
