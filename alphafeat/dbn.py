@@ -420,8 +420,8 @@ def _zstd_problem(f: BinaryIO) -> tuple[int, str] | None:
         fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
         pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
         while True:  # block headers, walked in numba a window at a time
-            if pos + 3 > size:
-                return pos, "zstd stream ends in the middle of a frame (truncated file)"
+            if pos + 3 > size:  # a header or block walked past the end: the file ends inside it
+                return min(pos, size), "zstd stream ends in the middle of a frame (truncated file)"
             u(pos, 3)  # the window holds this header
             off, state = _walk_blocks(np.frombuffer(win[1], dtype=np.uint8), pos - win[0])
             pos = win[0] + off

@@ -11,6 +11,7 @@ import databento_dbn
 import numpy as np
 import pytest
 import zstandard
+from conftest import PROJECT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -413,13 +414,15 @@ def test_header_cut_short_names_where_the_file_ends(mbo_zst) -> None:
     says where the file itself ends, inside the frame (a fresh-user walk read "at byte offset 0
     of the decompressed stream" as damage at the start)."""
     data, _, ends, tmp = mbo_zst
-    p = tmp / "head.dbn.zst"
-    cut = ends[0] // 2
-    p.write_bytes(data[:cut])
-    with pytest.raises(InputError) as e:
-        open_dbn(p)
-    assert "truncated" in str(e.value) and e.value.offset == cut
-    assert str(e.value).endswith(f"(at byte offset {cut})")
+    sample = PROJECT / "data" / "glbx-mdp3-20240306.mbp-10.dbn.zst"  # one frame: its first block is large
+    cases = [(data, ends[0] // 2)] + ([(sample.read_bytes(), 100)] if sample.is_file() else [])
+    for raw, cut in cases:  # 100 bytes of the sample: the walk had passed the end (offset 2041 reported)
+        p = tmp / "head.dbn.zst"
+        p.write_bytes(raw[:cut])
+        with pytest.raises(InputError) as e:
+            open_dbn(p)
+        assert "truncated" in str(e.value) and e.value.offset == cut
+        assert str(e.value).endswith(f"(at byte offset {cut})")
 
 
 def test_cut_at_a_frame_end_is_a_valid_shorter_stream(mbo_zst) -> None:
@@ -473,8 +476,6 @@ def test_damaged_bytes_anywhere_are_reported(tmp_path: Path) -> None:
     checksum, which Databento's files and the generator's carry, catches it. Eight bytes are
     overwritten at offsets spread over the whole compressed file: every case must end in an
     InputError naming the file (never a silent success with wrong records)."""
-    from conftest import PROJECT
-
     src = PROJECT / "data" / "glbx-mdp3-20240306.trades.dbn.zst"
     if not src.exists():
         pytest.skip("data/ has no embedded sample")
