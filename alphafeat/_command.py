@@ -56,7 +56,7 @@ def stop_pool_workers() -> None:
     """Stop the worker processes of joblib's (loky's) reusable pool, if this process started
     one: SIGKILL to all of them at once (loky sends it one after another, waiting for each to be
     torn down, seconds for 16 that held a session's buffers or a CUDA context), then the pool shut
-    down without waiting. A process that ends right after (:func:`cli.end_process`) leaves none
+    down without waiting. A process that ends right after (:func:`alphafeat.commandline.end_process`) leaves none
     behind idling for loky's 300 s timeout. Reads loky's private ``_executor`` and ``_processes``."""
     mod = sys.modules.get("joblib.externals.loky.reusable_executor")
     ex = getattr(mod, "_executor", None)

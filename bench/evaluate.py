@@ -32,22 +32,22 @@ from pathlib import Path
 from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError
 from alphafeat.validation import SignalKind
+from alphamodel.cli import print_summary
 from alphamodel.config import from_dict, read_config
 from alphamodel.model import ModelConfig
 from alphamodel.train import train
-from cli.alphamodel import print_summary
 
 
 def build_cache(args: argparse.Namespace) -> Path:
     work = Path(args.work)
     syn, cache = work / "synth", work / "cache"
     if not (syn / "synth-report.json").is_file():
-        subprocess.run([sys.executable, "-m", "cli.alphafeat", "synth", "--start", args.start, "--sessions",
+        subprocess.run([sys.executable, "-m", "alphafeat.cli", "synth", "--start", args.start, "--sessions",
                         str(args.sessions), "--scale", args.scale, "--out", str(syn), "--jobs", str(args.jobs),
                         "--seed", str(args.seed), "--signal", str(args.signal), "--signal-kind", args.signal_kind],
                        check=True)
     if not (cache / MANIFEST).is_file():
-        subprocess.run([sys.executable, "-m", "cli.alphafeat", "precompute", "--input", str(syn), "--out", str(cache),
+        subprocess.run([sys.executable, "-m", "alphafeat.cli", "precompute", "--input", str(syn), "--out", str(cache),
                         "--instrument-mode", "front-month", "--jobs", str(args.jobs), "-q"], check=True)
     return cache
 

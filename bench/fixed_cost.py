@@ -4,15 +4,16 @@ Each figure is the wall time of a fresh process (median, min and max of ``--repe
 interleaved), with Python writing bytecode as by default (``PYTHONDONTWRITEBYTECODE`` removed):
 
 * ``python``: the interpreter alone (``python -c pass``);
-* ``import``: ``import cli.alphafeat, alphafeat.pipeline`` (what a segment worker imports too);
+* ``import``: ``import alphafeat.cli, alphafeat.pipeline`` (what a segment worker imports too);
 * ``cold``: ``alphafeat precompute -q --input INPUT`` into a fresh folder (nothing kept): on
   the embedded sample (3 sessions, 29 k rows) nearly all of it is fixed cost;
 * ``same``: a rerun with nothing changed (every partition current);
 * ``coldJ``: ``cold`` with ``--jobs J`` (``--jobs``; 0 leaves it out).
 
-``--baseline DIR`` runs every case on another checkout too (its ``cli`` and ``alphafeat`` on
-``PYTHONPATH``), alternating with this one, so that their ratio comes from one run. A first
-run per checkout, not timed, fills numba's cache and the bytecode.
+``--baseline DIR`` runs every case on another checkout too (its packages on ``PYTHONPATH``;
+one from before the command line moved into the packages runs its ``cli.alphafeat``),
+alternating with this one, so that their ratio comes from one run. A first run per checkout,
+not timed, fills numba's cache and the bytecode.
 
 Usage::
 
@@ -49,6 +50,12 @@ def timed(cmd: list[str], root: Path) -> float:
     return wall
 
 
+def command_module(root: Path) -> str:
+    """The module of ``alphafeat``'s command line in the checkout ``root``: ``alphafeat.cli``, or
+    ``cli.alphafeat`` in a checkout from before it moved into the package."""
+    return "cli.alphafeat" if (root / "cli" / "alphafeat.py").is_file() else "alphafeat.cli"
+
+
 def cases(inp: Path, jobs: int, scratch: Path) -> dict[str, object]:
     """Case name -> a function of (root, run index) giving the command to time."""
     py = sys.executable
@@ -58,13 +65,13 @@ def cases(inp: Path, jobs: int, scratch: Path) -> dict[str, object]:
             out = scratch / f"{root.name}-{abs(hash(str(root)))}-{tag}" / "out"
             if fresh:
                 shutil.rmtree(out.parent, ignore_errors=True)
-            return [py, "-m", "cli.alphafeat", "precompute", "-q", "--input", str(inp), "--out", str(out), *extra]
+            return [py, "-m", command_module(root), "precompute", "-q", "--input", str(inp), "--out", str(out), *extra]
 
         return cmd
 
     got = {
         "python": lambda root, i: [py, "-c", "pass"],
-        "import": lambda root, i: [py, "-c", "import cli.alphafeat, alphafeat.pipeline"],
+        "import": lambda root, i: [py, "-c", f"import {command_module(root)}, alphafeat.pipeline"],
         "cold": precompute("cold"),
         "same": precompute("same", fresh=False),
     }
@@ -80,8 +87,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="--jobs of the coldJ case (0: no such case)")
     ap.add_argument("--baseline", type=Path, default=None, help="another checkout to time beside this one")
     args = ap.parse_args()
-    if args.baseline and not (args.baseline / "cli").is_dir():
-        ap.error(f"--baseline {args.baseline}: not a checkout of this project (no cli/ folder there)")
+    if args.baseline and not (args.baseline / "alphafeat").is_dir():
+        ap.error(f"--baseline {args.baseline}: not a checkout of this project (no alphafeat/ folder there)")
     roots = [PROJECT] + ([args.baseline.resolve()] if args.baseline else [])
     with tempfile.TemporaryDirectory(prefix="fixed_cost_") as tmp:
         todo = cases(args.input.resolve(), args.jobs, Path(tmp))

@@ -1,6 +1,6 @@
 """``alphafeat precompute`` at scale: time, peak memory and cache size beside plain ``zstd -d``.
 
-Every figure comes from running the public command line (``python -m cli.alphafeat
+Every figure comes from running the public command line (``python -m alphafeat.cli
 precompute``) in a fresh process, as a user would; peak memory is the largest sum of the
 resident set sizes of the command and all its children, sampled every 20 ms with psutil; CPU
 seconds are user + system time of the command and its children (``getrusage``). The command runs
@@ -75,7 +75,7 @@ def _child_cpu() -> float:
 
 def _adopt_orphans() -> bool:
     """Make this process the reaper of its descendants' orphans (Linux ``PR_SET_CHILD_SUBREAPER``):
-    worker processes a command leaves dying as it exits (:func:`cli.end_process`) are then this
+    worker processes a command leaves dying as it exits (:func:`alphafeat.commandline.end_process`) are then this
     process's children, waited for before the next case and counted in its CPU seconds."""
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
@@ -142,7 +142,7 @@ def run_measured(cmd: list[str]) -> dict:
 def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
     """One precompute run in a fresh process; its measured time and memory, and its manifest's
     run record (per-stage seconds, rows, bytes per row). ``EXTRA`` options are added."""
-    cmd = [sys.executable, "-m", "cli.alphafeat", "precompute", "-q", "--out", str(out), "--input",
+    cmd = [sys.executable, "-m", "alphafeat.cli", "precompute", "-q", "--out", str(out), "--input",
            *map(str, inputs), *EXTRA, *args]  # fmt: skip
     res = run_measured(cmd)
     run = json.loads((out / "_alphafeat.json").read_text())["run"]
@@ -259,7 +259,7 @@ def main() -> None:
         return
     if args.generate:
         args.input.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "cli.alphafeat", "synth", "--start", "2024-03-04", "--sessions",
+        subprocess.run([sys.executable, "-m", "alphafeat.cli", "synth", "--start", "2024-03-04", "--sessions",
                         str(args.generate), "--scale", args.scale, "--jobs", str(args.jobs), "--out", str(args.input)],
                        check=True, cwd=PROJECT)  # fmt: skip
     cases = [c for c in args.cases.split(",") if c]
@@ -325,7 +325,7 @@ def main() -> None:
             res["same"], spread = median(same)
             r = res["same"]
             rows.append(("  rerun, nothing changed" + spread, r["seconds"], r["peak_rss_gb"], r["rows"]))
-            r = res["start"] = run_measured([sys.executable, "-c", "import cli.alphafeat, alphafeat.pipeline"])
+            r = res["start"] = run_measured([sys.executable, "-c", "import alphafeat.cli, alphafeat.pipeline"])
             rows.append(("  (of each: python start and the imports of a run)", r["seconds"], r["peak_rss_gb"], ""))
             feats = []
             for k in range(max(1, args.repeat)):  # each adds features the one before did not store

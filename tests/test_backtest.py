@@ -25,10 +25,10 @@ from alphamodel.c51 import (
     support,
     thompson,
 )
+from alphamodel.cli import main as cli_main
 from alphamodel.env import VecEnv, market_from_arrays
 from alphamodel.kelly import kelly_size
 from alphamodel.sharpe import expected_max_sharpe, max_drawdown, psr, sharpe, sharpe_stats
-from cli.alphamodel import main as cli_main
 
 
 # ---- C51 projection (reference-values.md: Bellemare et al. 2017, worked by hand) -------------

@@ -136,7 +136,7 @@ def test_killed_run_then_rerun_equals_uninterrupted(sample, tmp_path):
     precompute(_cfg(sorted(sample.iterdir()), ref))
     out = tmp_path / "c"
     env = dict(os.environ, PYTHONPATH=str(PROJECT))
-    cmd = [sys.executable, "-m", "cli.alphafeat", "precompute", "-q", "--instrument-mode", "all",
+    cmd = [sys.executable, "-m", "alphafeat.cli", "precompute", "-q", "--instrument-mode", "all",
            "--input", str(sample), "--out", str(out), "--device", "cpu"]
     killed = False
     for _ in range(3):  # kill as soon as the run has staged a partition

@@ -215,7 +215,7 @@ def test_triton_training_off_cuda_is_refused_and_a_saved_triton_model_loads_as_f
 def test_cli_triton_config_off_cuda_is_one_line_naming_the_file(tmp_path, capsys):
     """``alphamodel train --config F`` with ``cfc_impl: "triton"`` on a CPU: exit 1, one line
     naming the file and the key, before the default cache is built."""
-    from cli.alphamodel import main
+    from alphamodel.cli import main
 
     cfg = tmp_path / "triton.json"
     cfg.write_text(json.dumps({"model": {"cfc_impl": "triton", "cfc_hidden": 16}}))

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.alphafeat import build_parser as alphafeat_parser
-from cli.alphafeat import main as alphafeat_main
-from cli.alphamodel import build_parser as alphamodel_parser
-from cli.alphamodel import main as alphamodel_main
+from alphafeat.cli import build_parser as alphafeat_parser
+from alphafeat.cli import main as alphafeat_main
+from alphamodel.cli import build_parser as alphamodel_parser
+from alphamodel.cli import main as alphamodel_main
 
 PROJECT = Path(__file__).resolve().parents[1]
 DATA = str(PROJECT / "data")
@@ -318,7 +318,7 @@ def test_a_warning_off_a_terminal_is_one_line_with_the_whole_path(tmp_path):
     bad = deep / "glbx-mdp3-20240308.mbp-10.dbn.zst"
     bad.write_bytes(bad.read_bytes()[:300_000])
     argv = ["precompute", "--input", str(deep), "--out", str(tmp_path / "c"), "--on-error", "skip"]
-    run = subprocess.run([sys.executable, "-m", "cli.alphafeat", *argv], cwd=PROJECT, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "alphafeat.cli", *argv], cwd=PROJECT, capture_output=True, text=True)
     lines = [ln for ln in run.stderr.splitlines() if "WARNING" in ln]
     assert run.returncode == 0 and len(lines) == 1 and f"skipping {bad}: " in lines[0], run.stderr
     # the results name the file once, and the session it held has no partition
@@ -332,20 +332,22 @@ def test_synth_names_only_the_missing_option(tmp_path, capsys):
     assert "--start" in err and "--out" not in err and not (tmp_path / "s").exists(), err
 
 
-def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capfd):
-    """The console scripts (``cli.alphafeat_main``) import their command module inside a guard:
-    a Ctrl-C there gives the interrupted line and 130, not a traceback."""
-    import importlib
+def test_ctrl_c_while_the_parser_is_built_is_one_line(monkeypatch, capfd):
+    """The console scripts (``alphafeat.cli:main``) build their parser, importing the modules
+    whose options it declares, inside a guard: a Ctrl-C there gives the interrupted line and
+    130, not a traceback."""
+    import alphafeat.cli
+    import alphamodel.cli
+    from alphafeat import commandline
 
-    import cli
-
-    def interrupted(name: str):
+    def interrupted():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(importlib, "import_module", interrupted)
-    assert cli.alphafeat_main() == 130 and cli.alphamodel_main() == 130
+    monkeypatch.setattr(alphafeat.cli, "build_parser", interrupted)
+    monkeypatch.setattr(alphamodel.cli, "build_parser", interrupted)
+    assert alphafeat.cli.main([]) == 130 and alphamodel.cli.main([]) == 130
     out = capfd.readouterr()
-    assert (out.out + out.err).strip().splitlines() == [cli.INTERRUPTED] * 2
+    assert (out.out + out.err).strip().splitlines() == [commandline.INTERRUPTED] * 2
 
 
 def test_a_finished_command_ignores_a_late_ctrl_c(tmp_path):
@@ -354,7 +356,7 @@ def test_a_finished_command_ignores_a_late_ctrl_c(tmp_path):
     import subprocess
     import sys
 
-    code = ("import atexit, signal, sys; from cli.alphafeat import main; sys.argv = ['alphafeat', 'precompute', "
+    code = ("import atexit, signal, sys; from alphafeat.cli import main; sys.argv = ['alphafeat', 'precompute', "
             f"'--input', {str(tmp_path / 'missing')!r}]; "
             "atexit.register(lambda: print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)); main()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -140,7 +140,7 @@ def test_declared_features_cuda_simulator() -> None:
 
 
 def test_declared_features_in_cache_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cli.alphafeat import main
+    from alphafeat.cli import main
 
     day = sorted(DATA.glob("*20240307*.dbn.zst"))
     if not day:

@@ -104,8 +104,8 @@ def test_feature_stream_gives_the_kernel_one_layout(monkeypatch) -> None:
 
 
 def test_cli_collector_threshold_is_restored() -> None:
-    """cli.run raises the young-generation threshold while a command runs and restores it."""
-    from cli import GC_THRESHOLD, Parser, run
+    """commandline.run raises the young-generation threshold while a command runs and restores it."""
+    from alphafeat.commandline import GC_THRESHOLD, Parser, run
 
     before = gc.get_threshold()
     during = []
@@ -145,7 +145,7 @@ def test_cli_process_loads_a_kernel_without_scipy_linalg() -> None:
     importing scipy.linalg (~0.24 s); numba's BLAS users still compile, importing it then."""
     code = """
 import sys
-import cli.alphafeat
+import alphafeat.cli
 from alphafeat.features.cpu import _lut
 _lut()
 print("scipy.linalg" in sys.modules)
@@ -167,7 +167,7 @@ def _loads_scipy_linalg() -> bool:
 
 def test_command_workers_load_a_kernel_without_scipy_linalg() -> None:
     """The command's joblib workers (plan scans, segments) get the same skip through joblib's
-    initializer (``cli/alphafeat.py``: ``parallel_config("loky", initializer=worker_start)``);
+    initializer (``alphafeat/cli.py``: ``parallel_config("loky", initializer=worker_start)``);
     without it a worker imports scipy.linalg at its first kernel (the check can fail)."""
     from alphafeat import _command
 
@@ -215,16 +215,17 @@ with joblib.parallel_config("loky", initializer=_command.worker_start):
 
 
 def test_end_process_leaves_no_pool_workers(tmp_path) -> None:
-    """``cli.end_process`` (a command's own process ending at once) stops a pool the command
+    """``alphafeat.commandline.end_process`` (a command's own process ending at once) stops a pool the command
     started itself (``alphafeat synth``'s joblib workers had idled 300 s after it), with the
     command's status and nothing reported leaked."""
     import psutil
 
     code = """
-import os, joblib, cli
+import os, joblib
+from alphafeat import commandline
 pids = set(joblib.Parallel(2)(joblib.delayed(os.getpid)() for _ in range(8)))
 print(*pids, flush=True)
-cli.end_process(3)
+commandline.end_process(3)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PROJECT,
                          env=dict(os.environ, PYTHONPATH=str(PROJECT)))  # fmt: skip
@@ -241,7 +242,7 @@ cli.end_process(3)
 def test_one_process_command_does_not_import_joblib(tmp_path) -> None:
     """``alphafeat precompute --jobs 1`` starts no worker and so does not import joblib (~0.09 s
     of every run, a fifth of a rerun with nothing changed); with ``--jobs 2`` it does. Both run
-    as the program's own command line, which ends its process at once (``cli.end_process``):
+    as the program's own command line, which ends its process at once (``alphafeat.commandline.end_process``):
     the exit status is the command's, ``atexit`` handlers still run, loky's resource tracker
     reports nothing leaked, and the workers it no longer waits for are gone soon after."""
     import psutil
@@ -254,10 +255,10 @@ def test_one_process_command_does_not_import_joblib(tmp_path) -> None:
     code = """
 import atexit, sys
 import psutil
-import cli.alphafeat
+import alphafeat.cli
 atexit.register(lambda: print("joblib" in sys.modules, *(p.pid for p in psutil.Process().children())))
 sys.argv = ["alphafeat", "precompute", "--out", sys.argv[1], "--jobs", sys.argv[2], "-q"]
-cli.alphafeat.main()
+alphafeat.cli.main()
 """
     got = []
     for jobs in ("1", "2"):

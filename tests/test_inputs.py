@@ -18,10 +18,10 @@ from test_dbn import _mbp10, _metadata
 from alphafeat import book as bk
 from alphafeat import plan as plan_mod
 from alphafeat import segment
+from alphafeat.cli import main
 from alphafeat.errors import InputError
 from alphafeat.instruments import InstrumentMode
 from alphafeat.plan import make_plan
-from cli.alphafeat import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ALL = InstrumentMode("all")

@@ -7,9 +7,9 @@ import pyarrow.dataset as pads
 import pytest
 from conftest import ESU4_MBP1, ESU4_TRADES, need
 
+from alphafeat.cli import main
 from alphafeat.inspection import inspect_cache
 from alphafeat.pipeline import PrecomputeConfig, precompute
-from cli.alphafeat import main
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,12 @@ from scipy.stats import mannwhitneyu, rankdata
 
 from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError, InputError
+from alphamodel.cli import main as cli_main
 from alphamodel.data import CacheData, Window
 from alphamodel.evaluation import walk_forward_folds
 from alphamodel.metrics import auc, average_ranks, base_rate
 from alphamodel.model import horizon_weights, masked_bce_loss
 from alphamodel.train import TrainConfig, load_model, train
-from cli.alphamodel import main as cli_main
 
 HORIZONS = [2, 5]
 

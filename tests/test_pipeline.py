@@ -20,7 +20,7 @@ from reference import slow_rebuild
 from test_instruments import slow_session
 
 from alphafeat.cache import MANIFEST, read_manifest
-from cli.alphafeat import main
+from alphafeat.cli import main
 
 
 def _run(*args: str) -> int:
@@ -190,7 +190,7 @@ def test_out_where_no_folder_can_be_made_fails_first_in_one_line(capsys):
 def test_os_error_is_one_line_naming_the_path(capsys):
     import argparse
 
-    from cli import run
+    from alphafeat.commandline import run
 
     def full(args):
         raise OSError(28, "No space left on device", "/data/cache/x.arrow")
@@ -240,7 +240,7 @@ def test_embedded_default_front_month_switches(tmp_path, capsys):
 CUDA_SCRIPT = r"""
 import sys
 from alphafeat.cache import compare
-from cli.alphafeat import main
+from alphafeat.cli import main
 inp, out = sys.argv[1], sys.argv[2]
 for dev in ("cpu", "cuda"):
     assert main(["precompute", "-q", "--input", inp, "--out", f"{out}/{dev}", "--device", dev]) == 0

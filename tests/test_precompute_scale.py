@@ -26,6 +26,7 @@ from conftest import ESH4_MBO, PROJECT, need
 
 from alphafeat import book as bk
 from alphafeat.cache import MANIFEST, META_KEY
+from alphafeat.cli import main
 from alphafeat.dbn import read_dbn
 from alphafeat.errors import InputError
 from alphafeat.features import FeatureParams, compute_features, feature_specs
@@ -36,7 +37,6 @@ from alphafeat.pipeline import PrecomputeConfig, make_job, precompute
 from alphafeat.plan import make_plan
 from alphafeat.segment import run_segment
 from alphafeat.types import LEVELS, BookArrays
-from cli.alphafeat import main
 
 DATA = PROJECT / "data"
 MBP10, TRADES, MBO = 0x0A, 0x00, 0xA0
@@ -401,7 +401,7 @@ def test_cli_keeps_blas_to_one_thread_unless_set(tmp_path) -> None:
     import subprocess
     import sys
 
-    code = "import cli.alphafeat, os, sys; print(os.environ['OPENBLAS_NUM_THREADS'], 'numpy' in sys.modules)"
+    code = "import alphafeat.cli, os, sys; print(os.environ['OPENBLAS_NUM_THREADS'], 'numpy' in sys.modules)"
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=PROJECT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "False"]

@@ -246,9 +246,9 @@ def test_triton_scan_sizes_are_usage_errors(kernels):
 def test_triton_ssd_off_cuda_is_refused_and_a_saved_model_loads_as_chunked(tmp_path, capsys):
     import numpy as np
 
+    from alphamodel.cli import main
     from alphamodel.data import Normaliser
     from alphamodel.train import TrainConfig, _save, load_model, train
-    from cli.alphamodel import main
 
     cfg = ModelConfig(n_features=3, d_model=16, headdim=16, ssd_impl="triton")
     with pytest.raises(UsageError, match="^model.ssd_impl: 'triton' runs on CUDA"):

@@ -187,7 +187,7 @@ def test_signal_file_same_bytes_and_dbn_unchanged(tmp_path) -> None:
 def test_cli_lists_the_signal_files(tmp_path, monkeypatch, capsys) -> None:
     """``alphafeat synth --signal-file`` prints each session's sidecar among the written paths
     (taken from the session summaries; generate itself stubbed: the test is of the listing)."""
-    from cli.alphafeat import main
+    from alphafeat.cli import main
 
     def fake_generate(out, summary=None, **kw):
         assert kw["signal_file"] is True
@@ -211,7 +211,7 @@ def test_interrupted_synth_leaves_no_empty_folder(tmp_path, monkeypatch, capsys)
     """Ctrl-C before the first session file: exit 130 and the --out folder this run made is gone
     (one made earlier, or holding files, stays)."""
     from alphafeat import synth
-    from cli.alphafeat import main
+    from alphafeat.cli import main
 
     def interrupted(out, **kw):
         out.mkdir(parents=True, exist_ok=True)

@@ -23,10 +23,10 @@ from reference import slow_rebuild
 from alphafeat import book as bk
 from alphafeat import cache, synth
 from alphafeat.cache import MANIFEST
+from alphafeat.cli import main
 from alphafeat.instruments import InstrumentMode, session_dates
 from alphafeat.pipeline import PrecomputeConfig, precompute
 from alphafeat.plan import make_plan
-from cli.alphafeat import main
 
 ESH4, ESM4 = 17077, 5602
 FAST = dict(horizons=(5, 20), feature_set="mid,spread_ticks", barrier=None, keep_books="none")

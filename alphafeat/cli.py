@@ -29,8 +29,18 @@ from rich.table import Table
 
 from alphafeat import _command
 from alphafeat import validation as val
+from alphafeat.commandline import (
+    Parser,
+    add_command,
+    console,
+    end_process,
+    option,
+    progress_bar,
+    run,
+    stdout_console,
+    verbose_parent,
+)
 from alphafeat.errors import InputError, UsageError
-from cli import Parser, add_command, console, end_process, option, progress_bar, run, stdout_console, verbose_parent
 
 _command.skip_blas_probe()  # in this process; in its worker processes: _precompute
 
@@ -448,8 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line).
     Without ``argv`` (the program's own command line) the process ends with the command
-    (:func:`cli.end_process`)."""
-    status = run(build_parser(), argv, verbose_level=logging.DEBUG, own_process=argv is None)
+    (:func:`alphafeat.commandline.end_process`)."""
+    status = run(build_parser, argv, verbose_level=logging.DEBUG, own_process=argv is None)
     if argv is None:
         end_process(status)
     return status

@@ -1,4 +1,5 @@
-"""Command-line entry points: ``alphafeat`` and ``alphamodel``.
+"""What the command lines ``alphafeat`` (:mod:`alphafeat.cli`) and ``alphamodel``
+(:mod:`alphamodel.cli`) share.
 
 Both parse with :class:`Parser` (a usage error is one line and exit status 2), take option
 values through :func:`option` (the ``validate_*`` functions of :mod:`alphafeat.validation`
@@ -13,7 +14,6 @@ import argparse
 import atexit
 import contextlib
 import gc
-import importlib
 import logging
 import os
 import signal
@@ -96,9 +96,11 @@ def verbose_parent(help: str) -> argparse.ArgumentParser:
     return p
 
 
-def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: int = logging.DEBUG,
-        own_process: bool = False) -> int:  # fmt: skip
-    """Parse ``argv``, set up logging and call ``args.func(args)`` (the garbage collector set as
+def run(parser: argparse.ArgumentParser | Callable[[], argparse.ArgumentParser], argv: list[str] | None,
+        verbose_level: int = logging.DEBUG, own_process: bool = False) -> int:  # fmt: skip
+    """Parse ``argv`` with ``parser`` (or the parser a function of no argument builds: a Ctrl-C
+    while it is built, importing the modules whose options it declares, is :data:`INTERRUPTED`
+    and 130 too), set up logging and call ``args.func(args)`` (the garbage collector set as
     :func:`_collector_for_a_command` says; ``own_process``: this process ends with the command,
     :func:`end_process`).
 
@@ -108,6 +110,12 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None, verbose_level: 
     path it names); 130 on Ctrl-C. Errors are one line on stderr, with the traceback before it
     under ``-v``.
     """
+    if not isinstance(parser, argparse.ArgumentParser):
+        try:
+            parser = parser()
+        except KeyboardInterrupt:
+            console.print(INTERRUPTED)
+            return 130
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # named by the command they were given to, as its other usage errors are
@@ -191,27 +199,6 @@ class _StderrHandler(logging.StreamHandler):
 
 #: What a Ctrl-C during a command prints.
 INTERRUPTED = "interrupted; outputs are written atomically, so nothing half-written was left"
-
-
-def entry(module: str) -> Callable[[], int]:
-    """The console script of ``cli.<module>`` (``alphafeat``, ``alphamodel``): its ``main()``,
-    with a Ctrl-C while the command's libraries are imported or its parser built given the same
-    one line and status 130 as one during the command (not a traceback). Not covered: the
-    interpreter's own start and this package's imports (rich), the first ~0.05 s."""
-
-    def main() -> int:
-        try:
-            return importlib.import_module(f"cli.{module}").main()
-        except KeyboardInterrupt:  # while importing or building the parser (run() handles the command's)
-            console.print(INTERRUPTED)
-            return 130
-
-    main.__name__ = f"{module}_main"
-    return main
-
-
-alphafeat_main = entry("alphafeat")
-alphamodel_main = entry("alphamodel")
 
 
 #: Allocations between two young-generation collections while a command runs (CPython: 700).

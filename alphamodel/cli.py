@@ -22,11 +22,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from alphafeat.commandline import Parser, add_command, console, option, run, stdout_console, verbose_parent
 from alphafeat.errors import AlphafeatError, InputError
 from alphafeat.validation import Context, Device, validate_costs, validate_enum, validate_int, validate_path
 from alphamodel.config import MAX_COST_TICKS
 from alphamodel.errors import AlphamodelError
-from cli import Parser, add_command, console, option, run, stdout_console, verbose_parent
 
 
 def _default_cache(out: Path, quiet: bool) -> Path:
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line)."""
-    return run(build_parser(), argv, verbose_level=logging.INFO)
+    return run(build_parser, argv, verbose_level=logging.INFO)
 
 
 if __name__ == "__main__":
