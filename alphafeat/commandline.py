@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from alphafeat.errors import AlphafeatError, UsageError
+from alphafeat.options import argparse_type
 
 #: Progress bars, logs and errors go to stderr; tables to stdout.
 console = Console(stderr=True)
@@ -76,16 +77,9 @@ def add_command(sub: argparse._SubParsersAction, name: str, text: str, **kw: Any
 
 def option(validate: Callable[..., Any], **kw: Any) -> Callable[[str], Any]:
     """``validate(text, option, **kw)`` as an argparse ``type=``: its UsageError becomes
-    argparse's one-line error (``argument --horizons: expected ..., got '0'``), exit 2."""
-
-    def convert(text: str) -> Any:
-        try:
-            return validate(text, option="", **kw)
-        except UsageError as e:
-            raise argparse.ArgumentTypeError(e.problem) from None
-
-    convert.__name__ = validate.__name__.removeprefix("validate_")
-    return convert
+    argparse's one-line error (``argument --horizons: expected ..., got '0'``), exit 2
+    (:func:`alphafeat.options.argparse_type`)."""
+    return argparse_type(validate, **kw)
 
 
 def verbose_parent(help: str) -> argparse.ArgumentParser:
