@@ -98,7 +98,8 @@ def opt(default: Any = dataclasses.MISSING, *, help: str, check: Check | None = 
         The allowed values: the check is ``validate_enum`` and the metavar ``{a,b,c}``.
     flag : str, optional
         The option's flag (default ``--`` and the field's name with ``-`` for ``_``); also the
-        name errors give, for an option off the command line (``cli=False``) too.
+        name errors give, for an option off the command line (``cli=False``) too (without one,
+        the field's name).
     metavar : str, optional
         The value's name in ``--help``.
     cli : bool
@@ -137,10 +138,13 @@ def fields_of(cls: Any) -> list[tuple[dataclasses.Field, Option]]:
 
 
 def option_name(f: dataclasses.Field, o: Option) -> str:
-    """The option's flag: its own, or ``--`` and the field's name with ``-`` for ``_``
-    (``--no-NAME`` for a negated bool)."""
+    """The option's name in errors and ``--help``: its own flag, or ``--`` and the field's name
+    with ``-`` for ``_`` (``--no-NAME`` for a negated bool); off the command line (``cli=False``,
+    no flag) the field's name."""
     if o.flag:
         return o.flag
+    if not o.cli:
+        return f.name
     return ("--no-" if o.negate else "--") + f.name.replace("_", "-")
 
 
@@ -212,7 +216,7 @@ def add_options(parser: argparse.ArgumentParser, cls: Any, *, only: Iterable[str
     for f, o in _selected(cls, only, skip):
         d = _default(f, o) if defaults else None
         kw: dict[str, Any] = {"dest": f.name, "help": help_text(f, o).replace("%", "%%")}
-        if o.negate or (f.type in (bool, "bool") and o.check is None):
+        if o.negate or f.type in (bool, "bool"):  # a flag
             kw.update(action="store_false" if o.negate else "store_true", default=d)
             if not defaults:
                 kw["default"] = None

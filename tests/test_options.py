@@ -13,7 +13,7 @@ import pytest
 from alphafeat.commandline import Parser
 from alphafeat.errors import UsageError
 from alphafeat.options import add_options, check_fields, from_args, given, opt, optional, render_cli_md
-from alphafeat.validation import Device, validate_horizons, validate_int, validate_jobs, validate_path
+from alphafeat.validation import Device, validate_bool, validate_horizons, validate_int, validate_jobs, validate_path
 
 _SIZE = functools.partial(validate_int, lo=1, what="a size")
 
@@ -28,10 +28,9 @@ class Toy:
     horizons: tuple[int, ...] = opt((30, 100), help="label horizons, comma-separated", check=validate_horizons)
     size: int = opt(8, help="a size in 100% of cases", check=_SIZE)
     threads: int | None = opt(None, help="threads", check=optional(_SIZE), default_text="one per core")
-    prune: bool = opt(False, help="delete old partitions")
+    prune: bool = opt(False, help="delete old partitions", check=validate_bool)
     kelly: bool = opt(True, help="unit position size", negate=True)
     barrier_horizon: int = opt(1000, help="vertical barrier", check=_SIZE, cli=False)
-    span: int = opt(5, help="python only, named by its field", check=_SIZE, cli=False)
 
 
 def _parser(**kw) -> argparse.ArgumentParser:
@@ -98,7 +97,8 @@ def test_check_fields_refuses_what_the_parser_refuses(flag, value, capsys) -> No
 def test_check_fields_normalises_and_checks_python_only_fields() -> None:
     got = check_fields(Toy(inputs=("a",), jobs="2", device="cuda", horizons="5,10", threads=None))
     assert got.inputs == (Path("a"),) and got.jobs == 2 and got.device is Device.CUDA and got.horizons == (5, 10)
-    for kw, name in (({"barrier_horizon": 0}, "--barrier-horizon"), ({"inputs": "a"}, "--input")):
+    for kw, name in (({"barrier_horizon": 0}, "barrier_horizon"), ({"inputs": "a"}, "--input"),
+                     ({"prune": "yes"}, "--prune")):
         with pytest.raises(UsageError) as e:
             check_fields(Toy(**{"inputs": [Path("a")], **kw}))
         assert e.value.option == name
