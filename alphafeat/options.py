@@ -43,8 +43,8 @@ from typing import Any
 from alphafeat.errors import UsageError
 from alphafeat.validation import validate_enum
 
-__all__ = ["Option", "add_options", "argparse_type", "check_fields", "fields_of", "from_args", "given", "help_text",
-           "opt", "option_name", "optional", "render_cli_md"]  # fmt: skip
+__all__ = ["Option", "add_options", "argparse_type", "as_text", "check_fields", "fields_of", "from_args", "given",
+           "help_text", "opt", "option_name", "optional", "render_cli_md"]  # fmt: skip
 
 #: The key of a field's metadata holding its :class:`Option`.
 KEY = "alphafeat.option"
@@ -130,6 +130,17 @@ def optional(check: Check) -> Check:
         return None if value is None else check(value, option=option)
 
     return check_optional
+
+
+def as_text(check: Check) -> Check:
+    """``check`` of an option kept as its text: the checked value's ``str()`` (``volume:50.0``
+    -> ``volume:50``; None kept)."""
+
+    def check_text(value: Any, option: str) -> Any:
+        v = check(value, option=option)
+        return None if v is None else str(v)
+
+    return check_text
 
 
 def fields_of(cls: Any) -> list[tuple[dataclasses.Field, Option]]:
@@ -265,8 +276,7 @@ def check_fields(obj: Any, *, key: str | None = None, skip: Iterable[str] = ()) 
         if o.nargs is not None:
             if isinstance(v, (str, bytes)) or not isinstance(v, Iterable):
                 raise UsageError(name, "expected a list", v)
-            items = [o.check(x, option=name) for x in v]
-            values[f.name] = tuple(items) if isinstance(v, tuple) else items
+            values[f.name] = [o.check(x, option=name) for x in v]  # a list, as argparse gives
         else:
             values[f.name] = o.check(v, option=name)
     return dataclasses.replace(obj, **values)

@@ -96,7 +96,7 @@ def test_check_fields_refuses_what_the_parser_refuses(flag, value, capsys) -> No
 
 def test_check_fields_normalises_and_checks_python_only_fields() -> None:
     got = check_fields(Toy(inputs=("a",), jobs="2", device="cuda", horizons="5,10", threads=None))
-    assert got.inputs == (Path("a"),) and got.jobs == 2 and got.device is Device.CUDA and got.horizons == (5, 10)
+    assert got.inputs == [Path("a")] and got.jobs == 2 and got.device is Device.CUDA and got.horizons == (5, 10)
     for kw, name in (({"barrier_horizon": 0}, "barrier_horizon"), ({"inputs": "a"}, "--input"),
                      ({"prune": "yes"}, "--prune")):
         with pytest.raises(UsageError) as e:
