@@ -63,7 +63,34 @@ def usage_line(prog: str, message: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line (:func:`usage_line`), exit status 2."""
+    """An ``ArgumentParser`` whose errors are one line (:func:`usage_line`), exit status 2.
+
+    ``options``: a function adding options to the parser, called when the parser is first used
+    (parsing, ``--help``, :meth:`complete`), not when it is built: a command's options declared
+    by a config whose module imports numba (``precompute``'s) cost the program's other commands
+    and its ``--help`` nothing.
+    """
+
+    def __init__(self, *args: Any, options: Callable[[argparse.ArgumentParser], object] | None = None,
+                 **kw: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kw)
+        self.deferred = options
+
+    def complete(self) -> Parser:
+        """The parser with its deferred options added (once)."""
+        add, self.deferred = self.deferred, None
+        if add is not None:
+            add(self)
+        return self
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        return super(Parser, self.complete()).parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        return super(Parser, self.complete()).format_usage()
+
+    def format_help(self) -> str:
+        return super(Parser, self.complete()).format_help()
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, usage_line(self.prog, message) + "\n")
@@ -93,8 +120,8 @@ def verbose_parent(help: str) -> argparse.ArgumentParser:
 def run(parser: argparse.ArgumentParser | Callable[[], argparse.ArgumentParser], argv: list[str] | None,
         verbose_level: int = logging.DEBUG, own_process: bool = False) -> int:  # fmt: skip
     """Parse ``argv`` with ``parser`` (or the parser a function of no argument builds: a Ctrl-C
-    while it is built, importing the modules whose options it declares, is :data:`INTERRUPTED`
-    and 130 too), set up logging and call ``args.func(args)`` (the garbage collector set as
+    while it is built or parses, importing the modules whose options it declares, is
+    :data:`INTERRUPTED` and 130 too), set up logging and call ``args.func(args)`` (the garbage collector set as
     :func:`_collector_for_a_command` says; ``own_process``: this process ends with the command,
     :func:`end_process`).
 
@@ -104,19 +131,18 @@ def run(parser: argparse.ArgumentParser | Callable[[], argparse.ArgumentParser],
     path it names); 130 on Ctrl-C. Errors are one line on stderr, with the traceback before it
     under ``-v``.
     """
-    if not isinstance(parser, argparse.ArgumentParser):
-        try:
-            parser = parser()
-        except KeyboardInterrupt:
-            console.print(INTERRUPTED)
-            return 130
     try:
-        args, extra = parser.parse_known_args(argv)
+        if not isinstance(parser, argparse.ArgumentParser):
+            parser = parser()
+        args, extra = parser.parse_known_args(argv)  # a command's deferred options are added here
         if extra:  # named by the command they were given to, as its other usage errors are
             prog = getattr(args, "prog", parser.prog)
             parser.exit(2, usage_line(prog, f"unrecognized arguments: {' '.join(extra)}") + "\n")
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        console.print(INTERRUPTED)
+        return 130
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(level=verbose_level if verbose else logging.WARNING, handlers=[_log_handler()])
     args.own_process = own_process  # a command may ignore Ctrl-C once its outputs are committed

@@ -232,7 +232,9 @@ def add_options(parser: argparse.ArgumentParser, cls: Any, *, only: Iterable[str
             if not defaults:
                 kw["default"] = None
         else:
-            kw.update(default=None if d is dataclasses.MISSING else d, metavar=o.metavar)
+            flag = option_name(f, o)
+            kw.update(default=None if d is dataclasses.MISSING else d,
+                      metavar=o.metavar or flag.lstrip("-").upper().replace("-", "_"))
             if o.check is not None:
                 kw["type"] = argparse_type(o.check)
             if o.nargs is not None:
@@ -302,6 +304,8 @@ def _cell(text: str | None) -> str:
 
 
 def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    if hasattr(parser, "complete"):  # alphafeat.commandline.Parser: its deferred options too
+        parser.complete()
     # argparse lists a parser's options only in its ``_actions`` (as sphinx-argparse reads them)
     return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
 

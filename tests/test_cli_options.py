@@ -274,6 +274,7 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     out = {}
     for name, p in sub.choices.items():
+        p.complete()  # the options it adds when first used
         out[name] = {max(a.option_strings, key=len) if a.option_strings else a.dest
                      for a in p._actions if not isinstance(a, argparse._HelpAction)}  # fmt: skip
     return out

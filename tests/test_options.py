@@ -128,3 +128,29 @@ def test_render_cli_md_sections_options_and_no_terminal_width(monkeypatch) -> No
     assert "| `--jobs JOBS` | worker processes (default: 1) |" in narrow
     assert "| `--input PATH ...` | input files (default: the sample \\| the embedded one) |" in narrow
     assert "a size in 100% of cases (default: 8)" in narrow and "| `--no-kelly` | unit position size |" in narrow
+
+
+def test_deferred_options_are_added_when_the_parser_is_first_used(capsys) -> None:
+    """A command's options declared by a config whose module is costly to import are added when
+    that command is used (parsed, --help), not when the program's parser is built."""
+    calls = []
+    top = Parser(prog="toys")
+    sub = top.add_subparsers(dest="command")
+    sub.add_parser("one", options=lambda p: calls.append(add_options(p, Toy, only=["jobs"])))
+    sub.add_parser("two")
+    assert top.parse_args(["two"]).command == "two" and calls == []
+    assert top.parse_args(["one", "--jobs", "3"]).jobs == 3 and calls == [["jobs"]]
+    assert "--jobs" in sub.choices["one"].format_help() and len(calls) == 1  # added once
+
+
+def test_the_programs_help_imports_no_numba() -> None:
+    """``alphafeat --help`` and its light commands do not import precompute's config (numba,
+    ~0.6 s): its options are added when precompute or roll-schedule is used."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from alphafeat.cli import build_parser; p = build_parser(); p.format_help(); "
+            "p.parse_args(['features']); print('numba' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert out.stdout.split() == ["False"]
