@@ -300,7 +300,8 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 
 def _cell(text: str | None) -> str:
-    return " ".join((text or "").replace("%%", "%").split()).replace("|", "\\|")
+    """``text`` on one line of a table: ``|`` escaped, and ``<`` (``<out parent>`` is no HTML tag)."""
+    return " ".join((text or "").replace("%%", "%").split()).replace("|", "\\|").replace("<", "&lt;")
 
 
 def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -322,7 +323,7 @@ def _signature(a: argparse.Action) -> str:
 def _section(parser: argparse.ArgumentParser, level: int) -> list[str]:
     out = [f"{'#' * level} `{parser.prog}`", ""]
     if parser.description:
-        out += [" ".join(parser.description.replace("%%", "%").split()), ""]
+        out += [_cell(parser.description).replace("\\|", "|"), ""]
     out += ["```text", _usage(parser), "```", ""]
     rows, subs = [], []
     for a in _actions(parser):
