@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from alphamodel.errors import UsageError
-from alphamodel.mamba2 import segsum
+from alphamodel.nn.mamba2 import segsum
 
 __all__ = ["InputEMA"]
 

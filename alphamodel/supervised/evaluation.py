@@ -177,7 +177,7 @@ def bootstrap_aucs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, n
     Returns
     -------
     ``(auc (M,), reps (n_boot, M))`` float64: the AUC of each column (ties count one half, as
-    :func:`alphamodel.metrics.auc`; NaN where a class is absent or the column has NaN scores)
+    :func:`alphamodel.supervised.metrics.auc`; NaN where a class is absent or the column has NaN scores)
     and the same on each replicate, every column on the same draw (so differences between
     columns have their own interval). A replicate weights a row by how often its group was
     drawn. ``reps`` has 0 rows when there are fewer than 2 groups.

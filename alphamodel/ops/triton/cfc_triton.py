@@ -1,6 +1,6 @@
-"""The CfC scan of :class:`alphamodel.cfc.CfC` (``impl="triton"``) as Triton kernels.
+"""The CfC scan of :class:`alphamodel.nn.cfc.CfC` (``impl="triton"``) as Triton kernels.
 
-The recurrent half of the fused scan (:func:`alphamodel.cfc._steps`) for all positions in one
+The recurrent half of the fused scan (:func:`alphamodel.nn.cfc._steps`) for all positions in one
 kernel launch: each program owns ``block_b`` batch rows and walks the ``T`` positions in order,
 keeping the state in registers (float32) and reading the weight tiles from L2 at each step.
 
@@ -33,13 +33,12 @@ its own library's at import).
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
 from alphamodel.errors import UsageError
+from alphamodel.ops.triton.checks import dot_precision, on_device
 
 __all__ = ["cfc_scan", "cfc_scan_bwd", "check_device", "interpreted", "scan"]
 
@@ -190,20 +189,8 @@ def check_device(t: torch.Tensor, option: str) -> None:
                          "is imported)", str(t.device))
 
 
-def _precision(w: torch.Tensor) -> str:
-    """``tl.dot`` input precision: exact float32 products ("ieee") unless torch allows TF32 on
-    CUDA; 16-bit products ignore it (Triton's default, "tf32")."""
-    exact = w.dtype == torch.float32 and not (w.is_cuda and torch.get_float32_matmul_precision() != "highest")
-    return "ieee" if exact else "tf32"
-
-
 def _programs(batch: int, block_b: int) -> int:
     return triton.cdiv(batch, block_b)
-
-
-def _on(t: torch.Tensor) -> contextlib.AbstractContextManager:
-    """The kernels launch on the current CUDA device: make it ``t``'s."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 @torch.library.custom_op("alphamodel::cfc_scan", mutates_args=())
@@ -217,11 +204,11 @@ def cfc_scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.T
     b, t, bb = uw.shape
     n = x0.shape[1]
     y, z, fgh = _fwd_empty(uw, n, save)
-    with _on(uw):
+    with on_device(uw):
         _fwd_kernel[(_programs(b, block_b),)](
             uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8), x0.contiguous(),
             w_x.contiguous(), w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(), y, z, fgh, b, t,
-            N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), SAVE=save, num_warps=num_warps,
+            N=n, BB=bb, BLOCK_B=block_b, PREC=dot_precision(w_x), SAVE=save, num_warps=num_warps,
             num_stages=num_stages)
     return y, z, fgh
 
@@ -253,11 +240,11 @@ def cfc_scan_bwd(gy: torch.Tensor, z: torch.Tensor, fgh: torch.Tensor, dt: torch
     b, t, bb = z.shape
     n = w_x.shape[1]
     da, dfgh, dx0, parts, ddt = _bwd_empty(z, n, block_b, need_ddt)
-    with _on(z):
+    with on_device(z):
         _bwd_kernel[(_programs(b, block_b),)](
             gy.contiguous(), z.contiguous(), fgh.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8),
             w_x.contiguous(), w_fgh.contiguous(), inv_tau.contiguous(), da, dfgh, dx0, parts, ddt, b, t,
-            N=n, BB=bb, BLOCK_B=block_b, PREC=_precision(w_x), NEED_DDT=need_ddt, num_warps=num_warps,
+            N=n, BB=bb, BLOCK_B=block_b, PREC=dot_precision(w_x), NEED_DDT=need_ddt, num_warps=num_warps,
             num_stages=num_stages)
     return da, dfgh, dx0, parts, ddt
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from alphamodel.data import CacheData, Normaliser
+    from alphamodel.data.cache import CacheData, Normaliser
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def fit_mlp(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, max_ro
     (masked BCE, Adam 1e-3, batches of 512). x (n, F), y (n, H) 1/0/NaN -> probabilities (m, H)."""
     import torch
 
-    from alphamodel.model import masked_bce_loss
+    from alphamodel.nn.model import masked_bce_loss
 
     ok = ~np.isnan(y_train).all(axis=1)
     xt, yt = x_train[ok], y_train[ok]

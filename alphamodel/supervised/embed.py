@@ -3,7 +3,7 @@
 The embedding of row t is what the model's heads read, without the row's own inputs: the CfC
 state and the Mamba2 stack's output at t, ``concat(cfc, encoder)`` — shape
 ``(cfc_hidden + d_model,)`` float32 — computed as the model's training scored its test rows
-(:func:`alphamodel.train.score_rows`: with a stateful model, each session in long pieces whose
+(:func:`alphamodel.supervised.scoring.score_rows`: with a stateful model, each session in long pieces whose
 windows carry the state; otherwise windows of the training length ``K`` with its burn-in).
 Beside it the direction probabilities of the heads, one per horizon.
 
@@ -22,9 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alphamodel.data import CacheData, Normaliser
+from alphamodel.data.cache import CacheData, Normaliser
 from alphamodel.errors import CacheError, DataError
-from alphamodel.model import AlphaModel
+from alphamodel.nn.model import AlphaModel
+from alphamodel.supervised.checkpoint import load_model, resolve_device
+from alphamodel.supervised.scoring import score_rows, scoring_config
 
 __all__ = ["embed_segments", "check_model_inputs", "write_embeddings"]
 
@@ -41,14 +43,12 @@ def check_model_inputs(data: CacheData, norm: Normaliser, where: str) -> None:
 def embed_segments(model: AlphaModel, norm: Normaliser, data: CacheData, segs: list[int], train_meta: dict,
                    device: torch.device) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Embeddings and direction probabilities of every row of the segments ``segs``, scored as
-    the model's training scored its validation and test rows (:func:`alphamodel.train.score_rows`
+    the model's training scored its validation and test rows (:func:`alphamodel.supervised.scoring.score_rows`
     with the ``train`` section of its config: stateful, the state carried across windows, or
     windows with burn-in).
 
     Returns ``{seg: (emb (n, D) float32, probs (n, H) float32)}``.
     """
-    from alphamodel.train import score_rows, scoring_config
-
     rows, probs, _, emb = score_rows(model, data, data.segment_rows(segs), norm, scoring_config(train_meta),
                                      device, embeddings=True)
     seg_of = data.segment_of(rows)
@@ -74,8 +74,6 @@ def write_embeddings(cache: str | os.PathLike[str], model_dir: str | os.PathLike
         An unknown ``device``.
     """
     import pyarrow as pa
-
-    from alphamodel.train import load_model, resolve_device
 
     cache = Path(cache)
     out = Path(out) if out else cache.parent / (cache.name + "-embeddings")

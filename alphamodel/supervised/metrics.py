@@ -1,4 +1,4 @@
-"""Evaluation metrics (the baselines are in :mod:`alphamodel.baselines`).
+"""Evaluation metrics (the baselines are in :mod:`alphamodel.supervised.baselines`).
 
 AUC is the Mann–Whitney U statistic of the positive class divided by ``n_pos * n_neg``
 (Mann & Whitney 1947; Hanley & McNeil 1982), with average ranks for tied scores, i.e. the

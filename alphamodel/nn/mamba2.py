@@ -27,8 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alphafeat.validation import SsdImpl, validate_enum
+from alphafeat.validation import validate_enum
+from alphamodel.enums import SsdImpl
 from alphamodel.errors import UsageError
+from alphamodel.ops.triton.checks import check_groups
 
 try:  # optional fast path; not a dependency
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as _triton_ssd  # type: ignore
@@ -94,7 +96,7 @@ def ssd_chunked(
     Within a chunk the decay from position s to l is ``exp(cumsum_l - cumsum_s)`` of the
     chunk's log decays (as ``mamba_ssm``'s kernels; the differences of a cumulative sum lose
     ~1 ulp of its magnitude, well inside float32's tolerance for chunks of 64-256); between
-    chunks :func:`pass_states`. :func:`alphamodel.ssd_triton.ssd_scan` is the same scan with
+    chunks :func:`pass_states`. :func:`alphamodel.ops.triton.ssd_triton.ssd_scan` is the same scan with
     steps 1 and 4 as Triton kernels.
     """
     b, L, h, p = x.shape
@@ -126,12 +128,6 @@ def ssd_chunked(
     y_off = torch.matmul(C.unsqueeze(3), states.transpose(-1, -2)) * torch.exp(a_cs).unsqueeze(-1)  # (b, c, g, r, l, p)
     y = (y_diag + y_off).permute(0, 1, 4, 2, 3, 5).reshape(b, c * q, h, p)[:, :L]
     return y, final_state
-
-
-def check_groups(heads: int, groups: int) -> None:
-    """UsageError (option ``ngroups``) unless ``groups`` of B and C divide the ``heads`` of x."""
-    if heads % groups:
-        raise UsageError("ngroups", f"expected a divisor of the {heads} heads", groups)
 
 
 def pad_chunks(x: torch.Tensor, a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int
@@ -234,8 +230,8 @@ class Mamba2(nn.Module):
         With ``ssd_impl="chunked"``, use ``mamba_ssm``'s Triton scan on CUDA float32 input when that
         optional package imports (default True).
     ssd_impl : str
-        ``"chunked"`` (:func:`ssd_chunked`) or ``"triton"`` (:func:`alphamodel.ssd_triton.ssd_scan`
-        and the convolution with its SiLU as :func:`alphamodel.conv_triton.causal_conv_silu` when
+        ``"chunked"`` (:func:`ssd_chunked`) or ``"triton"`` (:func:`alphamodel.ops.triton.ssd_triton.ssd_scan`
+        and the convolution with its SiLU as :func:`alphamodel.ops.triton.conv_triton.causal_conv_silu` when
         ``2 <= d_conv <= 4``, CUDA; float64 input runs the torch forms).
     dt_min, dt_max : float
         Range of the initial step ``softplus(dt_bias)`` (log-uniform), as in ``mamba_ssm``.
@@ -312,7 +308,7 @@ class Mamba2(nn.Module):
         carried = conv_state.to(xbc.dtype).transpose(1, 2)  # (b, k, conv_dim)
         w, b = self.conv1d.weight, self.conv1d.bias
         if self.ssd_impl == SsdImpl.TRITON and u.dtype != torch.float64 and 0 < k < 4:  # the kernels hold 2-4 taps
-            from alphamodel.conv_triton import causal_conv_silu
+            from alphamodel.ops.triton.conv_triton import causal_conv_silu
 
             new_conv = (xbc[:, L - k :] if L >= k else torch.cat([carried, xbc], 1)[:, -k:]).transpose(1, 2)
             xbc = causal_conv_silu(xbc, carried, w, b)
@@ -327,7 +323,7 @@ class Mamba2(nn.Module):
                 dt = dt * mask.unsqueeze(-1).to(scan_dtype)
             A = -torch.exp(self.A_log.to(scan_dtype))  # (H,)
             if self.ssd_impl == SsdImpl.TRITON and scan_dtype == torch.float32:
-                from alphamodel.ssd_triton import ssd_scan
+                from alphamodel.ops.triton.ssd_triton import ssd_scan
 
                 # x, B and C read from the convolution's output, x times dt and the skip D x in the kernels
                 y, new_ssm = ssd_scan(xbc, dt, A, self.D, self.d_state, self.ngroups, self.chunk_size, ssm_state,

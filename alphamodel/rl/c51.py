@@ -20,45 +20,12 @@ discount); the backtest scales rewards by ``1 / reward_scale`` into it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["C51Config", "support", "project", "project_slow", "C51Net", "thompson", "greedy", "Replay", "NStep",
+__all__ = ["support", "project", "project_slow", "C51Net", "thompson", "greedy", "Replay", "NStep",
            "c51_loss", "class_weights", "aux_loss", "balanced_accuracy"]
-
-
-@dataclass
-class C51Config:
-    """C51 hyper-parameters.
-
-    n_atoms, v_min, v_max : the support (reward units after scaling). hidden : MLP width.
-    gamma : per-decision discount. n_step : return horizon in decisions. lr : Adam.
-    batch_size, replay : replay batch and capacity. target_every : steps between target-network
-    copies. aux_weight : weight of the K=3 trade-outcome cross-entropy.
-    """
-
-    n_atoms: int = 51
-    v_min: float = -20.0
-    v_max: float = 20.0
-    hidden: int = 128
-    gamma: float = 0.99
-    n_step: int = 3
-    lr: float = 5e-4
-    batch_size: int = 256
-    replay: int = 200_000
-    target_every: int = 100
-    aux_weight: float = 0.5
-
-    @classmethod
-    def from_dict(cls, d: dict) -> C51Config:
-        """Build from a dict, each key checked (:func:`alphamodel.config.from_dict`; UsageError
-        naming ``c51.KEY`` for an unknown key or a bad value)."""
-        from alphamodel.config import from_dict
-
-        return from_dict(cls, d, "c51")
 
 
 def support(n_atoms: int, v_min: float, v_max: float, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -10,20 +10,42 @@ blocks as in the Mamba2 reference language model.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alphafeat.validation import HorizonWeighting, validate_enum
-from alphamodel.cfc import CfC
-from alphamodel.ema import InputEMA
+from alphafeat.validation import validate_bool, validate_enum
+from alphamodel.enums import CfcImpl, HorizonWeighting, SsdImpl
 from alphamodel.errors import UsageError
-from alphamodel.mamba2 import Mamba2, RMSNormGated
+from alphamodel.nn.cfc import CfC
+from alphamodel.nn.ema import InputEMA
+from alphamodel.nn.mamba2 import Mamba2, RMSNormGated
+from alphamodel.ops.triton.checks import check_tiles
+from alphamodel.rules import SIZE, Rule, build, check_fields, enum_rule, float_rule, int_rule
 
-__all__ = ["ModelConfig", "ModelState", "AlphaModel", "masked_bce_loss", "horizon_weights"]
+__all__ = ["MODEL_RULES", "ModelConfig", "ModelState", "AlphaModel", "masked_bce_loss", "horizon_weights"]
+
+
+def _scales(v: Any, o: str) -> tuple[float, ...]:
+    """A list of time scales > 0 (rows), possibly empty."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)):
+        raise UsageError(o, "expected a list of time scales in rows (e.g. [32, 128, 512, 2048])", v)
+    return tuple(float(float_rule(0.0, open_=True)(x, o)) for x in v)
+
+
+#: ModelConfig keys and their checks (:meth:`ModelConfig.checked`).
+MODEL_RULES: dict[str, Rule] = {
+    "n_features": int_rule(0), "n_horizons": SIZE, "d_model": SIZE, "n_layers": SIZE, "d_state": SIZE,
+    "headdim": SIZE, "expand": SIZE, "d_conv": SIZE, "chunk_size": SIZE, "cfc_hidden": SIZE,
+    "dropout": float_rule(0.0, 1.0), "cfc_impl": enum_rule(CfcImpl), "ssd_impl": enum_rule(SsdImpl),
+    "dt_min": float_rule(0.0, open_=True), "dt_max": float_rule(0.0, open_=True), "ema_rows": _scales,
+    "ema_encoder": validate_bool,
+}  # fmt: skip
 
 
 @dataclass
@@ -36,12 +58,12 @@ class ModelConfig:
     d_state, headdim, expand, d_conv, chunk_size : Mamba2 parameters.
     cfc_hidden : CfC units.  cfc_impl : ``"fused"`` (the chunked scan), ``"triton"`` (its
         recurrence as Triton kernels, CUDA) or ``"loop"`` (the reference loop over
-        :class:`alphamodel.cfc.CfCCell`), see :class:`alphamodel.cfc.CfC`.
-    ssd_impl : ``"chunked"`` (:func:`alphamodel.mamba2.ssd_chunked`, torch) or ``"triton"``
-        (:func:`alphamodel.ssd_triton.ssd_scan` and the convolution with its SiLU by
-        :func:`alphamodel.conv_triton.causal_conv_silu`: CUDA; ``chunk_size``, ``headdim`` and
+        :class:`alphamodel.nn.cfc.CfCCell`), see :class:`alphamodel.nn.cfc.CfC`.
+    ssd_impl : ``"chunked"`` (:func:`alphamodel.nn.mamba2.ssd_chunked`, torch) or ``"triton"``
+        (:func:`alphamodel.ops.triton.ssd_triton.ssd_scan` and the convolution with its SiLU by
+        :func:`alphamodel.ops.triton.conv_triton.causal_conv_silu`: CUDA; ``chunk_size``, ``headdim`` and
         ``d_state`` powers of two >= 16), the same function. With ``"chunked"`` on CUDA, ``mamba_ssm``'s
-        kernel runs instead when that optional package imports (:class:`alphamodel.mamba2.Mamba2`).
+        kernel runs instead when that optional package imports (:class:`alphamodel.nn.mamba2.Mamba2`).
     The defaults are the small model of ``alphamodel train`` without ``--cache`` (the embedded
     sample: ~16k training rows, which this model starts to memorise within 40 steps, hence the
     dropout); other caches pass sizes with ``--config`` (examples in ``alphamodel/configs/``).
@@ -49,7 +71,7 @@ class ModelConfig:
         state and encoder output) that the heads read; the heads' direct ("wide") path on the
         row's own inputs is never dropped, so the per-row linear model is always available.
     dt_min, dt_max : float, range of the Mamba2 heads' initial step (see :class:`Mamba2`).
-    ema_rows : time scales (rows) of the input EMA bank (:class:`alphamodel.ema.InputEMA`),
+    ema_rows : time scales (rows) of the input EMA bank (:class:`alphamodel.nn.ema.InputEMA`),
         empty for none: the averages of every input over each scale join the heads' wide path
         (and, with ``ema_encoder``, the encoder's inputs); the bank's state is carried with the
         rest. On 24 generated quiet sessions feeding them to the encoder too overfitted (the
@@ -74,13 +96,31 @@ class ModelConfig:
     ema_rows: tuple[float, ...] = ()
     ema_encoder: bool = False
 
+    def checked(self) -> ModelConfig:
+        """A copy with every key checked and normalised (:data:`MODEL_RULES`).
+
+        Raises
+        ------
+        alphamodel.errors.UsageError
+            Naming the key (``model.d_model``), the value and what is allowed; also for keys that
+            do not fit together (``expand * d_model`` not a multiple of ``headdim``, a Triton
+            scan's sizes not powers of two >= 16).
+        """
+        v = check_fields(self, MODEL_RULES, "model.")
+        if (v["expand"] * v["d_model"]) % v["headdim"]:
+            raise UsageError("model.headdim", f"expected a divisor of expand * d_model = {v['expand'] * v['d_model']}",
+                             v["headdim"])  # fmt: skip
+        if v["cfc_impl"] == CfcImpl.TRITON:
+            check_tiles({"model.cfc_hidden": v["cfc_hidden"]}, "cfc_impl 'triton'")
+        if v["ssd_impl"] == SsdImpl.TRITON:
+            check_tiles({f"model.{k}": v[k] for k in ("chunk_size", "headdim", "d_state")}, "ssd_impl 'triton'")
+        return dataclasses.replace(self, **v)
+
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
-        """Build from a dict, each key checked (:func:`alphamodel.config.from_dict`; UsageError
-        naming ``model.KEY`` for an unknown key or a bad value)."""
-        from alphamodel.config import from_dict
-
-        return from_dict(cls, d, "model")
+        """Build from a dict, each key checked (:meth:`checked`; UsageError naming ``model.KEY``
+        for an unknown key or a bad value)."""
+        return build(cls, d, "model").checked()
 
 
 class _Block(nn.Module):

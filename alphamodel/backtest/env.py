@@ -28,85 +28,12 @@ those with a positive PnL, entry and exit costs included).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 
 from alphafeat.validation import validate_int
-from alphamodel.errors import DataError
+from alphamodel.backtest.market import Market
 
-__all__ = ["Market", "VecEnv", "env_step", "market_from_arrays", "ffill_quotes"]
-
-
-@dataclass
-class Market:
-    """Flattened top of book on one device.
-
-    mid, half_spread : (T,) float32 ticks. end : (T,) int64, the last row of each row's segment.
-    seg_start, seg_end : (S,) int64 first / last row of each segment. tick : index points per
-    tick. tick_value : USD per tick per contract (ES 12.50).
-    """
-
-    mid: torch.Tensor
-    half_spread: torch.Tensor
-    end: torch.Tensor
-    seg_start: torch.Tensor
-    seg_end: torch.Tensor
-    tick: float = 0.25
-    tick_value: float = 12.5
-
-    @property
-    def device(self) -> torch.device:
-        return self.mid.device
-
-
-def ffill_quotes(bid: np.ndarray, ask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Forward-fill missing (NaN) bid/ask within one segment, then back-fill its start; float64."""
-    out = []
-    for x in (bid, ask):
-        x = np.asarray(x, np.float64).copy()
-        ok = np.isfinite(x)
-        if not ok.any():
-            out.append(x)
-            continue
-        idx = np.where(ok, np.arange(x.size), 0)
-        np.maximum.accumulate(idx, out=idx)
-        x = x[idx]
-        first = int(np.argmax(ok))
-        x[:first] = x[first]
-        out.append(x)
-    return out[0], out[1]
-
-
-def market_from_arrays(bids: list[np.ndarray], asks: list[np.ndarray], tick: float, tick_value: float = 12.5,
-                       device: torch.device | str = "cpu", paths: list | None = None) -> Market:
-    """Build a :class:`Market` from per-segment bid/ask arrays (index points, NaN = empty side);
-    ``paths``: the segments' files, to name them in errors.
-
-    Raises
-    ------
-    alphamodel.errors.DataError
-        A segment (its file, or its index in ``bids``) has no valid quote on one side.
-    """
-    mids, hss, ends, starts = [], [], [], []
-    off = 0
-    for k, (b, a) in enumerate(zip(bids, asks)):
-        b, a = ffill_quotes(b, a)
-        if b.size == 0 or not (np.isfinite(b).all() and np.isfinite(a).all()):
-            raise DataError("no valid bid or ask quote" if paths else f"segment {k}: no valid bid or ask quote",
-                            paths[k] if paths else None)
-        mids.append((a + b) / 2 / tick)
-        hss.append(np.maximum(a - b, 0.0) / 2 / tick)
-        ends.append(np.full(b.size, off + b.size - 1, np.int64))
-        starts.append(off)
-        off += b.size
-    dev = torch.device(device)
-    f32 = dict(dtype=torch.float32, device=dev)
-    return Market(torch.as_tensor(np.concatenate(mids), **f32), torch.as_tensor(np.concatenate(hss), **f32),
-                  torch.as_tensor(np.concatenate(ends), device=dev),
-                  torch.as_tensor(np.array(starts, np.int64), device=dev),
-                  torch.as_tensor(np.array([e[-1] for e in ends], np.int64), device=dev), tick, tick_value)
+__all__ = ["VecEnv", "env_step"]
 
 
 class VecEnv:

@@ -24,9 +24,10 @@ import math
 import torch
 from torch import nn
 
-from alphafeat.validation import CfcImpl, validate_enum
-from alphamodel.config import check_tiles
+from alphafeat.validation import validate_enum
+from alphamodel.enums import CfcImpl
 from alphamodel.errors import UsageError
+from alphamodel.ops.triton.checks import check_tiles
 
 __all__ = ["CfCCell", "CfC", "check_triton", "lecun_tanh"]
 
@@ -112,7 +113,7 @@ class CfC(nn.Module):
 
     ``forward(u, dt, x0=None, mask=None)`` returns all states (B, L, hidden); ``x0`` (B, hidden)
     is the state before position 0 (zeros by default; pass the last state of the previous window
-    to carry it, see :meth:`alphamodel.model.AlphaModel.forward`). ``mask`` (B, L) bool: False
+    to carry it, see :meth:`alphamodel.nn.model.AlphaModel.forward`). ``mask`` (B, L) bool: False
     positions (padding) leave the state unchanged, so they are neutral for the real positions.
 
     ``impl``: ``"loop"`` calls :class:`CfCCell` at each position (the slow reference);
@@ -121,8 +122,8 @@ class CfC(nn.Module):
     :func:`_steps`, which :meth:`compile_scan` hands to ``torch.compile`` (one fused kernel set
     per chunk, forward and backward, instead of ~10 kernels per position); ``"triton"`` runs the
     same recurrent half as one Triton kernel for all positions, and its backward as one more
-    (:mod:`alphamodel.cfc_triton`; CUDA, float32 state; ``block_b`` batch rows, ``num_warps``
-    warps and ``num_stages`` pipeline stages per program, see :func:`alphamodel.cfc_triton.scan`;
+    (:mod:`alphamodel.ops.triton.cfc_triton`; CUDA, float32 state; ``block_b`` batch rows, ``num_warps``
+    warps and ``num_stages`` pipeline stages per program, see :func:`alphamodel.ops.triton.cfc_triton.scan`;
     the hidden and backbone sizes must be powers of two >= 16, else UsageError, as without the
     triton package). All are equal to rounding (tests/test_model_context.py,
     tests/test_cfc_triton.py). The cell is nonlinear in the state (the state enters the
@@ -191,8 +192,8 @@ class CfC(nn.Module):
 
     def _triton(self, uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.Tensor,
                 w_x: torch.Tensor, w_fgh: torch.Tensor, b_fgh: torch.Tensor, inv_tau: torch.Tensor) -> torch.Tensor:
-        """The scan in :mod:`alphamodel.cfc_triton` (float32 states; float64 inputs run in float32)."""
-        from alphamodel import cfc_triton
+        """The scan in :mod:`alphamodel.ops.triton.cfc_triton` (float32 states; float64 inputs run in float32)."""
+        from alphamodel.ops.triton import cfc_triton
 
         cfc_triton.check_device(uw, "impl")
         f32 = torch.float32

@@ -1,4 +1,4 @@
-"""Mamba2's depthwise causal convolution and its SiLU (:func:`alphamodel.mamba2.causal_conv`) as
+"""Mamba2's depthwise causal convolution and its SiLU (:func:`alphamodel.nn.mamba2.causal_conv`) as
 Triton kernels, forward and backward.
 
 Per sequence and channel ``c``, with ``f`` the ``K`` carried inputs (``state``) followed by the
@@ -18,7 +18,7 @@ partial per sequence, summed in torch: deterministic, no atomics); then ``d f`` 
 ``d pre``. Two to four taps (``2 <= d_conv <= 4``; Mamba2's default is 4).
 
 ``torch.library`` custom ops (``alphamodel::conv_silu`` and ``alphamodel::conv_silu_bwd``, fake
-tensors and autograd registered) as in :mod:`alphamodel.ssd_triton`, so ``torch.compile`` and CUDA
+tensors and autograd registered) as in :mod:`alphamodel.ops.triton.ssd_triton`, so ``torch.compile`` and CUDA
 graphs keep them. Sums in float32; ``y`` and ``d x`` in ``x``'s dtype (bf16 under autocast).
 Runs on CUDA, or on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1`` set before
 triton is imported).
@@ -30,8 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from alphamodel.cfc_triton import _on, check_device
 from alphamodel.errors import UsageError
+from alphamodel.ops.triton.cfc_triton import check_device
+from alphamodel.ops.triton.checks import on_device
 
 __all__ = ["conv_silu", "conv_silu_bwd", "causal_conv_silu"]
 
@@ -161,7 +162,7 @@ def conv_silu(x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, b: torch.Te
     x = _unit_stride(x)
     bsz, L, c = x.shape
     y = x.new_empty(bsz, L, c)
-    with _on(x):
+    with on_device(x):
         _conv_fwd_kernel[_grid(bsz, L, c, FWD_TILE)](x, state.contiguous(), _taps(w), b.contiguous(), y, L, c,
                                                      x.stride(0), x.stride(1), K=w.shape[1] - 1, BT=FWD_TILE[0],
                                                      BC=FWD_TILE[1])
@@ -185,7 +186,7 @@ def conv_silu_bwd(dy: torch.Tensor, x: torch.Tensor, state: torch.Tensor, w: tor
     dpre, dx, dstate = torch.empty_like(dy), x.new_empty(bsz, L, c), torch.empty_like(state)
     dw = torch.empty(bsz, TAPS, c, dtype=torch.float32, device=x.device)
     db = torch.empty(bsz, c, dtype=torch.float32, device=x.device)
-    with _on(x):
+    with on_device(x):
         _conv_dpre_kernel[_grid(bsz, L, c, DPRE_TILE, loop=True)](
             x, state.contiguous(), taps, b.contiguous(), dy, dpre, dw, db, L, c, x.stride(0), x.stride(1), K=k,
             BT=DPRE_TILE[0], BC=DPRE_TILE[1])
@@ -211,14 +212,14 @@ conv_silu.register_autograd(_backward, setup_context=_setup)
 
 
 def causal_conv_silu(x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``F.silu(causal_conv(cat([state, x], 1), w, b))`` of :mod:`alphamodel.mamba2` by the kernels.
+    """``F.silu(causal_conv(cat([state, x], 1), w, b))`` of :mod:`alphamodel.nn.mamba2` by the kernels.
 
     x (batch, L, C) (a strided view, e.g. a slice of the in-projection's output, is read as it
     lies); state (batch, K, C) the last ``K`` inputs of the previous window (zeros at a stream's
     start; cast to x's dtype); w (C, 1, K + 1) and b (C,) of ``nn.Conv1d(C, C, K + 1, groups=C)``,
     two to four taps. Returns (batch, L, C) in x's dtype, differentiable in all four (the
     gradients of w and b in their dtypes). Raises UsageError (option ``ssd_impl``, which selects
-    these kernels in :class:`alphamodel.mamba2.Mamba2`) off CUDA unless Triton's interpreter runs,
+    these kernels in :class:`alphamodel.nn.mamba2.Mamba2`) off CUDA unless Triton's interpreter runs,
     and (option ``d_conv``) for other numbers of taps.
     """
     check_device(x, "ssd_impl")

@@ -1,4 +1,4 @@
-"""The chunked SSD scan (:func:`alphamodel.mamba2.ssd_chunked`) of a Mamba2 block, with its step
+"""The chunked SSD scan (:func:`alphamodel.nn.mamba2.ssd_chunked`) of a Mamba2 block, with its step
 ``dt`` and skip ``D x``, as Triton kernels.
 
 Per chunk of ``Q`` positions, head ``h`` (group ``g`` of its ``B``, ``C``), with ``u = x dt`` the
@@ -34,7 +34,7 @@ holds the others' tiles (in the step's profile on the H200 one launch for both t
 layer, the two 2.9 ms).
 
 The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
-``_bwd``, fake tensors and autograd registered) as in :mod:`alphamodel.cfc_triton`, so
+``_bwd``, fake tensors and autograd registered) as in :mod:`alphamodel.ops.triton.cfc_triton`, so
 ``torch.compile`` and CUDA graphs keep them. x, B, C, y and the gradients of x, B, C and y are
 in the dtype of the convolution's output (bf16 under autocast: half the memory traffic of
 float32; H200, bench/train.py: the step 104.3 ms against 107.9 ms with a float32 y), every other
@@ -52,8 +52,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from alphamodel.cfc_triton import _on, _precision, check_device
 from alphamodel.errors import UsageError
+from alphamodel.ops.triton.cfc_triton import check_device
+from alphamodel.ops.triton.checks import check_groups, check_tiles, dot_precision, on_device
 
 __all__ = ["ssd_chunk_scan", "ssd_chunk_scan_bwd", "ssd_scan"]
 
@@ -292,7 +293,8 @@ def _sizes(xbc: torch.Tensor, dt: torch.Tensor, d_state: int, ngroups: int, chun
     b, L, w = xbc.shape
     h = dt.shape[-1]
     p = (w - 2 * ngroups * d_state) // h
-    kw = {"H": h, "G": ngroups, "P": p, "N": d_state, "Q": chunk_size, "PREC": _precision(dt), "num_warps": num_warps}
+    kw = {"H": h, "G": ngroups, "P": p, "N": d_state, "Q": chunk_size, "PREC": dot_precision(dt),
+          "num_warps": num_warps}
     return (b, L, h, p, d_state, L // chunk_size), kw
 
 
@@ -312,7 +314,7 @@ def ssd_chunk_scan(xbc: torch.Tensor, dt: torch.Tensor, acs: torch.Tensor, D: to
     entering, final, y = dt.new_empty(b, nc, h, p, n), dt.new_empty(b, h, p, n), xbc.new_empty(b, L, h, p)
     grid, block = (b * nc, ngroups), min(_BLOCK, p * n)
     init = initial_state is not None
-    with _on(xbc):
+    with on_device(xbc):
         _states_kernel[grid](xbc, dt, acs, entering, L, **kw)
         _pass_kernel[(b * h, p * n // block)](entering, acs, initial_state if init else final, final, L, H=h,
                                               PN=p * n, Q=chunk_size, BLOCK=block, HAS_INIT=init, num_warps=4)
@@ -339,7 +341,7 @@ def ssd_chunk_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, xbc: torch.Tensor
     parts = p * n // block
     ds, dlast, dd = torch.empty_like(entering), dt.new_empty(b, nc, h, parts), dt.new_empty(b * nc, h)
     dy, grid = dy.contiguous(), (b * nc, ngroups)
-    with _on(xbc):
+    with on_device(xbc):
         _dstate_kernel[grid](dy, xbc, acs, ds, L, **kw)
         _pass_bwd_kernel[(b * h, parts)](ds, entering, acs, dfinal.contiguous(), dlast, dinit, L, H=h, PN=p * n,
                                          Q=chunk_size, BLOCK=block, num_warps=4)
@@ -382,7 +384,7 @@ def ssd_scan(xbc: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, D: torch.Tens
              chunk_size: int = 64, initial_state: torch.Tensor | None = None, num_warps: int = 4
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The SSD scan of a Mamba2 block with its skip: ``ssd_chunked(x dt, A dt, B, C) + D x``
-    (:func:`alphamodel.mamba2.ssd_chunked`, same results in float32; tests/test_ssd_triton.py),
+    (:func:`alphamodel.nn.mamba2.ssd_chunked`, same results in float32; tests/test_ssd_triton.py),
     reading x, B and C where the block's convolution wrote them.
 
     xbc (batch, L, H P + 2 G N): per position x (H heads of P), then B, then C (G groups of N =
@@ -396,9 +398,6 @@ def ssd_scan(xbc: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, D: torch.Tens
     of H, for a width of xbc that is not H P + 2 G N, and for ``chunk_size``, P (``headdim``) or N
     (``d_state``) not a power of two >= 16.
     """
-    from alphamodel.config import check_tiles
-    from alphamodel.mamba2 import check_groups
-
     check_device(xbc, "ssd_impl")
     b, L, w = xbc.shape
     h = dt.shape[-1]

@@ -2,9 +2,9 @@
 
 :func:`train` is what ``alphamodel train`` runs. Steps:
 
-1. open the cache (:class:`alphamodel.data.CacheData`, memory-mapped) and check it: labels
+1. open the cache (:class:`alphamodel.data.cache.CacheData`, memory-mapped) and check it: labels
    and every input column present in every partition (one line, before any training);
-2. cut the sessions into walk-forward folds (:func:`alphamodel.evaluation.walk_forward_folds`:
+2. cut the sessions into walk-forward folds (:func:`alphamodel.supervised.evaluation.walk_forward_folds`:
    expanding training block, a validation block for early stopping, then the test block;
    labels purged per horizon with :func:`alphafeat.splits.purge`, plus an embargo);
 3. per fold: fit the normalisation on the training rows only; train on windows of K rows
@@ -14,9 +14,9 @@
    TF32 matmuls), gradient clipping; the loss going NaN stops the run with its step;
    after each epoch the *whole* validation block is scored; early stopping on its loss keeps
    the best weights;
-4. per fold, on the test block: the model and the baselines (:mod:`alphamodel.baselines`,
+4. per fold, on the test block: the model and the baselines (:mod:`alphamodel.supervised.baselines`,
    fitted on the same training rows) scored on the same rows; AUC per horizon with a
-   session-bootstrap 95% interval (:func:`alphamodel.evaluation.bootstrap_aucs`), and the
+   session-bootstrap 95% interval (:func:`alphamodel.supervised.evaluation.bootstrap_aucs`), and the
    same pooled over every fold's test block (``fold = "all"``; pairs of rows are compared
    within a fold only, as each fold's model scores on its own level); the model's lift over the best
    baseline per horizon with its paired-bootstrap interval;
@@ -43,15 +43,16 @@ import numpy as np
 import torch
 
 from alphafeat.cache import check_folder
-from alphafeat.errors import InputError, UsageError
-from alphafeat.validation import Baseline, Device, validate_enum
-from alphamodel import baselines as bl
-from alphamodel.config import check_config, from_dict
-from alphamodel.data import Batch, CacheData, Normaliser, Window
-from alphamodel.errors import AlphamodelError, ConfigError, TrainingError
+from alphamodel.data.cache import CacheData, Normaliser, Window
 from alphamodel.errors import DataError as TrainDataError
+from alphamodel.errors import TrainingError
 from alphamodel.errors import UsageError as TrainUsageError
-from alphamodel.evaluation import (
+from alphamodel.nn.model import AlphaModel, ModelConfig, ModelState, horizon_weights, masked_bce_loss
+from alphamodel.nn.optim import param_groups
+from alphamodel.supervised import baselines as bl
+from alphamodel.supervised.checkpoint import check_device, resolve_device, save_model
+from alphamodel.supervised.config import BASELINES, TrainConfig
+from alphamodel.supervised.evaluation import (
     Fold,
     block_stats,
     bootstrap_aucs,
@@ -59,101 +60,18 @@ from alphamodel.evaluation import (
     session_groups,
     walk_forward_folds,
 )
-from alphamodel.metrics import auc, base_rate
-from alphamodel.model import AlphaModel, ModelConfig, ModelState, horizon_weights, masked_bce_loss
-from alphamodel.optim import param_groups
-from alphamodel.outputs import save_tensors, staged_outputs
+from alphamodel.supervised.metrics import auc, base_rate
+from alphamodel.supervised.outputs import staged_outputs
+from alphamodel.supervised.scoring import fit_input_ema, score_rows, to_device
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainConfig", "train", "load_model", "resolve_device", "compile_model", "scoring_config",
-           "score_rows", "fit_input_ema", "BASELINES"]
-
-#: Baselines fitted beside the model (see :mod:`alphamodel.baselines`; declared as
-#: :class:`alphafeat.validation.Baseline`).
-BASELINES: tuple[str, ...] = tuple(str(b) for b in Baseline)
-
-
-@dataclass
-class TrainConfig:
-    """Training parameters.
-
-    window : K, snapshots per window.  burn_in : positions at the start of a window without
-    carried state that do not count in the loss (context only).  context : ``"stateful"`` (the
-    state is carried across consecutive windows of a session, in training and scoring) or
-    ``"window"`` (each window starts from a zero state; scoring tiles the rows with windows
-    that overlap by ``burn_in``).  batch_size, epochs, steps_per_epoch : optimisation length
-    (per fold).  lr, weight_decay, warmup_steps, min_lr_frac : AdamW and schedule (cosine decay
-    to ``min_lr_frac * lr``).  patience : epochs without validation improvement before stopping.
-    folds : walk-forward folds (sessions in ``folds + 2`` blocks).  embargo : fraction of all
-    rows (AFML's pct_embargo): that many rows before each later block lose their labels too.
-    n_boot : bootstrap replicates of the intervals.
-    baselines : which of :data:`BASELINES` to fit.  horizon_weighting : ``window``
-    (w_h = min(1, K/h)) or ``equal``.  seed, device (auto|cpu|cuda), compile (torch.compile
-    the blocks and the CfC scan), grad_clip, eval_batch_size (streams scored at once),
-    eval_piece / eval_warmup (stateful scoring: a run of rows is scored in pieces of
-    ``eval_piece`` rows, each preceded by up to ``eval_warmup`` unscored rows of the same
-    session whose state it carries; pieces run in parallel), threads (CPU threads; None = 1 on
-    CPU), loader_threads (threads gathering the next batches from the memory-mapped cache while
-    the model runs; ``loader_threads + 1`` batches are in flight), baseline_max_rows (training
-    rows of each baseline).
-    """
-
-    window: int = 64
-    burn_in: int = 16
-    context: str = "stateful"
-    batch_size: int = 32
-    epochs: int = 12
-    steps_per_epoch: int = 20
-    lr: float = 2e-3
-    weight_decay: float = 0.1
-    warmup_steps: int = 10
-    min_lr_frac: float = 0.05
-    patience: int = 4
-    folds: int = 3
-    embargo: float = 0.01
-    n_boot: int = 200
-    baselines: tuple[str, ...] = BASELINES
-    horizon_weighting: str = "window"
-    seed: int = 0
-    device: str = "auto"
-    compile: bool = False
-    grad_clip: float = 1.0
-    eval_batch_size: int = 128
-    eval_piece: int = 2048
-    eval_warmup: int = 1024
-    threads: int | None = None
-    loader_threads: int = 2
-    baseline_max_rows: int = 200_000
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        """Build from a dict, each key checked (:func:`alphamodel.config.from_dict`; UsageError
-        naming ``train.KEY`` for an unknown key or a bad value)."""
-        return from_dict(cls, d, "train")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU.
-
-    Raises
-    ------
-    UsageError
-        An unknown name.
-    AlphamodelError
-        ``cuda`` without a usable GPU.
-    """
-    name = validate_enum(name, Device, "--device")
-    if name == Device.AUTO:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == Device.CUDA and not torch.cuda.is_available():
-        raise AlphamodelError("--device cuda: torch.cuda.is_available() is False (no GPU or a CPU build of torch)")
-    return torch.device(name)
+__all__ = ["Streams", "compile_model", "label_counts", "lift", "train"]
 
 
 def compile_model(model: AlphaModel) -> AlphaModel:
     """``torch.compile`` each Mamba2 block in place, and the chunk body of the CfC's fused scan
-    (:meth:`alphamodel.cfc.CfC.compile_scan`; the loop reference compiles its cell, the Triton
+    (:meth:`alphamodel.nn.cfc.CfC.compile_scan`; the loop reference compiles its cell, the Triton
     scan the CfC's forward around its kernels)."""
     for blk in model.blocks:
         blk.compile()
@@ -170,7 +88,7 @@ def label_counts(data: CacheData, keep: np.ndarray) -> dict[str, dict[str, int]]
     """Labels (not rows) per horizon that purging kept and hid: ``labels_kept_after_purge``
     and ``labels_purged`` (hidden by purging or by the embargo), ``{"h30": count, ...}``. A row
     whose label is NaN (tie, end of session, crossed book) counts in neither. The cache's labels
-    are read as stored (a mask set with :meth:`~alphamodel.data.CacheData.set_label_mask` does
+    are read as stored (a mask set with :meth:`~alphamodel.data.cache.CacheData.set_label_mask` does
     not change the counts)."""
     y = np.concatenate([np.stack(s.labels, axis=-1) for s in data.segments])
     has = ~np.isnan(y)
@@ -188,19 +106,7 @@ def _lr_lambda(warmup: int, total: int, min_frac: float):
     return f
 
 
-def _to(batch: Batch, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """x, dt, y, scored mask, real-row mask on ``device`` (pinned host copies on CUDA)."""
-    arrs = (batch.x, batch.dt, batch.y, batch.mask, batch.rows >= 0)
-    out = []
-    for a in arrs:
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        if device.type == "cuda":
-            t = t.pin_memory()
-        out.append(t.to(device, non_blocking=True))
-    return tuple(out)
-
-
-class _Streams:
+class Streams:
     """Training windows for stateful truncated back-propagation.
 
     ``batch`` streams each walk consecutive windows of K rows through a run of training rows
@@ -235,152 +141,6 @@ class _Streams:
             wins.append(Window(int(self.seg[i]), c, c + self.K, self.burn_in if fresh[i] else 0))
             self.cur[i] += self.K
         return wins, fresh
-
-
-def _pieces(data: CacheData, rows: np.ndarray, tc: TrainConfig) -> list[tuple[int, int, int, int]]:
-    """Stateful scoring plan: ``(seg, context_start, score_start, end)`` per piece of each run."""
-    out = []
-    for seg, a, b in data.runs(rows):
-        for p in range(a, b, tc.eval_piece):
-            out.append((seg, max(0, p - tc.eval_warmup), p, min(b, p + tc.eval_piece)))
-    return out
-
-
-@torch.no_grad()
-def score_rows(model: AlphaModel, data: CacheData, rows: np.ndarray, norm: Normaliser, tc: TrainConfig,
-               device: torch.device, embeddings: bool = False) -> tuple[np.ndarray, ...]:
-    """Forward-only scores of every given row, once.
-
-    ``tc.context == "stateful"``: each piece of rows (:func:`_pieces`) runs as one long
-    sequence, in windows of K with the state carried (right-padded at its end, masked);
-    ``"window"``: windows tiling each run with ``burn_in`` rows of overlap (left-padded, masked).
-
-    Returns ``(rows (M,) int64 sorted, probs (M, H) float32, labels (M, H) float32 NaN)``, and
-    with ``embeddings`` also what the heads read besides the row's inputs
-    (:meth:`AlphaModel.embedding`, (M, cfc_hidden + d_model) float32), in the same order.
-    """
-    model.eval()
-    K = tc.window
-    amp = device.type == "cuda"
-    out_r, out_p, out_y, out_e = [], [], [], []
-
-    def run(b: Batch, state: ModelState | None) -> ModelState:
-        x, dt, _, _, real = _to(b, device)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            logits, seq, new = model.scores(x, dt, real, state)
-        m = b.mask
-        out_r.append(b.rows[m])
-        out_p.append(logits.float().cpu().numpy()[m])
-        out_y.append(b.y[m])
-        if embeddings:
-            out_e.append(seq.float().cpu().numpy()[m])
-        return new
-
-    if tc.context == "stateful":
-        pieces = sorted(_pieces(data, rows, tc), key=lambda p: p[3] - p[1], reverse=True)
-        for i in range(0, len(pieces), tc.eval_batch_size):
-            group = pieces[i : i + tc.eval_batch_size]
-            state = None
-            for w in range(math.ceil((group[0][3] - group[0][1]) / K)):
-                wins = []
-                for seg, c, p, e in group:
-                    s = min(c + w * K, e)
-                    wins.append(Window(seg, s, min(s + K, e), max(0, p - s)))
-                state = run(data.batch(wins, K, norm, pad="right"), state)
-    else:
-        wins = data.eval_windows(rows, K, tc.burn_in)
-        for i in range(0, len(wins), tc.eval_batch_size):
-            run(data.batch(wins[i : i + tc.eval_batch_size], K, norm), None)
-    H, D = len(data.horizons), model.cfg.cfc_hidden + model.cfg.d_model
-    if not out_r:
-        empty = (np.zeros(0, np.int64), np.zeros((0, H), np.float32), np.zeros((0, H), np.float32))
-        return (*empty, np.zeros((0, D), np.float32)) if embeddings else empty
-    r, p, y = np.concatenate(out_r), np.concatenate(out_p), np.concatenate(out_y)
-    o = np.argsort(r, kind="stable")
-    scored = (r[o], (1.0 / (1.0 + np.exp(-p[o].astype(np.float64)))).astype(np.float32), y[o])
-    return (*scored, np.concatenate(out_e)[o]) if embeddings else scored
-
-
-def scoring_config(train_meta: dict) -> TrainConfig:
-    """The :class:`TrainConfig` that :func:`score_rows` needs (window, burn-in, context, pieces,
-    batch) from a saved model's ``config.json`` ``train`` section; defaults for keys it lacks."""
-    keys = ("window", "burn_in", "context", "eval_piece", "eval_warmup", "eval_batch_size")
-    return dataclasses.replace(TrainConfig(), **{k: train_meta[k] for k in keys if k in train_meta})
-
-
-def _save(out: Path, model: AlphaModel, norm: Normaliser, meta: dict) -> None:
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    state["norm.mean"] = torch.from_numpy(norm.mean.astype(np.float64))
-    state["norm.std"] = torch.from_numpy(norm.std.astype(np.float64))
-    save_tensors(state, out / "model.safetensors", "alphamodel-1")
-    (out / "config.json").write_text(json.dumps(meta, indent=1))
-
-
-#: The torch form of each Triton implementation (the same weights and function), for devices other than CUDA.
-TRITON_FALLBACK = {"cfc_impl": "fused", "ssd_impl": "chunked"}
-
-
-def check_device(mc: ModelConfig, device: torch.device) -> None:
-    """UsageError (``model.cfc_impl`` or ``model.ssd_impl``) when the model cannot run on
-    ``device``: the Triton kernels run on CUDA only."""
-    for key, other in TRITON_FALLBACK.items():
-        if getattr(mc, key) == "triton" and device.type != "cuda":
-            raise TrainUsageError(f"model.{key}", f"'triton' runs on CUDA (train.device is {device.type}); use "
-                                  f"'{other}'", "triton")
-
-
-def load_model(out: str | os.PathLike[str], device: str = "cpu") -> tuple[AlphaModel, Normaliser, dict]:
-    """Load ``model.safetensors`` + ``config.json`` written by :func:`train`.
-
-    Returns ``(model in eval mode, normaliser, config dict)``. A model trained with
-    ``cfc_impl: "triton"`` or ``ssd_impl: "triton"`` loads with the torch scan (same weights and
-    function, :data:`TRITON_FALLBACK`) on a device other than CUDA.
-
-    Raises
-    ------
-    InputError
-        When either file is missing, cannot be read, or they do not match (a checkpoint of
-        the wrong shape); :class:`~alphamodel.errors.ConfigError` (an InputError) for a bad
-        value in ``config.json``.
-    """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    out = Path(out)
-    cfg_path, w_path = out / "config.json", out / "model.safetensors"
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise InputError(p, "missing (not an alphamodel output directory)")
-    try:
-        meta = json.loads(cfg_path.read_text())
-        model_cfg, norm = meta["model"], Normaliser.from_dict(meta["normaliser"])
-    except KeyError as e:
-        raise InputError(cfg_path, f"not an alphamodel config (no key {e.args[0]!r})") from e
-    except (OSError, ValueError, TypeError) as e:
-        raise InputError(cfg_path, f"not an alphamodel config ({type(e).__name__}: {e})") from e
-    for key, other in TRITON_FALLBACK.items():
-        if model_cfg.get(key) == "triton" and torch.device(device).type != "cuda":
-            # the same weights and function; the Triton kernels run on CUDA only
-            log.info("%s: %s 'triton' runs as '%s' on %s", cfg_path, key, other, device)
-            model_cfg = {**model_cfg, key: other}
-    try:
-        model = AlphaModel(ModelConfig.from_dict(model_cfg))
-    except UsageError as e:
-        raise ConfigError(cfg_path, e.option, e.problem) from None
-    try:
-        state = load_file(str(w_path), device=device)
-    except (OSError, SafetensorError) as e:
-        raise InputError(w_path, f"cannot be read as safetensors ({e})") from e
-    state.pop("norm.mean", None)
-    state.pop("norm.std", None)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:  # torch's first line is a header; name the first tensor that differs
-        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-        first = (lines[1] if len(lines) > 1 else lines[0] if lines else "no detail").rstrip(".")
-        more = f"; {len(lines) - 2} more" if len(lines) > 2 else ""
-        raise InputError(w_path, f"weights do not match {cfg_path} ({first}{more})") from e
-    return model.to(device).eval(), norm, meta
 
 
 def _plots(out: Path, history: list[dict], horizons: list[int]) -> list[str]:
@@ -421,7 +181,6 @@ def _nan_none(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-
 @dataclass
 class _FoldRun:
     """What training one fold leaves: the model with its best weights, its history, sizes."""
@@ -441,24 +200,6 @@ def _loss_value(loss: torch.Tensor, step: int, epoch: int, last: tuple[float, in
     return v
 
 
-def fit_input_ema(model: AlphaModel, data: CacheData, rows: np.ndarray, norm: Normaliser,
-                  max_rows: int = 2_000_000) -> None:
-    """Fit the output statistics of the model's input EMA bank (:meth:`alphamodel.ema.InputEMA.fit`)
-    on the runs of consecutive ``rows`` (the training rows), each run from a zero state, in
-    order, until ``max_rows`` rows; nothing without a bank."""
-    if model.ema is None:
-        return
-    def runs():
-        left = max_rows
-        for seg, a, b in data.runs(rows):
-            if left <= 0:
-                return
-            b = min(b, a + left)
-            left -= b - a
-            yield torch.from_numpy(norm(data.raw_features(seg, np.arange(a, b), norm.names)))
-    model.ema.fit(runs())
-
-
 def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc: TrainConfig,
               device: torch.device, progress: bool) -> _FoldRun:
     """Train one fold's model (AdamW, warm-up + cosine, early stopping on the whole validation block)."""
@@ -470,7 +211,7 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
     model = model.to(device)
     fwd = compile_model(model) if tc.compile else model
     weights = horizon_weights(data.horizons, tc.window, tc.horizon_weighting).to(device)
-    streams = _Streams(data, fold.train, tc, rng, tc.context == "stateful")
+    streams = Streams(data, fold.train, tc, rng, tc.context == "stateful")
     opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr)
     total = tc.epochs * tc.steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(tc.warmup_steps, total, tc.min_lr_frac))
@@ -499,7 +240,7 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
             for _ in range(tc.steps_per_epoch):
                 fut, fresh = queue.pop(0)
                 queue.append(plan())
-                x, dt, y, m, _ = _to(fut.result(), device)
+                x, dt, y, m, _ = to_device(fut.result(), device)
                 if state is not None and tc.context == "stateful":
                     state = state.reset(torch.from_numpy(fresh).to(device))
                 else:
@@ -582,7 +323,7 @@ def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str,
              strata: np.ndarray | None = None) -> list[dict]:
     """Evaluation records of every model on one block (or the pooled test blocks, with the fold
     of each row as ``strata``: pairs compared within a fold), and (``lifts``) the model's lift
-    over the best baseline per horizon with its paired-bootstrap interval (:func:`_lift`: never
+    over the best baseline per horizon with its paired-bootstrap interval (:func:`lift`: never
     below chance)."""
     groups, unit = session_groups(sessions[rows])
     names = list(scores)
@@ -597,11 +338,11 @@ def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str,
                          "auc_ci_low": _nan_none(lo), "auc_ci_high": _nan_none(hi), "n": n,
                          "base_rate": _nan_none(base_rate(y[:, j])), "bootstrap_unit": unit})
         if lifts is not None and np.isfinite(point[0]):
-            lifts[h] = _lift(names, point, reps)
+            lifts[h] = lift(names, point, reps)
     return recs
 
 
-def _lift(names: list[str], point: np.ndarray, reps: np.ndarray) -> dict:
+def lift(names: list[str], point: np.ndarray, reps: np.ndarray) -> dict:
     """The lift of the model (column 0) over the best baseline, with its paired-bootstrap
     interval. The bar is at least chance: a constant score (the base rate) has AUC 0.5 whether or
     not its own AUC could be computed (a fold without training labels leaves it NaN), so no
@@ -646,7 +387,7 @@ def train(
     Raises
     ------
     UsageError
-        A bad config value (:func:`alphamodel.config.check_config`), before anything is read.
+        A bad config value (:meth:`TrainConfig.checked`, :meth:`ModelConfig.checked`), before anything is read.
     AlphafeatError
         Missing or bad cache (no labels, a missing column), too few rows or sessions, no GPU for
         ``cuda``, ``out`` not a folder that can be written; :class:`~alphamodel.errors.TrainingError`
@@ -654,8 +395,8 @@ def train(
         ``out`` before training has finished.
     """
     t_start = time.perf_counter()
-    tc = check_config(train_cfg or TrainConfig(), "train")
-    mc = check_config(model_cfg or ModelConfig(), "model")
+    tc = (train_cfg or TrainConfig()).checked()
+    mc = (model_cfg or ModelConfig()).checked()
     check_folder(out)
     device = resolve_device(tc.device)
     check_device(mc, device)
@@ -770,7 +511,7 @@ def train(
         "sources": "Mamba2/SSD: Dao & Gu 2024; CfC: Hasani et al. 2022; purged walk-forward: AFML ch. 7, 12",
     }
     with staged_outputs(out) as st:
-        _save(st.dir, fr.model, norm, meta)
+        save_model(st.dir, fr.model, norm, meta)
         plots = _plots(st.dir, fr.history, data.horizons)
         summary = {
             "cache": str(Path(cache).resolve()), "out": str(out.resolve()), "device": str(device),

@@ -471,7 +471,7 @@ class CacheData:
         fixed burn-in). ``pad``: ``"left"`` puts a short window's rows at the end (padding
         first), ``"right"`` at the start (padding after: a carried state continues into the
         real rows). Padded positions have ``rows == -1`` and are masked out of the model
-        (:meth:`alphamodel.model.AlphaModel.forward`'s ``mask``), so they are neutral.
+        (:meth:`alphamodel.nn.model.AlphaModel.forward`'s ``mask``), so they are neutral.
         """
         B, K, F, H = len(windows), window, len(norm.names), len(self.horizons)
         xf = np.zeros((F, B, K), np.float32)  # feature-major: each input written contiguously
