@@ -1,0 +1,53 @@
+"""Import contracts (issue 38): alphamodel has no import cycle, its layers import downward only,
+alphafeat never imports alphamodel; and the checker finds a cycle and an upward import that are
+planted in a package made for the test."""
+
+from __future__ import annotations
+
+from layers import ALPHAMODEL_LAYERS, cycles, import_graph, layer_violations
+
+
+def test_alphamodel_has_no_import_cycle():
+    assert cycles(import_graph("alphamodel"), "alphamodel") == []
+
+
+def test_alphamodel_layers_import_downward_only():
+    assert layer_violations(import_graph("alphamodel"), "alphamodel", ALPHAMODEL_LAYERS) == []
+
+
+def test_alphafeat_never_imports_alphamodel():
+    graph = import_graph("alphafeat", "alphamodel")
+    assert not graph.chain_exists(importer="alphafeat", imported="alphamodel", as_packages=True), \
+        graph.find_shortest_chains(importer="alphafeat", imported="alphamodel")
+
+
+def _package(root, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path, monkeypatch):
+    _package(tmp_path, {
+        "planted/__init__.py": "",
+        "planted/low/__init__.py": "",
+        "planted/low/a.py": "from planted.low import b\n",  # a <-> b: a module-level cycle
+        "planted/low/b.py": "def f():\n    from planted.low import a\n",  # inside a function counts too
+        "planted/low/c.py": "import planted.high.d\n",  # up the layers, and low <-> high: a package-level cycle
+        "planted/high/__init__.py": "",
+        "planted/high/d.py": "import planted.low.a\n",
+        "planted/free.py": "",
+    })
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = import_graph("planted")
+    found = cycles(graph, "planted")
+    assert ["planted.low.a", "planted.low.b"] in found
+    assert ["planted.high", "planted.low"] in found
+    bad = layer_violations(graph, "planted", (("planted.low",), ("planted.high",)))
+    assert bad == ["planted.free is in no layer", "planted.low.c (line 1) imports planted.high.d, of a later layer"]
+    # the same package without the planted imports passes
+    _package(tmp_path, {"planted/low/b.py": "", "planted/low/c.py": ""})
+    graph = import_graph("planted")
+    assert cycles(graph, "planted") == []
+    assert layer_violations(graph, "planted", (("planted.low", "planted.free"), ("planted.high",))) == []
