@@ -601,7 +601,7 @@ def test_lift_bar_is_never_below_chance() -> None:
     """The lift is over the best baseline, and at least over chance (0.5, a constant score):
     a baseline scoring below 0.5, or a base rate whose AUC is NaN (a fold without training
     labels), does not lower the bar; a real baseline above 0.5 is the bar with paired replicates."""
-    from alphamodel.supervised.train import lift
+    from alphamodel.supervised.report import lift
 
     names = ["alphamodel", "base_rate", "mlp", "logistic"]
     reps = np.array([[0.60, 0.5, 0.40, np.nan], [0.62, 0.5, 0.44, np.nan], [0.58, 0.5, 0.42, np.nan]])

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from alphafeat.cache import check_folder
-from alphamodel.data.cache import CacheData, Normaliser, Window
+from alphamodel.data.cache import Batch, CacheData, Normaliser, Window
 from alphamodel.errors import DataError as TrainDataError
 from alphamodel.errors import TrainingError
 from alphamodel.errors import UsageError as TrainUsageError
@@ -52,21 +52,15 @@ from alphamodel.nn.optim import param_groups
 from alphamodel.supervised import baselines as bl
 from alphamodel.supervised.checkpoint import check_device, resolve_device, save_model
 from alphamodel.supervised.config import BASELINES, TrainConfig
-from alphamodel.supervised.evaluation import (
-    Fold,
-    block_stats,
-    bootstrap_aucs,
-    percentile_interval,
-    session_groups,
-    walk_forward_folds,
-)
+from alphamodel.supervised.evaluation import Fold, block_stats, walk_forward_folds
 from alphamodel.supervised.metrics import auc, base_rate
 from alphamodel.supervised.outputs import staged_outputs
+from alphamodel.supervised.report import nan_none, per_horizon, plots, records, warnings_of
 from alphamodel.supervised.scoring import fit_input_ema, score_rows, to_device
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Streams", "compile_model", "label_counts", "lift", "train"]
+__all__ = ["Streams", "compile_model", "label_counts", "train"]
 
 
 def compile_model(model: AlphaModel) -> AlphaModel:
@@ -143,42 +137,9 @@ class Streams:
         return wins, fresh
 
 
-def _plots(out: Path, history: list[dict], horizons: list[int]) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ep = [h["epoch"] for h in history]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
-    ax.plot(ep, [h["val_loss"] for h in history], "o-", label="validation")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("masked BCE (weighted over horizons)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=100)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for j, h in enumerate(horizons):
-        ax.plot(ep, [e["val_auc"][j] for e in history], "o-", label=f"h={h}")
-    ax.axhline(0.5, color="grey", lw=0.8)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation AUC")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "auc.png", dpi=100)
-    plt.close(fig)
-    return ["loss.png", "auc.png"]
-
-
 def _logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p.astype(np.float64), 1e-12, 1 - 1e-12)
     return np.log(p / (1 - p))
-
-
-def _nan_none(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
 @dataclass
@@ -200,27 +161,89 @@ def _loss_value(loss: torch.Tensor, step: int, epoch: int, last: tuple[float, in
     return v
 
 
-def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc: TrainConfig,
-              device: torch.device, progress: bool) -> _FoldRun:
-    """Train one fold's model (AdamW, warm-up + cosine, early stopping on the whole validation block)."""
+@dataclass
+class _Loop:
+    """One fold's optimisation between steps: the model (``fwd`` its compiled form), AdamW and its
+    schedule, the horizons' loss weights, the carried state, the step count and the last finite
+    loss ``(value, step)``."""
+
+    model: AlphaModel
+    fwd: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    weights: torch.Tensor
+    state: ModelState | None = None
+    step: int = 0
+    last: tuple[float, int] | None = None
+
+
+def _make_loop(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc: TrainConfig,
+               device: torch.device) -> _Loop:
+    """A fresh model for ``fold`` (seeded by ``tc.seed + fold.index``; its input EMA fitted on the
+    training rows), AdamW with warm-up + cosine."""
     torch.manual_seed(tc.seed + fold.index)
-    rng = np.random.default_rng(tc.seed + fold.index)
-    H = len(data.horizons)
     model = AlphaModel(mc)
     fit_input_ema(model, data, fold.train, norm)
     model = model.to(device)
     fwd = compile_model(model) if tc.compile else model
     weights = horizon_weights(data.horizons, tc.window, tc.horizon_weighting).to(device)
-    streams = Streams(data, fold.train, tc, rng, tc.context == "stateful")
     opt = torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr)
     total = tc.epochs * tc.steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(tc.warmup_steps, total, tc.min_lr_frac))
-    amp = device.type == "cuda"
-    history: list[dict] = []
-    best, best_state, bad_epochs, step, last = (math.inf, -1), None, 0, 0, None
+    return _Loop(model, fwd, opt, sched, weights)
+
+
+def _step(loop: _Loop, batch: Batch, fresh: np.ndarray, tc: TrainConfig, device: torch.device, epoch: int) -> float:
+    """One optimiser step on ``batch`` (the state carried, reset where ``fresh``); its loss."""
+    x, dt, y, m, _ = to_device(batch, device)
+    if loop.state is not None and tc.context == "stateful":
+        loop.state = loop.state.reset(torch.from_numpy(fresh).to(device))
+    else:
+        loop.state = None
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits, new = loop.fwd(x, dt, state=loop.state, return_state=True)
+    loss = masked_bce_loss(logits, y, loop.weights, m)
+    loop.step += 1
+    v = _loss_value(loss, loop.step, epoch, loop.last)
+    loop.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if tc.grad_clip:
+        torch.nn.utils.clip_grad_norm_(loop.model.parameters(), tc.grad_clip)
+    loop.opt.step()
+    loop.sched.step()
+    loop.state = new.detach()
+    loop.last = (v, loop.step)
+    return v
+
+
+def _validate(loop: _Loop, data: CacheData, fold: Fold, norm: Normaliser, tc: TrainConfig, device: torch.device,
+              epoch: int, losses: list[float], t_ep: float) -> tuple[dict, float]:
+    """The epoch's history record (the whole validation block scored) and the early-stopping
+    criterion (the validation loss, else the training loss)."""
+    vr, vp, vy = score_rows(loop.model, data, fold.val, norm, tc, device)
+    has = ~np.isnan(vy)
+    vloss = (float(masked_bce_loss(torch.from_numpy(_logit(vp)), torch.from_numpy(vy), loop.weights.cpu()))
+             if has.any() else float("nan"))
+    vauc = [auc(vp[:, j], vy[:, j]) for j in range(len(data.horizons))]
+    train_loss = float(np.mean(losses))
+    record = {"epoch": epoch, "train_loss": train_loss, "val_loss": nan_none(vloss),
+              "val_rows_scored": int(vr.size), "val_auc": [nan_none(a) for a in vauc],
+              "lr": loop.sched.get_last_lr()[0], "seconds": time.perf_counter() - t_ep}
+    log.info("fold %d epoch %d: train %.4f val %.4f (%d rows) val AUC %s", fold.index, epoch, train_loss,
+             vloss, vr.size, " ".join(f"{a:.3f}" for a in vauc))
+    return record, vloss if math.isfinite(vloss) else train_loss
+
+
+def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc: TrainConfig,
+              device: torch.device, progress: bool) -> _FoldRun:
+    """Train one fold's model (AdamW, warm-up + cosine, early stopping on the whole validation block)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    loop = _make_loop(data, fold, norm, mc, tc, device)
+    streams = Streams(data, fold.train, tc, np.random.default_rng(tc.seed + fold.index), tc.context == "stateful")
+    history: list[dict] = []
+    best, best_state, bad_epochs = (math.inf, -1), None, 0
     # the next batches are gathered from the memory-mapped cache on a thread while the model runs
     pool = ThreadPoolExecutor(max(1, tc.loader_threads))
 
@@ -229,53 +252,24 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
         return pool.submit(data.batch, wins, tc.window, norm), fresh
 
     queue = [plan() for _ in range(max(1, tc.loader_threads) + 1)]
-    state: ModelState | None = None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not progress, transient=False, console=Console(stderr=True)) as bar, pool:
-        task = bar.add_task(f"fold {fold.index}", total=total)
+        task = bar.add_task(f"fold {fold.index}", total=tc.epochs * tc.steps_per_epoch)
         for epoch in range(1, tc.epochs + 1):
-            model.train()
+            loop.model.train()
             t_ep = time.perf_counter()
             losses = []
             for _ in range(tc.steps_per_epoch):
                 fut, fresh = queue.pop(0)
                 queue.append(plan())
-                x, dt, y, m, _ = to_device(fut.result(), device)
-                if state is not None and tc.context == "stateful":
-                    state = state.reset(torch.from_numpy(fresh).to(device))
-                else:
-                    state = None
-                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-                    logits, new = fwd(x, dt, state=state, return_state=True)
-                loss = masked_bce_loss(logits, y, weights, m)
-                step += 1
-                v = _loss_value(loss, step, epoch, last)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if tc.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                opt.step()
-                sched.step()
-                state = new.detach()
-                last = (v, step)
-                losses.append(v)
+                losses.append(_step(loop, fut.result(), fresh, tc, device, epoch))
                 bar.update(task, advance=1, description=f"fold {fold.index} epoch {epoch}/{tc.epochs} "
                                                         f"loss {np.mean(losses):.4f}")
-            vr, vp, vy = score_rows(model, data, fold.val, norm, tc, device)
-            has = ~np.isnan(vy)
-            vloss = (float(masked_bce_loss(torch.from_numpy(_logit(vp)), torch.from_numpy(vy), weights.cpu()))
-                     if has.any() else float("nan"))
-            vauc = [auc(vp[:, j], vy[:, j]) for j in range(H)]
-            train_loss = float(np.mean(losses))
-            history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": _nan_none(vloss),
-                            "val_rows_scored": int(vr.size), "val_auc": [_nan_none(a) for a in vauc],
-                            "lr": sched.get_last_lr()[0], "seconds": time.perf_counter() - t_ep})
-            crit = vloss if math.isfinite(vloss) else train_loss
-            log.info("fold %d epoch %d: train %.4f val %.4f (%d rows) val AUC %s", fold.index, epoch, train_loss,
-                     vloss, vr.size, " ".join(f"{a:.3f}" for a in vauc))
+            record, crit = _validate(loop, data, fold, norm, tc, device, epoch, losses, t_ep)
+            history.append(record)
             if crit < best[0] - 1e-6:
                 best, bad_epochs = (crit, epoch), 0
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                best_state = {k: v.detach().clone() for k, v in loop.model.state_dict().items()}
             else:
                 bad_epochs += 1
                 if bad_epochs >= tc.patience:
@@ -286,8 +280,8 @@ def _fit_fold(data: CacheData, fold: Fold, norm: Normaliser, mc: ModelConfig, tc
         for fut, _ in queue:
             fut.cancel()
     if best_state is not None:
-        model.load_state_dict(best_state)
-    return _FoldRun(model, history, best[1], sum(p.numel() for p in model.parameters()))
+        loop.model.load_state_dict(best_state)
+    return _FoldRun(loop.model, history, best[1], sum(p.numel() for p in loop.model.parameters()))
 
 
 def _baseline_scores(data: CacheData, fold: Fold, norm: Normaliser, test_rows: np.ndarray, tc: TrainConfig,
@@ -316,46 +310,6 @@ def _baseline_scores(data: CacheData, fold: Fold, norm: Normaliser, test_rows: n
             raise TrainUsageError("train.baselines", f"expected names of {', '.join(BASELINES)}", name)
         log.info("fold %d: baseline %s in %.1f s", fold.index, name, time.perf_counter() - t)
     return out
-
-
-def _records(fold: str | int, rows: np.ndarray, y: np.ndarray, scores: dict[str, np.ndarray],
-             sessions: np.ndarray, horizons: list[int], tc: TrainConfig, lifts: dict | None = None,
-             strata: np.ndarray | None = None) -> list[dict]:
-    """Evaluation records of every model on one block (or the pooled test blocks, with the fold
-    of each row as ``strata``: pairs compared within a fold), and (``lifts``) the model's lift
-    over the best baseline per horizon with its paired-bootstrap interval (:func:`lift`: never
-    below chance)."""
-    groups, unit = session_groups(sessions[rows])
-    names = list(scores)
-    recs = []
-    for j, h in enumerate(horizons):
-        mat = np.stack([scores[n][:, j] for n in names], axis=1)
-        point, reps = bootstrap_aucs(mat, y[:, j], groups, tc.n_boot, tc.seed + j, strata)
-        n = int((~np.isnan(y[:, j])).sum())
-        for k, name in enumerate(names):
-            lo, hi = percentile_interval(reps[:, k]) if len(reps) else (math.nan, math.nan)
-            recs.append({"model": name, "fold": fold, "horizon": h, "auc": _nan_none(point[k]),
-                         "auc_ci_low": _nan_none(lo), "auc_ci_high": _nan_none(hi), "n": n,
-                         "base_rate": _nan_none(base_rate(y[:, j])), "bootstrap_unit": unit})
-        if lifts is not None and np.isfinite(point[0]):
-            lifts[h] = lift(names, point, reps)
-    return recs
-
-
-def lift(names: list[str], point: np.ndarray, reps: np.ndarray) -> dict:
-    """The lift of the model (column 0) over the best baseline, with its paired-bootstrap
-    interval. The bar is at least chance: a constant score (the base rate) has AUC 0.5 whether or
-    not its own AUC could be computed (a fold without training labels leaves it NaN), so no
-    baseline scoring below 0.5 is the bar."""
-    cand = [k for k, nm in enumerate(names) if nm not in ("alphamodel", "base_rate") and np.isfinite(point[k])]
-    kb = max(cand, key=lambda k: point[k], default=None)
-    if kb is None or point[kb] < 0.5:
-        best, bar, bar_reps = "base_rate", 0.5, 0.5
-    else:
-        best, bar, bar_reps = names[kb], float(point[kb]), reps[:, kb]
-    lo, hi = percentile_interval(reps[:, 0] - bar_reps) if len(reps) else (math.nan, math.nan)
-    return {"best_baseline": best, "lift": float(point[0] - bar), "lift_ci_low": _nan_none(lo),
-            "lift_ci_high": _nan_none(hi)}
 
 
 def _check_labels(data: CacheData, fold: Fold) -> None:
@@ -398,109 +352,24 @@ def train(
     tc = (train_cfg or TrainConfig()).checked()
     mc = (model_cfg or ModelConfig()).checked()
     check_folder(out)
-    device = resolve_device(tc.device)
-    check_device(mc, device)
-    if device.type == "cpu":
-        # small models are bound by per-op overhead: one thread is as fast and is not slowed
-        # down by OpenMP spinning on a busy machine; it also makes runs repeatable.
-        torch.set_num_threads(tc.threads or 1)
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        if tc.threads:
-            torch.set_num_threads(tc.threads)
+    device = _device(tc, mc)
     out = Path(out)
     data = CacheData.open(cache)
-    H = len(data.horizons)
-    t0, t1s = data.spans()
-    sessions = np.concatenate([np.full(s.n, s.session or f"segment {k}", dtype=object)
-                               for k, s in enumerate(data.segments)])
-    skey = np.unique(sessions, return_inverse=True)[1].astype(np.int64)
-    try:
-        folds = walk_forward_folds(t0, t1s, skey, tc.folds, int(tc.embargo * t0.size))
-    except TrainDataError as e:
-        raise TrainDataError(e.problem, data.root) from None
-    for fold in folds:
-        data.set_label_mask(fold.keep)
-        _check_labels(data, fold)
+    skey, folds = _folds(data, tc)
     ceiling, ceiling_src = bl.generator_ceiling(data.manifest)
     skipped: dict[str, str] = {}
-    fold_info, runs = [], []
+    fold_info, runs, fold_recs = [], [], []
     pooled: dict[str, list] = {"rows": [], "y": [], "alphamodel": []}
-    fold_recs: list[dict] = []
     for fold in folds:
-        data.set_label_mask(fold.keep)
-        norm = data.fit_normaliser(fold.train, seed=tc.seed)
-        mc.n_features, mc.n_horizons = len(norm.names), H
-        log.info("fold %d: rows train %d, val %d, test %d; device %s", fold.index, fold.train.size,
-                 fold.val.size, fold.test.size, device)
-        fr = _fit_fold(data, fold, norm, mc, tc, device, progress)
-        rows, probs, y = score_rows(fr.model, data, fold.test, norm, tc, device)
-        bad = int((~np.isfinite(probs)).any(axis=1).sum())
-        if bad:
-            raise TrainingError(f"fold {fold.index}: the trained model's scores are not finite on {bad} of "
-                                f"{len(rows)} test rows (training diverged); no result is reported")
-        scores = {"alphamodel": probs.astype(np.float64), **_baseline_scores(data, fold, norm, rows, tc, skipped)}
-        fold_recs += _records(fold.index, rows, y, scores, skey, data.horizons, tc)
-        for k, v in (("rows", rows), ("y", y), ("fold", np.full(len(rows), fold.index)), *scores.items()):
-            pooled.setdefault(k, []).append(v)
-        blocks = {}
-        for name, r in (("train", fold.train), ("val", fold.val), ("test", fold.test)):
-            blocks[name] = block_stats(r, skey, data.gather(r, data.feature_names[:1])[1], data.horizons)
-        fold_info.append({"fold": fold.index, **blocks, **label_counts(data, fold.keep), "best_epoch": fr.best_epoch,
-                          "epochs_run": len(fr.history), "history": fr.history})
+        fr, norm, info = _train_fold(data, fold, mc, tc, device, progress, skey, skipped, pooled, fold_recs)
+        fold_info.append(info)
         runs.append((fr, norm))
-    rows, y = np.concatenate(pooled.pop("rows")), np.concatenate(pooled.pop("y"))
-    of_fold = np.concatenate(pooled.pop("fold"))
-    scores = {k: np.concatenate(v) for k, v in pooled.items() if len(v) == len(folds)}
-    lifts: dict[int, dict] = {}
-    evaluation = _records("all", rows, y, scores, skey, data.horizons, tc, lifts, of_fold) + fold_recs
-    for h in data.horizons:
-        if h in ceiling:
-            evaluation.append({"model": "ceiling", "fold": "all", "horizon": h, "auc": ceiling[h],
-                               "auc_ci_low": None, "auc_ci_high": None, "n": None, "base_rate": None,
-                               "bootstrap_unit": None, "source": ceiling_src})
-    warnings = []
-    if len(folds) < tc.folds:
-        warnings.append(f"folds: {tc.folds} asked, {len(folds)} made: {int(skey.max()) + 1 if skey.size else 0} "
-                        f"session(s) give at most that many walk-forward folds (folds + 2 blocks)")
-    for r in evaluation:
-        if r["model"] == "alphamodel" and r["auc"] is None:
-            warnings.append(f"fold {r['fold']} horizon {r['horizon']}: no AUC for the model "
-                            f"({r['n']} labels, base rate {r['base_rate']}): one class only or no label in the block")
-        elif r["model"] not in ("alphamodel", "ceiling") and r["fold"] == "all" and r["auc"] is None:
-            warnings.append(f"horizon {r['horizon']}: no AUC for the {r['model']} baseline: one class only in its "
-                            "training or test rows")
-    for name, why in skipped.items():
-        warnings.append(f"baseline {name} skipped: {why}")
-    unit = next((r["bootstrap_unit"] for r in evaluation if r.get("bootstrap_unit") not in (None, "session")), None)
-    if unit is not None:
-        warnings.append(f"the 95% intervals resample by {unit}: fewer than 20 test sessions, and rows within a "
-                        "session are dependent (overlapping label horizons, one market day), so the intervals "
-                        "are too narrow; 20+ test sessions give session-level intervals")
-    for f in fold_info:  # a horizon the training rows hold one class of: scores there learned nothing
-        for h in data.horizons:
-            n, pos = f["train"][f"labels_h{h}"], f["train"][f"positives_h{h}"]
-            if pos in (0, n):
-                warnings.append(f"fold {f['fold']} horizon {h}: the training rows hold "
-                                f"{'no' if n == 0 else 'one class of'} label ({n} labels, {pos} up): the model's and "
-                                "the MLP's scores there learned nothing from them")
+    y, evaluation, lifts = _pooled_evaluation(data, pooled, len(folds), skey, tc, fold_recs, ceiling, ceiling_src)
+    n_sessions = int(skey.max()) + 1 if skey.size else 0
+    warnings = warnings_of(evaluation, fold_info, data.horizons, tc, len(folds), n_sessions, skipped)
     for w in warnings:  # in the summary (the CLI prints them once); logged for API callers at info
         log.info("%s", w)
-
-    per_h = []
-    for j, h in enumerate(data.horizons):
-        row = {"horizon": h, "n_test": int((~np.isnan(y[:, j])).sum()), "base_rate_test": _nan_none(base_rate(y[:, j])),
-               "base_rate_train": fold_info[-1]["train"][f"positives_h{h}"]
-               / max(1, fold_info[-1]["train"][f"labels_h{h}"])}
-        for r in evaluation:
-            if r["fold"] == "all" and r["horizon"] == h:
-                key = "model" if r["model"] == "alphamodel" else r["model"]
-                row[f"auc_{key}"] = r["auc"]
-                row[f"auc_{key}_ci"] = [r["auc_ci_low"], r["auc_ci_high"]]
-        row.update(lifts.get(h, {"best_baseline": None, "lift": None, "lift_ci_low": None, "lift_ci_high": None}))
-        per_h.append(row)
-
+    per_h = per_horizon(evaluation, y, data.horizons, fold_info[-1], lifts)
     fr, norm = runs[-1]
     meta = {
         "model": dataclasses.asdict(mc), "train": dataclasses.asdict(tc),
@@ -512,16 +381,96 @@ def train(
     }
     with staged_outputs(out) as st:
         save_model(st.dir, fr.model, norm, meta)
-        plots = _plots(st.dir, fr.history, data.horizons)
+        names = plots(st.dir, fr.history, data.horizons)
         summary = {
             "cache": str(Path(cache).resolve()), "out": str(out.resolve()), "device": str(device),
             "seconds": time.perf_counter() - t_start, "parameters": fr.n_params, "context": tc.context,
             "rows": {"total": data.n_rows, "sessions": int(np.unique(skey).size),
-                     "test_pooled": int(rows.size)},
+                     "test_pooled": sum(len(r) for r in pooled["rows"])},
             "folds": fold_info, "best_epoch": fr.best_epoch, "epochs_run": len(fr.history),
             "horizons": per_h, "evaluation": evaluation, "warnings": warnings, "baselines_skipped": skipped,
-            "ceiling_source": ceiling_src, "history": fr.history, "plots": plots,
+            "ceiling_source": ceiling_src, "history": fr.history, "plots": names,
             "config": {"model": meta["model"], "train": meta["train"]}, "replaced": st.replacing("summary.json"),
         }
         (st.dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _device(tc: TrainConfig, mc: ModelConfig) -> torch.device:
+    """Where the run trains (UsageError when the model cannot run there), with torch's threads set."""
+    device = resolve_device(tc.device)
+    check_device(mc, device)
+    if device.type == "cpu":
+        # small models are bound by per-op overhead: one thread is as fast and is not slowed
+        # down by OpenMP spinning on a busy machine; it also makes runs repeatable.
+        torch.set_num_threads(tc.threads or 1)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+    return device
+
+
+def _folds(data: CacheData, tc: TrainConfig) -> tuple[np.ndarray, list[Fold]]:
+    """The session key of every row (int64, sessions in order) and the walk-forward folds; one
+    line, before any training, when a fold's training block has no label."""
+    t0, t1s = data.spans()
+    sessions = np.concatenate([np.full(s.n, s.session or f"segment {k}", dtype=object)
+                               for k, s in enumerate(data.segments)])
+    skey = np.unique(sessions, return_inverse=True)[1].astype(np.int64)
+    try:
+        folds = walk_forward_folds(t0, t1s, skey, tc.folds, int(tc.embargo * t0.size))
+    except TrainDataError as e:
+        raise TrainDataError(e.problem, data.root) from None
+    for fold in folds:
+        data.set_label_mask(fold.keep)
+        _check_labels(data, fold)
+    return skey, folds
+
+
+def _train_fold(data: CacheData, fold: Fold, mc: ModelConfig, tc: TrainConfig, device: torch.device, progress: bool,
+                skey: np.ndarray, skipped: dict, pooled: dict, fold_recs: list) -> tuple[_FoldRun, Normaliser, dict]:
+    """Train ``fold``'s model, score it and the baselines on its test block: its evaluation records
+    go to ``fold_recs``, its test rows, labels and scores to ``pooled``; returns the run, the
+    normaliser and the fold's summary record."""
+    data.set_label_mask(fold.keep)
+    norm = data.fit_normaliser(fold.train, seed=tc.seed)
+    mc.n_features, mc.n_horizons = len(norm.names), len(data.horizons)
+    log.info("fold %d: rows train %d, val %d, test %d; device %s", fold.index, fold.train.size,
+             fold.val.size, fold.test.size, device)
+    fr = _fit_fold(data, fold, norm, mc, tc, device, progress)
+    rows, probs, y = score_rows(fr.model, data, fold.test, norm, tc, device)
+    bad = int((~np.isfinite(probs)).any(axis=1).sum())
+    if bad:
+        raise TrainingError(f"fold {fold.index}: the trained model's scores are not finite on {bad} of "
+                            f"{len(rows)} test rows (training diverged); no result is reported")
+    scores = {"alphamodel": probs.astype(np.float64), **_baseline_scores(data, fold, norm, rows, tc, skipped)}
+    fold_recs += records(fold.index, rows, y, scores, skey, data.horizons, tc)
+    for k, v in (("rows", rows), ("y", y), ("fold", np.full(len(rows), fold.index)), *scores.items()):
+        pooled.setdefault(k, []).append(v)
+    blocks = {}
+    for name, r in (("train", fold.train), ("val", fold.val), ("test", fold.test)):
+        blocks[name] = block_stats(r, skey, data.gather(r, data.feature_names[:1])[1], data.horizons)
+    info = {"fold": fold.index, **blocks, **label_counts(data, fold.keep), "best_epoch": fr.best_epoch,
+            "epochs_run": len(fr.history), "history": fr.history}
+    return fr, norm, info
+
+
+def _pooled_evaluation(data: CacheData, pooled: dict, n_folds: int, skey: np.ndarray, tc: TrainConfig,
+                       fold_recs: list[dict], ceiling: dict, ceiling_src: str | None
+                       ) -> tuple[np.ndarray, list[dict], dict[int, dict]]:
+    """The pooled test labels (M, H), every evaluation record (pooled first, then per fold, then the
+    generator's ceiling) and the lift per horizon."""
+    rows, y = np.concatenate(pooled["rows"]), np.concatenate(pooled["y"])
+    of_fold = np.concatenate(pooled["fold"])
+    scores = {k: np.concatenate(v) for k, v in pooled.items()
+              if k not in ("rows", "y", "fold") and len(v) == n_folds}
+    lifts: dict[int, dict] = {}
+    evaluation = records("all", rows, y, scores, skey, data.horizons, tc, lifts, of_fold) + fold_recs
+    for h in data.horizons:
+        if h in ceiling:
+            evaluation.append({"model": "ceiling", "fold": "all", "horizon": h, "auc": ceiling[h],
+                               "auc_ci_low": None, "auc_ci_high": None, "n": None, "base_rate": None,
+                               "bootstrap_unit": None, "source": ceiling_src})
+    return y, evaluation, lifts
