@@ -5,7 +5,7 @@ values laid over the file's.
 Each config checks itself (``checked()``, ``from_dict()``, by :mod:`alphamodel.rules`): this
 module only reads files and names them in errors. :func:`check_config` and :func:`from_dict`
 are the same checks for any of the four configs (:class:`~alphamodel.nn.model.ModelConfig`,
-:class:`~alphamodel.supervised.config.TrainConfig`, :class:`~alphamodel.rl.c51.C51Config`,
+:class:`~alphamodel.supervised.config.TrainConfig`, :class:`~alphamodel.rl.config.C51Config`,
 :class:`~alphamodel.backtest.config.BacktestConfig`). The top layer of alphamodel: nothing in
 the package imports it.
 """

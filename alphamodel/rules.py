@@ -2,7 +2,7 @@
 ``validate_*`` of :mod:`alphafeat.validation` or :mod:`alphamodel.enums`.
 
 Each config (:class:`~alphamodel.nn.model.ModelConfig`,
-:class:`~alphamodel.supervised.config.TrainConfig`, :class:`~alphamodel.rl.c51.C51Config`,
+:class:`~alphamodel.supervised.config.TrainConfig`, :class:`~alphamodel.rl.config.C51Config`,
 :class:`~alphamodel.backtest.config.BacktestConfig`) holds its own table of rules and calls
 :func:`check_fields` in its ``checked()`` and :func:`build` in its ``from_dict()``, so a bad
 value is one line naming the key, the value and what is allowed, before anything is read or

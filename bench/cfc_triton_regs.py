@@ -71,8 +71,8 @@ def main() -> None:
     rows = []
     for text in args.launches.split(","):
         launch = tuple(int(v) for v in text.split("x"))
-        for name, fn, types, extra in (("forward", cfc_triton._fwd_kernel, FWD, {"SAVE": True}),
-                                       ("backward", cfc_triton._bwd_kernel, BWD, {"NEED_DDT": False})):
+        for name, fn, types, extra in (("forward", cfc_triton.fwd_kernel, FWD, {"SAVE": True}),
+                                       ("backward", cfc_triton.bwd_kernel, BWD, {"NEED_DDT": False})):
             r = compile_one(fn, types, {**consts, **extra}, args.dtype, args.arch, launch)
             rows.append({"kernel": name, "launch": text, **r})
     print(f"CfC Triton kernels for sm_{args.arch}, n={args.n}, bb={args.bb}, {args.dtype} "

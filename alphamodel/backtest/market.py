@@ -109,7 +109,7 @@ class Rows:
 
 def column(data: CacheData, k: int, name: str) -> np.ndarray | None:
     """Column ``name`` of segment ``k`` as float64 (T_k,), or None when the partition lacks it."""
-    table = data.segments[k]._keep
+    table = data.segments[k].table
     if name not in table.column_names:
         return None
     return table.column(name).to_numpy().astype(np.float64)
@@ -130,7 +130,7 @@ def load_market(data: CacheData, cfg: BacktestConfig, device: torch.device) -> t
     need = ("bid_px_00", "ask_px_00")
     bids, asks = [], []
     for k, seg in enumerate(data.segments):
-        cols = seg._keep.column_names
+        cols = seg.table.column_names
         missing = [c for c in need if c not in cols]
         if missing:
             raise CacheError(seg.path, f"missing column(s) {', '.join(missing)} (the top of book the backtest "
@@ -142,7 +142,7 @@ def load_market(data: CacheData, cfg: BacktestConfig, device: torch.device) -> t
     if tick_value is None:
         raise DataError(f"no tick value known for root {root!r}; set tick_value in the config", data.root)
     market = market_from_arrays(bids, asks, data.tick, tick_value, device, [s.path for s in data.segments])
-    cols0 = data.segments[0]._keep.column_names
+    cols0 = data.segments[0].table.column_names
     rv_name = next((c for c in ("realized_vol_60s", "realized_vol_10s", "realized_vol_600s") if c in cols0),
                    next((c for c in cols0 if c.startswith("realized_vol_")), None))
     if cfg.kelly and rv_name is None:
@@ -178,7 +178,7 @@ def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:
     found, missing, other = [], [], []
     for k, seg in enumerate(data.segments):
         try:
-            meta = json.loads((seg._keep.schema.metadata or {})[META_KEY])
+            meta = json.loads((seg.table.schema.metadata or {})[META_KEY])
         except (KeyError, ValueError, AttributeError):
             meta = {}
         folders = sorted({str(Path(e["path"]).parent) for e in meta.get("sources", []) if "path" in e})

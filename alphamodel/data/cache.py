@@ -67,7 +67,8 @@ class Segment:
     Attributes: ``path``; ``session`` (YYYY-MM-DD); ``n`` rows; ``ts`` int64 ns (n,);
     ``cols`` name -> zero-copy numpy column (n,); ``labels`` list of float32 (n,) per
     horizon; ``t1`` list of int64 ns (n,) per horizon (the end time of each label; ``ts`` itself
-    where the label runs past the segment end); ``dt`` float32 seconds (n,).
+    where the label runs past the segment end); ``dt`` float32 seconds (n,); ``table`` the
+    pyarrow table of the file (all its columns; it owns the mapped buffers).
     """
 
     path: Path
@@ -78,7 +79,7 @@ class Segment:
     labels: list[np.ndarray]
     t1: list[np.ndarray]
     dt: np.ndarray
-    _keep: object = None  # the pyarrow table that owns the mapped buffers
+    table: pa.Table | None = None
 
 
 @dataclass

@@ -40,7 +40,7 @@ import triton.language as tl
 from alphamodel.errors import UsageError
 from alphamodel.ops.triton.checks import dot_precision, on_device
 
-__all__ = ["cfc_scan", "cfc_scan_bwd", "check_device", "interpreted", "scan"]
+__all__ = ["bwd_kernel", "cfc_scan", "cfc_scan_bwd", "check_device", "fwd_kernel", "interpreted", "scan"]
 
 
 @triton.jit
@@ -86,9 +86,9 @@ def _gates(f, g, h, dtt, it):
 
 
 @triton.jit
-def _fwd_kernel(uw_ptr, dt_ptr, keep_ptr, x0_ptr, wx_ptr, wfgh_ptr, bfgh_ptr, it_ptr, y_ptr, z_ptr, fgh_ptr, B, T,
-                N: tl.constexpr, BB: tl.constexpr, BLOCK_B: tl.constexpr, PREC: tl.constexpr,
-                SAVE: tl.constexpr):
+def fwd_kernel(uw_ptr, dt_ptr, keep_ptr, x0_ptr, wx_ptr, wfgh_ptr, bfgh_ptr, it_ptr, y_ptr, z_ptr, fgh_ptr, B, T,
+               N: tl.constexpr, BB: tl.constexpr, BLOCK_B: tl.constexpr, PREC: tl.constexpr,
+               SAVE: tl.constexpr):
     """States y (B, T, N) float32 of the rows ``[pid * BLOCK_B, ...)``, and with SAVE what the
     backward reads: z (B, T, BB) and [f|g|h] (B, T, 3N) in the weights' dtype. Contiguous tensors."""
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -120,10 +120,10 @@ def _fwd_kernel(uw_ptr, dt_ptr, keep_ptr, x0_ptr, wx_ptr, wfgh_ptr, bfgh_ptr, it
 
 
 @triton.jit
-def _bwd_kernel(gy_ptr, z_ptr, fgh_ptr, dt_ptr, keep_ptr, wx_ptr, wfgh_ptr, it_ptr,
-                da_ptr, dfgh_ptr, dx0_ptr, dtau_ptr, ddt_ptr, B, T,
-                N: tl.constexpr, BB: tl.constexpr, BLOCK_B: tl.constexpr, PREC: tl.constexpr,
-                NEED_DDT: tl.constexpr):
+def bwd_kernel(gy_ptr, z_ptr, fgh_ptr, dt_ptr, keep_ptr, wx_ptr, wfgh_ptr, it_ptr,
+               da_ptr, dfgh_ptr, dx0_ptr, dtau_ptr, ddt_ptr, B, T,
+               N: tl.constexpr, BB: tl.constexpr, BLOCK_B: tl.constexpr, PREC: tl.constexpr,
+               NEED_DDT: tl.constexpr):
     """The chain of the scan's backward for the rows ``[pid * BLOCK_B, ...)``, t = T-1 .. 0,
     from the forward's z and [f|g|h] (no recomputation: two weight products per step).
 
@@ -172,7 +172,7 @@ def _bwd_kernel(gy_ptr, z_ptr, fgh_ptr, dt_ptr, keep_ptr, wx_ptr, wfgh_ptr, it_p
     tl.store(dtau_ptr + pid * N + cn, tl.sum(dtau, axis=0))
 
 
-_INTERPRETED = not isinstance(_fwd_kernel, triton.runtime.JITFunction)  # fixed at import
+_INTERPRETED = not isinstance(fwd_kernel, triton.runtime.JITFunction)  # fixed at import
 
 
 def interpreted() -> bool:
@@ -205,7 +205,7 @@ def cfc_scan(uw: torch.Tensor, dt: torch.Tensor, keep: torch.Tensor, x0: torch.T
     n = x0.shape[1]
     y, z, fgh = _fwd_empty(uw, n, save)
     with on_device(uw):
-        _fwd_kernel[(_programs(b, block_b),)](
+        fwd_kernel[(_programs(b, block_b),)](
             uw.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8), x0.contiguous(),
             w_x.contiguous(), w_fgh.contiguous(), b_fgh.contiguous(), inv_tau.contiguous(), y, z, fgh, b, t,
             N=n, BB=bb, BLOCK_B=block_b, PREC=dot_precision(w_x), SAVE=save, num_warps=num_warps,
@@ -241,7 +241,7 @@ def cfc_scan_bwd(gy: torch.Tensor, z: torch.Tensor, fgh: torch.Tensor, dt: torch
     n = w_x.shape[1]
     da, dfgh, dx0, parts, ddt = _bwd_empty(z, n, block_b, need_ddt)
     with on_device(z):
-        _bwd_kernel[(_programs(b, block_b),)](
+        bwd_kernel[(_programs(b, block_b),)](
             gy.contiguous(), z.contiguous(), fgh.contiguous(), dt.contiguous(), keep.contiguous().view(torch.uint8),
             w_x.contiguous(), w_fgh.contiguous(), inv_tau.contiguous(), da, dfgh, dx0, parts, ddt, b, t,
             N=n, BB=bb, BLOCK_B=block_b, PREC=dot_precision(w_x), NEED_DDT=need_ddt, num_warps=num_warps,
