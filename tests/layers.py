@@ -1,6 +1,8 @@
 """Import contracts, checked on grimp's import graph (``grimp.build_graph``): no import cycles
-inside a package, at the level of its modules and at the level of each package's children, and
-layers that import downward only.
+inside a package, at the level of its modules and at the level of each package's children
+(:func:`cycles`), and layers that import downward only (:func:`layer_violations`); and, on the
+source, no import of another module's private names (:func:`private_imports`) and no long
+function or file (:func:`long_code`).
 
 Used by ``tests/test_layers.py``; to hold another package to its layers, add its table (like
 :data:`ALPHAMODEL_LAYERS`) and a test that calls :func:`cycles` and :func:`layer_violations`.
@@ -118,4 +120,45 @@ def layer_violations(graph: grimp.ImportGraph, package: str, layers: Sequence[Se
             if ki is not None and ki > k:
                 lines = sorted(d["line_number"] for d in graph.get_import_details(importer=m, imported=i))
                 out.append(f"{m} (line {', '.join(map(str, lines))}) imports {i}, of a later layer")
+    return out
+
+
+def private_imports(package: str) -> list[str]:
+    """Each ``from M import _name`` in the modules of ``package`` (importable from ``sys.path``)
+    that takes a private name of another module, as ``"file:line imports M._name"``; none: ``[]``.
+    (An ``import M`` followed by ``M._name`` is not seen.)"""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(package)
+    root = Path(next(iter(spec.submodule_search_locations))) if spec.submodule_search_locations else None
+    files = sorted(root.rglob("*.py")) if root else [Path(spec.origin)]
+    out = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                out += [f"{f}:{node.lineno} imports {node.module or '.'}.{a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def long_code(package: str, max_function: int = 80, max_file: int = 800) -> list[str]:
+    """Each function of ``package`` longer than ``max_function`` lines (its decorators and docstring
+    included) and each file longer than ``max_file`` lines, as ``"file:line name N lines"``."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(package)
+    out = []
+    for f in sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.py")):
+        text = f.read_text()
+        if len(text.splitlines()) > max_file:
+            out.append(f"{f}:1 file {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text, str(f))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if node.end_lineno - start + 1 > max_function:
+                    out.append(f"{f}:{start} {node.name} {node.end_lineno - start + 1} lines")
     return out

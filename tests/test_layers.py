@@ -1,10 +1,11 @@
 """Import contracts (issue 38): alphamodel has no import cycle, its layers import downward only,
-alphafeat never imports alphamodel; and the checker finds a cycle and an upward import that are
-planted in a package made for the test."""
+it imports no other module's private names and has no function over 80 lines, alphafeat never
+imports alphamodel; and the checkers find a cycle, an upward import and a private import planted
+in packages made for the test."""
 
 from __future__ import annotations
 
-from layers import ALPHAMODEL_LAYERS, cycles, import_graph, layer_violations
+from layers import ALPHAMODEL_LAYERS, cycles, import_graph, layer_violations, long_code, private_imports
 
 
 def test_alphamodel_has_no_import_cycle():
@@ -51,3 +52,18 @@ def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path, monkey
     graph = import_graph("planted")
     assert cycles(graph, "planted") == []
     assert layer_violations(graph, "planted", (("planted.low", "planted.free"), ("planted.high",))) == []
+
+
+def test_alphamodel_imports_no_private_name_of_another_module():
+    assert private_imports("alphamodel") == []
+
+
+def test_the_private_import_check_finds_one(tmp_path, monkeypatch):
+    _package(tmp_path, {"priv/__init__.py": "", "priv/a.py": "_hidden = 1\n",
+                        "priv/b.py": "from priv.a import _hidden\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [s.split("priv/", 1)[1] for s in private_imports("priv")] == ["b.py:1 imports priv.a._hidden"]
+
+
+def test_alphamodel_has_no_function_over_80_lines_and_no_file_over_800():
+    assert long_code("alphamodel") == []
