@@ -1,6 +1,6 @@
 """Plan: one cheap pass over the inputs that gives the front-month schedule and the segments.
 
-A *segment* is the unit of work, memory and resumption of :func:`alphafeat.pipeline.precompute`:
+A *segment* is the unit of work, memory and resumption of :func:`alphafeat.precompute.precompute`:
 one CME Globex trade session x one chosen instrument x the files that hold its records. The
 plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
 

@@ -17,10 +17,10 @@ from test_dbn import _mbp10, _metadata
 
 from alphafeat import book as bk
 from alphafeat import plan as plan_mod
-from alphafeat import segment
 from alphafeat.errors import InputError
 from alphafeat.instruments import InstrumentMode
 from alphafeat.plan import make_plan
+from alphafeat.precompute import books as segment
 from cli.alphafeat import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -163,7 +163,7 @@ def test_kept_plan_unreadable_or_of_other_code_is_planned_again(tmp_path: Path, 
     monkeypatch.setattr(plan_mod, "PLAN_VERSION", plan_mod.PLAN_VERSION + 1)
     assert plan_mod.plan_key([p], ["all"]) != key
     monkeypatch.setattr(plan_mod, "PLAN_VERSION", plan_mod.PLAN_VERSION - 1)
-    monkeypatch.setattr(plan_mod, "_PLAN_CODE", (*plan_mod._PLAN_CODE, "segment.py"))  # the code hashed
+    monkeypatch.setattr(plan_mod, "_PLAN_CODE", (*plan_mod._PLAN_CODE, "bars.py"))  # the code hashed
     assert plan_mod.plan_key([p], ["all"]) != key
 
 
