@@ -4,7 +4,7 @@ In the style of ``databento.common.validation``: each function takes the value (
 gives it, a string, or as the Python API does, a typed value) and the option's name, and
 returns the typed value or raises :class:`~alphafeat.errors.UsageError` whose one line names
 the option, the value and what is allowed. The CLI (as argparse ``type=``, through
-:func:`cli.option`), the Python API (:func:`alphafeat.pipeline.make_job`,
+:func:`cli.option`), the Python API (:func:`alphafeat.precompute.job.make_job`,
 :func:`alphafeat.plan.make_plan`, :func:`alphafeat.synth.generate`) and alphamodel's config
 loading (:mod:`alphamodel.config`) call the same functions; alphamodel's own enums are in
 :mod:`alphamodel.enums`.

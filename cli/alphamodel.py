@@ -32,7 +32,7 @@ from cli import Parser, add_command, console, option, run, stdout_console, verbo
 
 def _default_cache(out: Path, quiet: bool) -> Path:
     from alphafeat.cache import is_cache, read_manifest
-    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
+    from alphafeat.precompute import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
 
     cache = out / "cache"
     if is_cache(cache):
@@ -148,8 +148,8 @@ def _backtest(args: argparse.Namespace) -> int:
     cfg = read_backtest_config(args.config, opts)  # ConfigError names the file and the key
     out = args.out
     if not args.cache and cfg.folds:  # refused before the embedded sample's cache is built
-        from alphafeat.pipeline import DEFAULT_DATA_DIR
         from alphafeat.plan import make_plan
+        from alphafeat.precompute import DEFAULT_DATA_DIR
         from alphamodel.backtest.walkforward import check_fold_count
 
         if DEFAULT_DATA_DIR.is_dir():

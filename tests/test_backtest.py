@@ -330,7 +330,7 @@ def test_given_model_note_names_the_folds_it_saw():
 
 # ---- the CLI end to end on the embedded default sample ----------------------------------------------
 def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
-    from alphafeat.pipeline import DEFAULT_DATA_DIR
+    from alphafeat.precompute import DEFAULT_DATA_DIR
 
     if not any(DEFAULT_DATA_DIR.glob("*.dbn.zst")):
         pytest.skip("the embedded default sample (data/) is absent")
@@ -451,7 +451,7 @@ def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
     import datetime
 
     from alphafeat import synth
-    from alphafeat.pipeline import PrecomputeConfig, precompute
+    from alphafeat.precompute import PrecomputeConfig, precompute
     from alphafeat.synth.planted import planted_path, read_planted
     from alphamodel.backtest.market import column, planted_rows
     from alphamodel.data.cache import CacheData
