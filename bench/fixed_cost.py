@@ -4,7 +4,7 @@ Each figure is the wall time of a fresh process (median, min and max of ``--repe
 interleaved), with Python writing bytecode as by default (``PYTHONDONTWRITEBYTECODE`` removed):
 
 * ``python``: the interpreter alone (``python -c pass``);
-* ``import``: ``import alphafeat.cli, alphafeat.pipeline`` (what a segment worker imports too);
+* ``import``: ``import alphafeat.cli, alphafeat.precompute`` (what a segment worker imports too);
 * ``cold``: ``alphafeat precompute -q --input INPUT`` into a fresh folder (nothing kept): on
   the embedded sample (3 sessions, 29 k rows) nearly all of it is fixed cost;
 * ``same``: a rerun with nothing changed (every partition current);
@@ -56,6 +56,12 @@ def command_module(root: Path) -> str:
     return "cli.alphafeat" if (root / "cli" / "alphafeat.py").is_file() else "alphafeat.cli"
 
 
+def pipeline_module(root: Path) -> str:
+    """The module of the main job in the checkout ``root``: ``alphafeat.precompute``, or
+    ``alphafeat.pipeline`` in a checkout from before it became a package."""
+    return "alphafeat.pipeline" if (root / "alphafeat" / "pipeline.py").is_file() else "alphafeat.precompute"
+
+
 def cases(inp: Path, jobs: int, scratch: Path) -> dict[str, object]:
     """Case name -> a function of (root, run index) giving the command to time."""
     py = sys.executable
@@ -71,7 +77,7 @@ def cases(inp: Path, jobs: int, scratch: Path) -> dict[str, object]:
 
     got = {
         "python": lambda root, i: [py, "-c", "pass"],
-        "import": lambda root, i: [py, "-c", f"import {command_module(root)}, alphafeat.pipeline"],
+        "import": lambda root, i: [py, "-c", f"import {command_module(root)}, {pipeline_module(root)}"],
         "cold": precompute("cold"),
         "same": precompute("same", fresh=False),
     }

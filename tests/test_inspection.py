@@ -9,7 +9,7 @@ from conftest import ESU4_MBP1, ESU4_TRADES, need
 
 from alphafeat.cli import main
 from alphafeat.inspection import inspect_cache
-from alphafeat.pipeline import PrecomputeConfig, precompute
+from alphafeat.precompute import PrecomputeConfig, precompute
 
 
 @pytest.fixture(scope="module")
