@@ -53,11 +53,6 @@ def _enum(enum: type) -> dict:
     return {"type": option(val.validate_enum, enum=enum), "metavar": "{" + ",".join(enum) + "}"}
 
 
-def _sample(text: str, option: str) -> str:
-    """``--sample`` checked by val.validate_sample, kept as its text (the manifest records it)."""
-    return str(val.validate_sample(text, option))
-
-
 def _count(lo: int, what: str = "a whole number", hi: int | None = None) -> object:
     return option(val.validate_int, lo=lo, hi=hi, what=what)
 
@@ -66,8 +61,8 @@ def _inputs(args: argparse.Namespace) -> list[Path]:
     """``--input`` paths, or the embedded default sample (precompute and roll-schedule alike)."""
     from alphafeat.precompute import DEFAULT_DATA_DIR
 
-    if args.input:
-        return list(args.input)
+    if args.inputs:
+        return list(args.inputs)
     if not DEFAULT_DATA_DIR.is_dir():
         raise InputError(DEFAULT_DATA_DIR, "the embedded default sample is missing; pass --input PATH "
                          "(or run `alphafeat synth --default` in a source checkout)")  # fmt: skip
@@ -75,18 +70,11 @@ def _inputs(args: argparse.Namespace) -> list[Path]:
 
 
 def _precompute(args: argparse.Namespace) -> int:
+    from alphafeat.options import from_args
     from alphafeat.precompute import PrecomputeConfig, precompute
     from alphafeat.precompute.job import make_job
 
-    cfg = PrecomputeConfig(
-        inputs=_inputs(args), out=args.out, instrument_mode=args.instrument_mode, root=args.root, device=args.device,
-        sample=args.sample, feature_set=args.features, dtype=args.dtype, compression=args.compression,
-        scheduler=args.scheduler, dask_local=args.dask_local, keep_books=args.predecoded, roll_rule=args.roll_rule,
-        roll_days=args.roll_days, on_error=args.on_error, rebuild_predecoded=args.rebuild_predecoded, jobs=args.jobs,
-        prune=args.prune,
-    )  # fmt: skip
-    if args.horizons is not None:
-        cfg.horizons = args.horizons
+    cfg = from_args(PrecomputeConfig, args, inputs=_inputs(args))
     make_job(cfg, "cpu")  # every option checked before the progress bar starts: a bad one is one line
     workers = nullcontext()  # --jobs 1 starts none (and so does not import joblib: ~0.09 s)
     if cfg.jobs != 1:  # joblib's (loky) workers of the plan and the map: the BLAS probe skipped, ended with us
@@ -284,20 +272,8 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_options(p: argparse.ArgumentParser) -> None:
-    """Options of the DBN reading stage, shared by precompute and roll-schedule."""
-    p.add_argument("--roll-rule", default=val.RollRule.VOLUME, **_enum(val.RollRule),
-                   help="front month: most volume in the previous session (default), or calendar")
-    p.add_argument("--roll-days", type=_count(0, "a number of days"), default=8,
-                   help="calendar rule: roll this many days before expiration (default: 8)")
-    p.add_argument("--on-error", default=val.OnError.RAISE, **_enum(val.OnError),
-                   help="a bad input file stops the run (raise, default) or is skipped with a warning")
-    p.add_argument("--rebuild-predecoded", action="store_true",
-                   help="clear the predecoded folder (<out parent>/.predecoded: kept books and plan scans) first")
-    p.add_argument("--jobs", type=_JOBS, default=1,
-                   help="worker processes: plan scans and session segments in parallel (-1: all the cores it may "
-                        "use; default 1; each starts in ~1 s, so worth it for several full sessions, not a small "
-                        "sample)")
+#: PrecomputeConfig's options of the DBN reading stage: precompute's and roll-schedule's.
+READ_OPTIONS = ("roll_rule", "roll_days", "on_error", "rebuild_predecoded", "jobs")
 
 
 def _roll_schedule(args: argparse.Namespace) -> int:
@@ -352,8 +328,29 @@ def _features(args: argparse.Namespace) -> int:
     return 0
 
 
+def _precompute_options(p: argparse.ArgumentParser) -> None:
+    """precompute's options: PrecomputeConfig's, each declared once on its field."""
+    from alphafeat.options import add_options
+    from alphafeat.precompute.config import PrecomputeConfig
+
+    add_options(p, PrecomputeConfig)
+
+
+def _roll_schedule_options(r: argparse.ArgumentParser) -> None:
+    """roll-schedule's options: PrecomputeConfig's of the reading stage, and where plan scans are kept."""
+    from alphafeat.options import add_options
+    from alphafeat.precompute.config import PrecomputeConfig
+
+    add_options(r, PrecomputeConfig, only=("inputs", "root"))
+    r.add_argument("--out", default=None, type=_PATH,
+                   help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")
+    add_options(r, PrecomputeConfig, only=READ_OPTIONS)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``alphafeat`` argument parser; option values are checked by :mod:`alphafeat.validation`."""
+    """The ``alphafeat`` argument parser; option values are checked by :mod:`alphafeat.validation`,
+    precompute's and roll-schedule's as the fields of
+    :class:`~alphafeat.precompute.config.PrecomputeConfig` declare them (:mod:`alphafeat.options`)."""
     ap = Parser(prog="alphafeat", description="The data-engineering command line (the main job: alphafeat "
                 "precompute).")
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging; tracebacks of errors")
@@ -361,53 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
     common = [verbose_parent("debug logging; tracebacks of errors")]
 
     p = add_command(sub, "precompute", "DBN files -> features and labels -> Arrow cache (the main job)",
-                    parents=common)
-    p.add_argument("--instrument-mode", default="front-month", type=option(val.validate_instrument_mode),
-                   help="all | id=N | front-month (default: front-month)")
-    p.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
-                   help="DBN files or directories (default: the embedded sample in data/)")
-    p.add_argument("--out", default="cache", type=_PATH, help="cache directory (default: ./cache)")
-    p.add_argument("--device", default=val.Device.AUTO, **_enum(val.Device),
-                   help="where features are computed; auto: the CPU, whose streamed path keeps memory bounded "
-                        "(the GPU path holds whole books and is slower with many workers: README)")
-    p.add_argument("--root", default="ES", type=option(val.validate_root),
-                   help="product root for front-month (default: ES)")
-    p.add_argument("--horizons", default=None, type=option(val.validate_horizons),
-                   help="label horizons in snapshots, comma-separated (default: 30,100,300,1000,6000)")
-    p.add_argument("--sample", default="snapshot", type=option(_sample),
-                   help="snapshot (a row per book snapshot, default) or volume:V (a row per V-contract volume bar)")
-    p.add_argument("--features", default="default",
-                   help="features stored: names and groups, comma-separated (default: a documented subset with "
-                        "the top of book; 'all': every feature and book level; 'default,book': all book levels; "
-                        "groups: ofi, depth, ema, flow, vol, price)")
-    p.add_argument("--dtype", default=val.Dtype.FLOAT32, **_enum(val.Dtype),
-                   help="storage of feature columns (computed in float64; prices stay float64; default float32)")
-    p.add_argument("--compression", default=val.Compression.NONE, **_enum(val.Compression),
-                   help="Arrow IPC buffer compression (default none: memory-mappable)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS", type=option(val.validate_scheduler),
-                   help="run segments on a Dask distributed cluster (inputs and --out on a shared filesystem)")
-    p.add_argument("--dask-local", type=_count(0, "a number of Dask workers (0: no Dask)"), default=0, metavar="N",
-                   help="run segments on a Dask LocalCluster of N worker processes")
-    p.add_argument("--predecoded", default=val.Predecoded.AUTO, **_enum(val.Predecoded),
-                   help="keep each segment's book in <out parent>/.predecoded so a rerun with other features, "
-                        "horizons or options skips decode and book (~360 bytes a row of disk): auto (default) "
-                        "for books rebuilt from MBO, keep for all, none")
-    p.add_argument("--prune", action="store_true",
-                   help="delete the cache's partitions of sessions not in this run (default: keep them, listed in "
-                        "the manifest as earlier_partitions)")
+                    parents=common, options=_precompute_options)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _read_options(p)  # --roll-rule, --roll-days, --on-error, --rebuild-predecoded, --jobs
     p.set_defaults(func=_precompute, prog=p.prog)
 
     r = add_command(sub, "roll-schedule", "print the front-month contract chosen per CME Globex session",
-                    parents=common)
-    r.add_argument("--input", nargs="+", action="extend", metavar="PATH", type=_PATH,
-                   help="DBN files or directories (book data; trades and definitions optional; default: the "
-                        "embedded sample in data/, as precompute)")
-    r.add_argument("--root", default="ES", type=option(val.validate_root), help="product root (default: ES)")
-    r.add_argument("--out", default=None, type=_PATH,
-                   help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")
-    _read_options(r)
+                    parents=common, options=_roll_schedule_options)
     r.set_defaults(func=_roll_schedule, prog=r.prog)
 
     s = add_command(sub, "synth", "synthetic ES DBN v3 files (the embedded default sample, test data, "

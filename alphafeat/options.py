@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write is None:
         sys.stdout.write(text)
     else:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(text)
     return 0
 

@@ -154,3 +154,16 @@ def test_the_programs_help_imports_no_numba() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     assert out.stdout.split() == ["False"]
+
+
+def test_docs_cli_md_is_what_the_parsers_say() -> None:
+    """docs/cli.md is generated from both command lines' parsers; a changed option or help fails
+    here until it is regenerated."""
+    from alphafeat.cli import build_parser as alphafeat_parser
+    from alphamodel.cli import build_parser as alphamodel_parser
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+    want = render_cli_md([alphafeat_parser(), alphamodel_parser()])
+    if not path.is_file() or path.read_text() != want:
+        pytest.fail("docs/cli.md differs from what the parsers say: regenerate it with "
+                    "`python -m alphafeat.options --write docs/cli.md`", pytrace=False)  # fmt: skip

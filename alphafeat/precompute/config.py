@@ -10,11 +10,14 @@ import dataclasses
 import importlib.util
 import os
 from dataclasses import dataclass, field
+from enum import Enum
+from functools import partial
 from pathlib import Path
 
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features import FeatureParams, cuda_available
 from alphafeat.labels import DEFAULT_HORIZONS
+from alphafeat.options import as_text, check_fields, opt, optional
 from alphafeat.validation import (
     Compression,
     Device,
@@ -51,6 +54,10 @@ def default_predecoded_dir(out: str | os.PathLike[str]) -> Path:
 @dataclass
 class PrecomputeConfig:
     """Parameters of one ``precompute`` run.
+
+    Each option is declared once, on its field (:func:`alphafeat.options.opt`): its check, its
+    flag and its ``--help`` text, from which ``alphafeat precompute``'s parser is built and
+    ``docs/cli.md`` generated.
 
     Attributes
     ----------
@@ -128,30 +135,59 @@ class PrecomputeConfig:
         contracts (AFML ch. 2; :func:`alphafeat.bars.volume_bars`).
     """
 
-    inputs: list[Path]
-    out: Path
-    instrument_mode: InstrumentMode = field(default_factory=lambda: InstrumentMode(ModeKind.FRONT_MONTH))
-    root: str = "ES"
-    device: str = "auto"
-    horizons: tuple[int, ...] = DEFAULT_HORIZONS
+    inputs: list[Path] = opt(help="DBN files or directories", flag="--input", nargs="+", metavar="PATH",
+                             check=validate_path, cli_default=None, default_text="the embedded sample in data/")
+    out: Path = opt(help="cache directory", check=validate_path, cli_default=Path("cache"), default_text="./cache")
+    instrument_mode: InstrumentMode = opt(help="all | id=N | front-month", check=validate_instrument_mode,
+                                          default_factory=lambda: InstrumentMode(ModeKind.FRONT_MONTH))
+    root: str = opt("ES", help="product root for front-month", check=validate_root)
+    device: str = opt("auto", enum=Device, help="where features are computed; auto: the CPU, whose streamed path "
+                      "keeps memory bounded (the GPU path holds whole books and is slower with many workers: README)")
+    horizons: tuple[int, ...] = opt(DEFAULT_HORIZONS, help="label horizons in snapshots, comma-separated",
+                                    check=validate_horizons)
     features: FeatureParams = field(default_factory=FeatureParams)
-    feature_set: str = "default"
-    dtype: str = "float32"
-    compression: str = "none"
-    roll_days: int = 8
-    horizons_s: tuple[float, ...] = ()
-    barrier: str | None = "ticks:4"
-    barrier_horizon: int = 1000
-    sample: str = "snapshot"
-    roll_rule: str = "volume"
-    on_error: str = "raise"
-    jobs: int = 1
-    scheduler: str | None = None
-    dask_local: int = 0
-    predecoded_dir: Path | None = None
-    keep_books: str = "auto"
-    rebuild_predecoded: bool = False
-    prune: bool = False
+    feature_set: str = opt("default", flag="--features",
+                           default_text="default, a documented subset with the top of book",
+                           help="features stored: names and groups, comma-separated (all: every feature and book "
+                                "level; default,book: all book levels; groups: ofi, depth, ema, flow, vol, price)")
+    dtype: str = opt("float32", enum=Dtype, help="storage of feature columns (computed in float64; prices stay "
+                     "float64)")
+    compression: str = opt("none", enum=Compression, help="Arrow IPC buffer compression (none: memory-mappable)")
+    roll_days: int = opt(8, check=partial(validate_int, lo=0, what="a number of days"),
+                         help="calendar rule: roll this many days before expiration")
+    horizons_s: tuple[float, ...] = opt((), help="extra label horizons in seconds (as-of mid)", cli=False,
+                                        check=validate_horizons_s)
+    barrier: str | None = opt("ticks:4", flag="--barrier", cli=False, check=as_text(validate_barrier),
+                              help="triple-barrier widths: ticks:K or vol:K; None for none")
+    barrier_horizon: int = opt(1000, cli=False, check=partial(validate_int, lo=1, what="a number of snapshots"),
+                               help="vertical barrier in snapshots")
+    sample: str = opt("snapshot", check=as_text(validate_sample),
+                      help="snapshot (a row per book snapshot) or volume:V (a row per V-contract volume bar)")
+    roll_rule: str = opt("volume", enum=RollRule,
+                         help="front month: most volume in the previous session (volume), or calendar")
+    on_error: str = opt("raise", enum=OnError, help="a bad input file stops the run (raise) or is skipped with a "
+                        "warning (skip)")
+    jobs: int = opt(1, check=validate_jobs,
+                    help="worker processes: plan scans and session segments in parallel (-1: all the cores it may "
+                         "use; each starts in ~1 s, so worth it for several full sessions, not a small "
+                         "sample)")
+    scheduler: str | None = opt(None, check=validate_scheduler, metavar="ADDRESS",
+                                help="run segments on a Dask distributed cluster (inputs and --out on a shared "
+                                     "filesystem)")
+    dask_local: int = opt(0, metavar="N", help="run segments on a Dask LocalCluster of N worker processes (0: none)",
+                          check=partial(validate_int, lo=0, what="a number of Dask workers (0: no Dask)"))
+    predecoded_dir: Path | None = opt(None, cli=False, check=optional(validate_path),
+                                      help="where books and plan scans are kept (None: <parent of out>/.predecoded)")
+    keep_books: str = opt("auto", flag="--predecoded", enum=Predecoded,
+                          help="keep each segment's book in <out parent>/.predecoded so a rerun with other features, "
+                               "horizons or options skips decode and book (~360 bytes a row of disk): auto for "
+                               "books rebuilt from MBO, keep for all, none")
+    rebuild_predecoded: bool = opt(False, check=validate_bool, help="clear the predecoded folder (<out parent>/"
+                                   ".predecoded: kept books and plan scans) first")
+    prune: bool = opt(False, check=validate_bool,
+                      help="delete the cache's partitions of sessions not in this run (without it they are kept, "
+                           "listed in the manifest as earlier_partitions)")
+
 
 
 def resolve_device(device: str) -> str:
@@ -173,7 +209,8 @@ def resolve_device(device: str) -> str:
 
 
 def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
-    """``cfg`` with every option checked by its ``validate_*`` (:mod:`alphafeat.validation`)
+    """``cfg`` with every option checked by its field's check (a ``validate_*`` of
+    :mod:`alphafeat.validation`, declared with the field: :func:`alphafeat.options.check_fields`)
     and normalised (enum options as their plain strings, int tuples, paths); ``cfg`` itself
     is left as it was.
 
@@ -184,31 +221,9 @@ def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
     AlphafeatError
         ``scheduler`` / ``dask_local`` without Dask distributed installed.
     """
-    validate_sample(cfg.sample)
-    validate_barrier(cfg.barrier)
-    c = dataclasses.replace(
-        cfg,
-        inputs=[validate_path(p, "--input") for p in cfg.inputs],
-        out=validate_path(cfg.out, "--out"),
-        instrument_mode=validate_instrument_mode(cfg.instrument_mode),
-        root=validate_root(cfg.root),
-        device=validate_enum(cfg.device, Device, "--device").value,
-        horizons=validate_horizons(cfg.horizons),
-        dtype=validate_enum(cfg.dtype, Dtype, "--dtype").value,
-        compression=validate_enum(cfg.compression, Compression, "--compression").value,
-        roll_days=validate_int(cfg.roll_days, "--roll-days", lo=0, what="a number of days"),
-        horizons_s=validate_horizons_s(cfg.horizons_s),
-        barrier_horizon=validate_int(cfg.barrier_horizon, "barrier_horizon", lo=1, what="a number of snapshots"),
-        roll_rule=validate_enum(cfg.roll_rule, RollRule, "--roll-rule").value,
-        on_error=validate_enum(cfg.on_error, OnError, "--on-error").value,
-        jobs=validate_jobs(cfg.jobs),
-        scheduler=validate_scheduler(cfg.scheduler),
-        dask_local=validate_int(cfg.dask_local, "--dask-local", lo=0, what="a number of Dask workers (0: no Dask)"),
-        predecoded_dir=None if cfg.predecoded_dir is None else validate_path(cfg.predecoded_dir, "predecoded_dir"),
-        keep_books=validate_enum(cfg.keep_books, Predecoded, "--predecoded").value,
-        rebuild_predecoded=validate_bool(cfg.rebuild_predecoded, "--rebuild-predecoded"),
-        prune=validate_bool(cfg.prune, "--prune"),
-    )
+    c = check_fields(cfg)  # each field by its own check (alphafeat.options), named as the CLI spells it
+    c = dataclasses.replace(c, **{f.name: getattr(c, f.name).value for f in dataclasses.fields(c)
+                                  if isinstance(getattr(c, f.name), Enum)})  # plain strings: manifests, plans
     if c.scheduler is not None and c.dask_local:
         raise UsageError("--scheduler and --dask-local", "expected one of them (a cluster's address, or a local one)",
                          f"--scheduler {c.scheduler} --dask-local {c.dask_local}")  # fmt: skip
