@@ -98,8 +98,8 @@ class Parser(argparse.ArgumentParser):
 
 def add_command(sub: argparse._SubParsersAction, name: str, text: str, **kw: Any) -> argparse.ArgumentParser:
     """The command ``name`` of ``sub``, ``text`` both its line in the program's ``--help`` and
-    the first line of its own."""
-    return sub.add_parser(name, help=text, description=text, **kw)
+    the first line of its own (``%%`` is ``%`` in both: argparse %-formats the one, not the other)."""
+    return sub.add_parser(name, help=text, description=text.replace("%%", "%"), **kw)
 
 
 def option(validate: Callable[..., Any], **kw: Any) -> Callable[[str], Any]:

@@ -24,10 +24,11 @@ from rich.table import Table
 
 from alphafeat.commandline import Parser, add_command, console, option, run, stdout_console, verbose_parent
 from alphafeat.errors import AlphafeatError, InputError
-from alphafeat.validation import Device, validate_costs, validate_enum, validate_int, validate_path
-from alphamodel.backtest.config import MAX_COST_TICKS
-from alphamodel.enums import Context
+from alphafeat.options import add_options, given
+from alphafeat.validation import Device, validate_enum, validate_path
+from alphamodel.backtest.config import BacktestConfig
 from alphamodel.errors import AlphamodelError
+from alphamodel.supervised.config import TrainConfig
 
 
 def _default_cache(out: Path, quiet: bool) -> Path:
@@ -49,11 +50,6 @@ def _default_cache(out: Path, quiet: bool) -> Path:
     return cache
 
 
-#: ``alphamodel train`` options that set a TrainConfig key of the same name.
-_TRAIN_OPTIONS = ("epochs", "window", "device", "seed", "batch_size", "steps_per_epoch", "threads", "folds",
-                  "context")
-
-
 def _need_torch() -> None:
     try:
         import torch  # noqa: F401
@@ -70,10 +66,7 @@ def _train(args: argparse.Namespace) -> int:
     from alphamodel.supervised.checkpoint import check_device, resolve_device
     from alphamodel.supervised.train import train
 
-    tcfg = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
-    if args.compile:
-        tcfg["compile"] = True
-    mc, tc = read_config(args.config, tcfg)  # ConfigError names the file and the key
+    mc, tc = read_config(args.config, given(TrainConfig, args))  # ConfigError names the file and the key
     try:
         check_device(mc, resolve_device(tc.device))  # before a default cache is built
     except UsageError as e:  # cfc_impl comes from the config file
@@ -131,21 +124,12 @@ def print_summary(s: dict) -> None:
                     "auc.png, model.safetensors, config.json written")
 
 
-#: ``alphamodel backtest`` options that set a BacktestConfig key of the same name.
-_BACKTEST_OPTIONS = ("folds", "embargo", "costs", "stride", "envs", "policy_steps", "device", "seed")
-
-
 def _backtest(args: argparse.Namespace) -> int:
     _need_torch()
     from alphamodel.backtest import backtest
     from alphamodel.config import read_backtest_config
 
-    opts = {k: getattr(args, k) for k in _BACKTEST_OPTIONS if getattr(args, k) is not None}
-    if args.fine_tune:
-        opts["fine_tune"] = True
-    if args.no_kelly:
-        opts["kelly"] = False
-    cfg = read_backtest_config(args.config, opts)  # ConfigError names the file and the key
+    cfg = read_backtest_config(args.config, given(BacktestConfig, args))  # ConfigError names the file and the key
     out = args.out
     if not args.cache and cfg.folds:  # refused before the embedded sample's cache is built
         from alphafeat.plan import make_plan
@@ -220,7 +204,9 @@ def _embed(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``alphamodel`` argument parser; option values are checked by :mod:`alphafeat.validation`."""
+    """The ``alphamodel`` argument parser; option values are checked by :mod:`alphafeat.validation`,
+    train's and backtest's as the fields of :class:`~alphamodel.supervised.config.TrainConfig` and
+    :class:`~alphamodel.backtest.config.BacktestConfig` declare them (:mod:`alphafeat.options`)."""
     ap = Parser(prog="alphamodel", description="Train Mamba2 -> CfC -> multi-horizon heads on an alphafeat cache, "
                 "and backtest a C51 trading policy on it. 'alphamodel train' with no --cache builds the cache of "
                 "the embedded default sample under OUT/cache (if absent) and trains a tiny model on it (about "
@@ -230,32 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_command(sub, "train", "walk-forward folds over sessions (purged, embargo): per-horizon AUC of the "
                     "model and of its baselines on the same rows, with session-bootstrap 95%% intervals",
                     parents=[verbose_parent("info logging; tracebacks of errors")])
-    path, size = option(validate_path), option(validate_int, lo=1)
+    path = option(validate_path)
     p.add_argument("--cache", type=path,
                    help="cache directory (default: build one from the embedded sample under OUT/cache)")
     p.add_argument("--out", default="out", type=path, help="output directory (default: ./out)")
-    p.add_argument("--epochs", type=size, help="epochs per fold, at most (early stopping on validation; default 12)")
-    p.add_argument("--window", type=option(validate_int, lo=1, what="a number of snapshots"),
-                   help="K, snapshots per window (default 64)")
-    p.add_argument("--device", type=option(validate_enum, enum=Device), metavar="{" + ",".join(Device) + "}",
-                   help="auto (default): cuda when a GPU is usable, else cpu")
+    add_options(p, TrainConfig, defaults=False)  # each declared once, on its field; not given: the config's
     p.add_argument("--config", type=path, help="JSON file: {\"model\": {...ModelConfig}, \"train\": {...TrainConfig}}")
-    p.add_argument("--seed", type=option(validate_int, lo=0), help="random seed (default 0)")
-    p.add_argument("--batch-size", dest="batch_size", type=size, help="windows per optimiser step (default 32)")
-    p.add_argument("--steps-per-epoch", dest="steps_per_epoch", type=size,
-                   help="optimiser steps per epoch (default 20)")
-    p.add_argument("--threads", type=size, help="CPU threads for torch")
-    p.add_argument("--folds", type=option(validate_int, lo=1, what="a number of walk-forward folds"),
-                   help="walk-forward folds over sessions (default 3)")
-    p.add_argument("--context", type=option(validate_enum, enum=Context), metavar="{" + ",".join(Context) + "}",
-                   help="stateful: carry the state across consecutive windows of a session (default); "
-                        "window: each window starts from zero")
-    p.add_argument("--compile", action="store_true", help="torch.compile the Mamba2 blocks and the CfC cell")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_train, prog=p.prog)
 
-    device = option(validate_enum, enum=Device)
-    devices = "{" + ",".join(Device) + "}"
     b = add_command(sub, "backtest", "a C51 trading policy on the encoder, walk-forward over sessions, per cost "
                     "level, beside baselines (flat, long, OFI sign, logistic, direction heads)",
                     parents=[verbose_parent("info logging; tracebacks of errors")])
@@ -264,22 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", type=path, help="an `alphamodel train` output directory (default: train a small "
                                               "encoder per fold on its training sessions)")
     b.add_argument("--out", default="out-backtest", type=path, help="output directory (default: ./out-backtest)")
-    b.add_argument("--folds", type=option(validate_int, lo=2, what="a number of walk-forward folds"),
-                   help="walk-forward folds (default: as many as the sessions allow, 2 to 5)")
-    b.add_argument("--embargo", type=option(validate_int, lo=0, what="a number of sessions"),
-                   help="sessions dropped from training before each test block (default 0)")
-    b.add_argument("--costs", type=option(validate_costs, hi=MAX_COST_TICKS),
-                   help="fee levels, ticks per contract per side, each in [0, 10] "
-                        "(default 0,0.0625,0.125,0.25,0.5)")
-    b.add_argument("--stride", type=option(validate_int, lo=1, what="a number of rows"),
-                   help="rows between decisions (default 200)")
-    b.add_argument("--envs", type=size, help="parallel training environments (default 64)")
-    b.add_argument("--policy-steps", dest="policy_steps", type=size, help="C51 training steps per fold (default 400)")
-    b.add_argument("--fine-tune", dest="fine_tune", action="store_true",
-                   help="also fine-tune the encoder with the C51 loss (strategy c51-finetune)")
-    b.add_argument("--no-kelly", dest="no_kelly", action="store_true", help="unit position size")
-    b.add_argument("--device", type=device, metavar=devices, help="auto (default): cuda when a GPU is usable, else cpu")
-    b.add_argument("--seed", type=option(validate_int, lo=0), help="random seed (default 0)")
+    add_options(b, BacktestConfig, defaults=False)  # each declared once, on its field; not given: the config's
     b.add_argument("--config", type=path, help="JSON file of BacktestConfig keys (with 'c51': {...C51Config keys})")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=_backtest, prog=b.prog)
@@ -289,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("cache", type=path, help="cache directory")
     e.add_argument("--model", required=True, type=path, help="an `alphamodel train` output directory")
     e.add_argument("--out", type=path, help="output directory (default: CACHE-embeddings beside the cache)")
-    e.add_argument("--device", default=Device.CPU, type=device, metavar=devices, help="default: cpu")
+    e.add_argument("--device", default=Device.CPU, type=option(validate_enum, enum=Device),
+                   metavar="{" + ",".join(Device) + "}", help="where the model runs (default: cpu)")
     e.set_defaults(func=_embed, prog=e.prog)
     return ap
 

@@ -4,14 +4,16 @@ constants its results are named by."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from alphafeat.options import opt, optional
 from alphafeat.validation import Device, validate_bool, validate_costs
 from alphamodel.rl.config import C51Config
-from alphamodel.rules import SIZE, Rule, build, check_fields, enum_rule, float_rule, int_rule, optional
+from alphamodel.rules import SIZE, build, check_fields, float_rule, int_rule
 
-__all__ = ["BACKTEST_RULES", "DEFAULT_COSTS", "MAX_COST_TICKS", "NOT_TRIALS", "ORACLE_MARGINS", "ORACLE_NAMES",
+__all__ = ["DEFAULT_COSTS", "MAX_COST_TICKS", "NOT_TRIALS", "ORACLE_MARGINS", "ORACLE_NAMES",
            "RESULT_COLUMNS", "TICK_VALUE", "BacktestConfig"]
 
 #: Highest fee level of a backtest, ticks per contract per side.
@@ -32,22 +34,9 @@ ORACLE_NAMES = tuple("oracle" if m == 0 else f"oracle-m{m:g}" for m in ORACLE_MA
 NOT_TRIALS = ("hindsight", *ORACLE_NAMES)
 
 
-def _c51(v: Any, o: str) -> C51Config:
+def _c51(value: Any, option: str) -> C51Config:
     """The ``c51`` key of a backtest config: a C51Config, or an object of its keys."""
-    return v.checked() if isinstance(v, C51Config) else C51Config.from_dict(v)
-
-
-#: BacktestConfig keys and their checks (the command line's options by the same validate_*).
-BACKTEST_RULES: dict[str, Rule] = {
-    "folds": optional(int_rule(2, "a number of walk-forward folds")), "embargo": int_rule(0, "a number of sessions"),
-    "costs": lambda v, o: validate_costs(v, o, hi=MAX_COST_TICKS), "stride": int_rule(1, "a number of rows"),
-    "envs": SIZE, "policy_steps": SIZE, "fine_tune": validate_bool, "finetune_steps": SIZE,
-    "kelly": validate_bool, "kelly_k": float_rule(0.0, open_=True), "kelly_max": float_rule(0.0, open_=True),
-    "fee_max": float_rule(0.0, MAX_COST_TICKS), "threshold": float_rule(0.0, 0.5, hi_open=True),
-    "reward_scale": float_rule(0.0, open_=True), "encoder_epochs": SIZE, "encoder_steps": SIZE,
-    "device": enum_rule(Device), "seed": int_rule(0), "tick_value": optional(float_rule(0.0, open_=True)),
-    "plots": validate_bool, "c51": _c51,
-}  # fmt: skip
+    return value.checked() if isinstance(value, C51Config) else C51Config.from_dict(value)
 
 
 @dataclass
@@ -65,41 +54,51 @@ class BacktestConfig:
     rewards are divided by it before the C51 support. encoder_epochs, encoder_steps : the
     per-fold encoder when no model is given. tick_value : USD per tick (None: from the root).
 
-    Each key is checked by :data:`BACKTEST_RULES` (:meth:`checked`, :meth:`from_dict`, and
+    Each key is checked by its field's check (:meth:`checked`, :meth:`from_dict`, and
     :func:`alphamodel.backtest.run.backtest` before anything is read).
     """
 
-    folds: int | None = None
-    embargo: int = 0
-    costs: tuple[float, ...] = DEFAULT_COSTS
-    stride: int = 200
-    envs: int = 64
-    policy_steps: int = 400
-    fine_tune: bool = False
-    finetune_steps: int = 60
-    kelly: bool = True
-    kelly_k: float = 2.0
-    kelly_max: float = 2.0
-    fee_max: float = 0.5
-    threshold: float = 0.05
-    reward_scale: float = 1.0
-    encoder_epochs: int = 3
-    encoder_steps: int = 20
-    device: str = "auto"
-    seed: int = 0
-    tick_value: float | None = None
-    plots: bool = True
-    c51: C51Config = field(default_factory=C51Config)
+    folds: int | None = opt(None, check=optional(int_rule(2, "a number of walk-forward folds")),
+                            default_text="as many as the sessions allow, 2 to 5", help="walk-forward folds")
+    embargo: int = opt(0, check=int_rule(0, "a number of sessions"),
+                       help="whole sessions dropped from training right before each test block")
+    costs: tuple[float, ...] = opt(DEFAULT_COSTS, check=partial(validate_costs, hi=MAX_COST_TICKS),
+                                   help=f"fee levels evaluated, ticks per contract per side, each in [0, "
+                                        f"{MAX_COST_TICKS:g}], comma-separated")
+    stride: int = opt(200, check=int_rule(1, "a number of rows"), help="rows between decisions")
+    envs: int = opt(64, check=SIZE, help="parallel training environments")
+    policy_steps: int = opt(400, check=SIZE,
+                            help="C51 training steps per fold (environment steps, each with one learning step)")
+    fine_tune: bool = opt(False, check=validate_bool,
+                          help="also fine-tune the encoder with the C51 loss (strategy c51-finetune)")
+    finetune_steps: int = opt(60, check=SIZE, cli=False, help="steps of the fine-tune path")
+    kelly: bool = opt(True, check=validate_bool, negate=True, help="unit position size (no Kelly sizing)")
+    kelly_k: float = opt(2.0, check=float_rule(0.0, open_=True), cli=False, help="Kelly sizing's k")
+    kelly_max: float = opt(2.0, check=float_rule(0.0, open_=True), cli=False, help="largest Kelly position")
+    fee_max: float = opt(0.5, check=float_rule(0.0, MAX_COST_TICKS), cli=False,
+                         help="training fees drawn from [0, fee_max] ticks")
+    threshold: float = opt(0.05, check=float_rule(0.0, 0.5, hi_open=True), cli=False,
+                           help="probability margin of the logistic and direction-head rules")
+    reward_scale: float = opt(1.0, check=float_rule(0.0, open_=True), cli=False,
+                              help="rewards are divided by it before the C51 support")
+    encoder_epochs: int = opt(3, check=SIZE, cli=False, help="epochs of the per-fold encoder when no model is given")
+    encoder_steps: int = opt(20, check=SIZE, cli=False, help="steps per epoch of the per-fold encoder")
+    device: str = opt("auto", enum=Device, help="auto: cuda when a GPU is usable, else cpu")
+    seed: int = opt(0, check=int_rule(0), help="random seed")
+    tick_value: float | None = opt(None, check=optional(float_rule(0.0, open_=True)), cli=False,
+                                   default_text="from the product root", help="USD per tick")
+    plots: bool = opt(True, check=validate_bool, cli=False, help="write the equity PNGs")
+    c51: C51Config = opt(check=_c51, cli=False, default_factory=C51Config, help="C51's hyper-parameters")
 
     def checked(self) -> BacktestConfig:
-        """A copy with every key checked and normalised (:data:`BACKTEST_RULES`).
+        """A copy with every key checked and normalised (each by its field's check).
 
         Raises
         ------
         alphamodel.errors.UsageError
             Naming the key (``stride``, ``costs``, ``c51.n_atoms``), the value and what is allowed.
         """
-        return dataclasses.replace(self, **check_fields(self, BACKTEST_RULES, ""))
+        return dataclasses.replace(self, **check_fields(self, ""))
 
     @classmethod
     def from_dict(cls, d: dict) -> BacktestConfig:

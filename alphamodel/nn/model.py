@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from alphafeat.options import opt
 from alphafeat.validation import validate_bool, validate_enum
 from alphamodel.enums import CfcImpl, HorizonWeighting, SsdImpl
 from alphamodel.errors import UsageError
@@ -26,26 +27,16 @@ from alphamodel.nn.cfc import CfC
 from alphamodel.nn.ema import InputEMA
 from alphamodel.nn.mamba2 import Mamba2, RMSNormGated
 from alphamodel.ops.triton.checks import check_tiles
-from alphamodel.rules import SIZE, Rule, build, check_fields, enum_rule, float_rule, int_rule
+from alphamodel.rules import SIZE, build, check_fields, float_rule, int_rule
 
-__all__ = ["MODEL_RULES", "ModelConfig", "ModelState", "AlphaModel", "masked_bce_loss", "horizon_weights"]
+__all__ = ["ModelConfig", "ModelState", "AlphaModel", "masked_bce_loss", "horizon_weights"]
 
 
-def _scales(v: Any, o: str) -> tuple[float, ...]:
+def _scales(value: Any, option: str) -> tuple[float, ...]:
     """A list of time scales > 0 (rows), possibly empty."""
-    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)):
-        raise UsageError(o, "expected a list of time scales in rows (e.g. [32, 128, 512, 2048])", v)
-    return tuple(float(float_rule(0.0, open_=True)(x, o)) for x in v)
-
-
-#: ModelConfig keys and their checks (:meth:`ModelConfig.checked`).
-MODEL_RULES: dict[str, Rule] = {
-    "n_features": int_rule(0), "n_horizons": SIZE, "d_model": SIZE, "n_layers": SIZE, "d_state": SIZE,
-    "headdim": SIZE, "expand": SIZE, "d_conv": SIZE, "chunk_size": SIZE, "cfc_hidden": SIZE,
-    "dropout": float_rule(0.0, 1.0), "cfc_impl": enum_rule(CfcImpl), "ssd_impl": enum_rule(SsdImpl),
-    "dt_min": float_rule(0.0, open_=True), "dt_max": float_rule(0.0, open_=True), "ema_rows": _scales,
-    "ema_encoder": validate_bool,
-}  # fmt: skip
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise UsageError(option, "expected a list of time scales in rows (e.g. [32, 128, 512, 2048])", value)
+    return tuple(float(float_rule(0.0, open_=True)(x, option=option)) for x in value)
 
 
 @dataclass
@@ -78,26 +69,28 @@ class ModelConfig:
         validation loss rose from the first epoch), hence the default ``ema_encoder=False``.
     """
 
-    n_features: int = 0
-    n_horizons: int = 5
-    d_model: int = 32
-    n_layers: int = 2
-    d_state: int = 16
-    headdim: int = 16
-    expand: int = 2
-    d_conv: int = 4
-    chunk_size: int = 32
-    cfc_hidden: int = 32
-    dropout: float = 0.3
-    cfc_impl: str = "fused"
-    ssd_impl: str = "chunked"
-    dt_min: float = 1e-3
-    dt_max: float = 0.1
-    ema_rows: tuple[float, ...] = ()
-    ema_encoder: bool = False
+    n_features: int = opt(0, check=int_rule(0), cli=False, help="input width F (set from the data)")
+    n_horizons: int = opt(5, check=SIZE, cli=False, help="number of label horizons H (set from the cache metadata)")
+    d_model: int = opt(32, check=SIZE, cli=False, help="residual width")
+    n_layers: int = opt(2, check=SIZE, cli=False, help="Mamba2 blocks")
+    d_state: int = opt(16, check=SIZE, cli=False, help="Mamba2's state size")
+    headdim: int = opt(16, check=SIZE, cli=False, help="Mamba2's head width (a divisor of expand * d_model)")
+    expand: int = opt(2, check=SIZE, cli=False, help="Mamba2's expansion of d_model")
+    d_conv: int = opt(4, check=SIZE, cli=False, help="Mamba2's causal convolution width")
+    chunk_size: int = opt(32, check=SIZE, cli=False, help="Mamba2's scan chunk")
+    cfc_hidden: int = opt(32, check=SIZE, cli=False, help="CfC units")
+    dropout: float = opt(0.3, check=float_rule(0.0, 1.0), cli=False,
+                         help="dropout on each block's residual stream and the sequence features the heads read")
+    cfc_impl: str = opt("fused", enum=CfcImpl, cli=False, help="the CfC scan: fused, triton (CUDA) or loop")
+    ssd_impl: str = opt("chunked", enum=SsdImpl, cli=False, help="the Mamba2 scan: chunked or triton (CUDA)")
+    dt_min: float = opt(1e-3, check=float_rule(0.0, open_=True), cli=False, help="smallest initial step of the heads")
+    dt_max: float = opt(0.1, check=float_rule(0.0, open_=True), cli=False, help="largest initial step of the heads")
+    ema_rows: tuple[float, ...] = opt((), check=_scales, cli=False,
+                                      help="time scales (rows) of the input EMA bank, empty for none")
+    ema_encoder: bool = opt(False, check=validate_bool, cli=False, help="feed the EMA bank to the encoder too")
 
     def checked(self) -> ModelConfig:
-        """A copy with every key checked and normalised (:data:`MODEL_RULES`).
+        """A copy with every key checked and normalised (each by its field's check).
 
         Raises
         ------
@@ -106,7 +99,7 @@ class ModelConfig:
             do not fit together (``expand * d_model`` not a multiple of ``headdim``, a Triton
             scan's sizes not powers of two >= 16).
         """
-        v = check_fields(self, MODEL_RULES, "model.")
+        v = check_fields(self, "model.")
         if (v["expand"] * v["d_model"]) % v["headdim"]:
             raise UsageError("model.headdim", f"expected a divisor of expand * d_model = {v['expand'] * v['d_model']}",
                              v["headdim"])  # fmt: skip

@@ -6,18 +6,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from alphafeat.options import opt
 from alphamodel.errors import UsageError
-from alphamodel.rules import SIZE, Rule, build, check_fields, float_rule, int_rule
+from alphamodel.rules import SIZE, build, check_fields, float_rule, int_rule
 
-__all__ = ["C51_RULES", "C51Config"]
-
-
-#: C51Config keys and their checks (:meth:`C51Config.checked`).
-C51_RULES: dict[str, Rule] = {
-    "n_atoms": int_rule(2, "a number of atoms"), "v_min": float_rule(), "v_max": float_rule(), "hidden": SIZE,
-    "gamma": float_rule(0.0, 1.0), "n_step": SIZE, "lr": float_rule(0.0, open_=True), "batch_size": SIZE,
-    "replay": SIZE, "target_every": SIZE, "aux_weight": float_rule(0.0),
-}  # fmt: skip
+__all__ = ["C51Config"]
 
 
 @dataclass
@@ -30,22 +23,23 @@ class C51Config:
     copies. aux_weight : weight of the K=3 trade-outcome cross-entropy.
     """
 
-    n_atoms: int = 51
-    v_min: float = -20.0
-    v_max: float = 20.0
-    hidden: int = 128
-    gamma: float = 0.99
-    n_step: int = 3
-    lr: float = 5e-4
-    batch_size: int = 256
-    replay: int = 200_000
-    target_every: int = 100
-    aux_weight: float = 0.5
+    n_atoms: int = opt(51, check=int_rule(2, "a number of atoms"), cli=False, help="atoms of the support")
+    v_min: float = opt(-20.0, check=float_rule(), cli=False, help="lowest atom (reward units after scaling)")
+    v_max: float = opt(20.0, check=float_rule(), cli=False, help="highest atom (reward units after scaling)")
+    hidden: int = opt(128, check=SIZE, cli=False, help="MLP width")
+    gamma: float = opt(0.99, check=float_rule(0.0, 1.0), cli=False, help="per-decision discount")
+    n_step: int = opt(3, check=SIZE, cli=False, help="return horizon in decisions")
+    lr: float = opt(5e-4, check=float_rule(0.0, open_=True), cli=False, help="Adam's learning rate")
+    batch_size: int = opt(256, check=SIZE, cli=False, help="replay batch")
+    replay: int = opt(200_000, check=SIZE, cli=False, help="replay capacity")
+    target_every: int = opt(100, check=SIZE, cli=False, help="steps between target-network copies")
+    aux_weight: float = opt(0.5, check=float_rule(0.0), cli=False,
+                            help="weight of the K=3 trade-outcome cross-entropy")
 
     def checked(self) -> C51Config:
-        """A copy with every key checked and normalised (:data:`C51_RULES`); UsageError naming
+        """A copy with every key checked and normalised (each by its field's check); UsageError naming
         the key (``c51.n_atoms``), also for ``v_min`` >= ``v_max``."""
-        v = check_fields(self, C51_RULES, "c51.")
+        v = check_fields(self, "c51.")
         if v["v_min"] >= v["v_max"]:
             raise UsageError("c51.v_min", f"expected a number below v_max={v['v_max']:g}", v["v_min"])
         return dataclasses.replace(self, **v)
