@@ -11,7 +11,7 @@ from conftest import PROJECT
 from nbclient import NotebookClient
 
 pytest.importorskip("torch")
-from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute  # noqa: E402
+from alphafeat.precompute import DEFAULT_DATA_DIR, PrecomputeConfig, precompute  # noqa: E402
 
 
 def test_model_notebook_executes(tmp_path, monkeypatch):
