@@ -128,8 +128,8 @@ def file_identity(path: str | os.PathLike[str]) -> tuple[str, int, int]:
     return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
 
 #: Decompressed bytes per scanner step. 1 MiB keeps the decompressed chunk and the packed
-#: output in the L2/L3 cache while the kept records are copied (4 MiB was 1.5x slower on a
-#: busy synthetic MBP-10 session, ``bench/decode.py``).
+#: output in the L2/L3 cache while the kept records are copied (4 MiB was slower on a busy
+#: synthetic MBP-10 session, ``bench/decode.py``: docs/performance.md).
 CHUNK_BYTES = 1 << 20
 #: Decompressed bytes per zstd call at most (calls end on its multiples, so the offset of a
 #: corrupt block is reported the same whatever the chunk size).
@@ -229,7 +229,8 @@ def _memmove(typingctx, dst, d0, src, s0, nbytes):  # noqa: ARG001 (numba intrin
     (the ranges may overlap: the scanner compacts kept records within its own buffer).
 
     A plain element loop is not turned into a library copy by LLVM (the arrays may alias),
-    and copies about 3x slower. No bounds check: the caller guarantees the ranges.
+    and copies several times slower (docs/performance.md). No bounds check: the caller
+    guarantees the ranges.
     """
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
         return None

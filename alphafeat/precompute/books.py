@@ -305,10 +305,8 @@ def stream_rows(at_once: int) -> int:
     beyond, at least :data:`MIN_BLOCK_ROWS` (16 at once: 8 Ki). The decode chunk shrinks in
     proportion (:func:`read_chunk`). Segments at once share the memory bandwidth and the
     last-level cache; smaller blocks keep more of each one's working set (four book blocks, the
-    decode chunk) in cache. Measured: the 16-core H200 host, 16 sessions with ``--jobs 16``, 8 Ki
-    rows 8.2-9.2 s (88-95 user CPU-s) against 10.2-10.7 s (114-115) at 64 Ki, 2 runs each,
-    interleaved (32 Ki 8.6-9.2 s, 16 Ki 9.5-9.9 s); the 2-core machine, one session: 64 Ki
-    5-10% faster than 32 Ki or 8 Ki (4 runs each). Sizes between are interpolated, not
+    decode chunk) in cache. Measured (docs/performance.md): 16 sessions at once ran fastest
+    with 8 Ki rows, one session alone with 64 Ki; sizes between are interpolated, not
     measured. The cache's bytes do not depend on it."""
     shift = max(0, (max(1, at_once) - 1).bit_length() - 1)
     return max(BLOCK_ROWS >> shift, min(MIN_BLOCK_ROWS, BLOCK_ROWS))
