@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from alphafeat import book as bk
-from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity, is_zstd
+from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity
 from alphafeat.plan import Segment
 from alphafeat.types import LEVELS, BookArrays
+from alphafeat.zstd_frames import is_zstd
 
 __all__ = ["BLOCK_ROWS", "BOOK_FORMAT", "BookWriter", "book_key", "book_slices", "build_book", "is_kept",
            "kept_book", "load_book", "peak_rss", "read_records", "save_book", "stream_rows"]

@@ -40,9 +40,9 @@ class SegmentFailure:
 def first_use() -> bool:
     """Whether numba has no cached machine code yet for the CPU feature kernel: the first run
     in an environment compiles the kernels (~30-60 s)."""
-    from alphafeat.features.cpu import _run_chunk
+    from alphafeat.features.cpu_scan import run_chunk
 
-    return not_compiled(_run_chunk)
+    return not_compiled(run_chunk)
 
 
 def not_compiled(kernel: object) -> bool:
