@@ -16,7 +16,6 @@ MAX_FUNCTION_LINES = 80
 
 _KERNEL = "a numba kernel: one compiled loop whose locals stay in registers; split, its parts would pass " \
           "the packed state through calls the hot loop pays for"  # fmt: skip
-_SPLIT = "being split by the alphamodel-side helper (issue 38)"
 _PARALLEL = "features' private row code, shared with the CUDA kernels and the labels; features/ is edited " \
             "in parallel (issue 38): made public at that merge"  # fmt: skip
 
@@ -39,10 +38,6 @@ ALLOWED: dict[str, str] = {
     "alphafeat/synth/report.py:stylised_facts": "a list of stylised facts, each a few lines of measurement",
     "alphafeat/synth/simulator.py:_simulate_instrument": "one instrument's buffers, parameters and kernel call; "
                                                          "to split into steps",
-    "alphamodel/backtest.py": _SPLIT,
-    "alphamodel/backtest.py:_run": _SPLIT,
-    "alphamodel/train.py:_fit_fold": _SPLIT,
-    "alphamodel/train.py:train": _SPLIT,
 }
 
 #: ``path:module._name`` -> why that module imports another's private name.
