@@ -24,7 +24,7 @@ import pytest
 from conftest import PROJECT
 
 #: Where each console script's ``main`` lives, run as ``python -m MODULE`` (update when the CLIs move).
-CLI_MODULES = {"alphafeat": "cli.alphafeat", "alphamodel": "cli.alphamodel"}
+CLI_MODULES = {"alphafeat": "alphafeat.cli", "alphamodel": "alphamodel.cli"}
 MARKER = "<!-- runnable -->"
 BLOCK_TIMEOUT_S = 120
 README_MAX_LINES = 250
@@ -74,7 +74,7 @@ def runnable_blocks(text: str, name: str = "<text>") -> list[tuple[int, str, str
 
 def cli_functions(python: str = sys.executable) -> str:
     """Bash functions standing in for the console scripts: ``alphafeat ARGS`` runs
-    ``python -m cli.alphafeat ARGS`` of this checkout."""
+    ``python -m alphafeat.cli ARGS`` of this checkout."""
     return "".join(f'{name}() {{ {shlex.quote(python)} -m {mod} "$@"; }}\n' for name, mod in CLI_MODULES.items())
 
 
