@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import functools
 import importlib
+import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
@@ -44,7 +45,7 @@ from alphafeat.errors import UsageError
 from alphafeat.validation import validate_enum
 
 __all__ = ["Option", "add_options", "argparse_type", "as_text", "check_fields", "fields_of", "from_args", "given",
-           "help_text", "opt", "option_name", "optional", "render_cli_md"]  # fmt: skip
+           "help_text", "opt", "option_name", "optional", "reference", "render_cli_md", "render_fields_md"]  # fmt: skip
 
 #: The key of a field's metadata holding its :class:`Option`.
 KEY = "alphafeat.option"
@@ -338,30 +339,67 @@ def _section(parser: argparse.ArgumentParser, level: int) -> list[str]:
     return out
 
 
-def render_cli_md(parsers: Sequence[argparse.ArgumentParser]) -> str:
+def _field_default(f: dataclasses.Field, o: Option) -> str:
+    """A key's default as a JSON config file writes it (``true``, ``null``, ``[1, 2]``; text bare)."""
+    if o.default_text is not None:
+        return o.default_text
+    d = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if d is dataclasses.MISSING:
+        return "(required)"
+    if isinstance(d, (bool, type(None), list, tuple)):
+        return json.dumps(d, default=str)
+    return _show(d)
+
+
+def render_fields_md(title: str, cls: Any, note: str = "") -> list[str]:
+    """A section of the reference for the keys of a config file: each field of ``cls``
+    declared with :func:`opt` (its name, default and help), whether or not the command line has
+    it."""
+    rows = [f"| `{f.name}` | {_cell(_field_default(f, o))} | {_cell(o.help)} |" for f, o in fields_of(cls)]
+    out = [f"### {title}", ""] + ([note, ""] if note else [])
+    return out + ["| key | default | what it is |", "| --- | --- | --- |", *rows, ""]
+
+
+def render_cli_md(parsers: Sequence[argparse.ArgumentParser],
+                  configs: Sequence[tuple[str, Any, str]] = ()) -> str:  # fmt: skip
     """The markdown reference of command lines: for each parser and each of its commands a
     section with its description, usage and a table of its options (help and default as
-    ``--help`` gives them). The same parsers give the same text whatever the terminal."""
+    ``--help`` gives them); then, for each ``(title, config class, note)`` of ``configs``, the
+    keys a config file may set (:func:`render_fields_md`). The same parsers give the same text
+    whatever the terminal."""
     out = ["# Command-line reference", "",
-           "Generated from the parsers by `python -m alphafeat.options --write docs/cli.md`; do not edit by hand.",
-           ""]  # fmt: skip
+           "Generated from the parsers and configs by `python -m alphafeat.options --write docs/cli.md`; do not "
+           "edit by hand.", ""]  # fmt: skip
     for p in parsers:
         out += _section(p, 2)
+    if configs:
+        out += ["## Config-file keys", ""]
+        for title, cls, note in configs:
+            out += render_fields_md(title, cls, note)
     return "\n".join(out).rstrip() + "\n"
 
 
-#: The modules whose ``build_parser()`` docs/cli.md describes.
+#: The modules whose ``build_parser()`` (and ``config_sections()``, where it has one) docs/cli.md describes.
 COMMAND_MODULES = ("alphafeat.cli", "alphamodel.cli")
+
+
+def reference(modules: Sequence[str] = COMMAND_MODULES) -> str:
+    """:func:`render_cli_md` of the command lines of ``modules``: each module's
+    ``build_parser()``, and the config sections its ``config_sections()`` gives, if any."""
+    mods = [importlib.import_module(m) for m in modules]
+    configs = [c for m in mods if hasattr(m, "config_sections") for c in m.config_sections()]
+    return render_cli_md([m.build_parser() for m in mods], configs)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m alphafeat.options [--write PATH] [MODULE ...]``: the reference of the
-    command lines of MODULEs (default :data:`COMMAND_MODULES`) on stdout, or written to PATH."""
+    command lines of MODULEs (default :data:`COMMAND_MODULES`; :func:`reference`) on stdout, or
+    written to PATH."""
     ap = argparse.ArgumentParser(prog="python -m alphafeat.options", description=main.__doc__)
     ap.add_argument("modules", nargs="*", default=list(COMMAND_MODULES), help="modules with a build_parser()")
     ap.add_argument("--write", type=Path, default=None, metavar="PATH", help="write the reference to PATH")
     args = ap.parse_args(argv)
-    text = render_cli_md([importlib.import_module(m).build_parser() for m in args.modules])
+    text = reference(args.modules)
     if args.write is None:
         sys.stdout.write(text)
     else:

@@ -249,6 +249,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def config_sections() -> list[tuple[str, type, str]]:
+    """The config files' sections for ``docs/cli.md`` (:func:`alphafeat.options.reference`):
+    ``(title, config class, note)``. Imports the model's module (torch)."""
+    from alphamodel.nn.model import ModelConfig
+    from alphamodel.rl.config import C51Config
+
+    return [("`alphamodel train --config FILE`: `model`", ModelConfig,
+             'The object `{"model": {...}, "train": {...}}`; either may be left out.'),
+            ("`alphamodel train --config FILE`: `train`", TrainConfig,
+             "The command line's options are laid over the file's."),
+            ("`alphamodel backtest --config FILE`", BacktestConfig,
+             "One object of these keys; `c51` an object of the keys below. The command line's options are laid "
+             "over the file's."),
+            ("`alphamodel backtest --config FILE`: `c51`", C51Config, "")]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for a usage error, 1 for a data error; one line)."""
     return run(build_parser, argv, verbose_level=logging.INFO)

@@ -157,13 +157,35 @@ def test_the_programs_help_imports_no_numba() -> None:
 
 
 def test_docs_cli_md_is_what_the_parsers_say() -> None:
-    """docs/cli.md is generated from both command lines' parsers; a changed option or help fails
-    here until it is regenerated."""
-    from alphafeat.cli import build_parser as alphafeat_parser
-    from alphamodel.cli import build_parser as alphamodel_parser
+    """docs/cli.md is generated from both command lines' parsers and alphamodel's configs; a
+    changed option, key or help fails here until it is regenerated."""
+    from alphafeat.options import reference
 
     path = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
-    want = render_cli_md([alphafeat_parser(), alphamodel_parser()])
+    want = reference()
     if not path.is_file() or path.read_text() != want:
         pytest.fail("docs/cli.md differs from what the parsers say: regenerate it with "
                     "`python -m alphafeat.options --write docs/cli.md`", pytrace=False)  # fmt: skip
+
+
+def test_alphamodels_parser_imports_no_torch() -> None:
+    """alphamodel's train and backtest options come from configs whose modules import no torch:
+    ``alphamodel --help`` and a usage error stay fast, and say so without PyTorch installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from alphamodel.cli import build_parser; p = build_parser(); "
+            "[p.parse_args([c]) for c in ('train', 'backtest')]; print('torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert out.stdout.split() == ["False"]
+
+
+def test_config_file_keys_are_rendered_with_json_defaults() -> None:
+    """The reference's config-file section lists every declared key, on the command line or not,
+    its default as a JSON file writes it."""
+    text = render_cli_md([], [("toy file", Toy, "a note")])
+    assert "## Config-file keys" in text and "### toy file" in text and "a note" in text
+    for row in ("| `inputs` | the sample \\| the embedded one | input files |", "| `prune` | false |",
+                "| `horizons` | [30, 100] |", "| `threads` | one per core |", "| `barrier_horizon` | 1000 |"):
+        assert row in text, row

@@ -73,8 +73,10 @@ class BacktestConfig:
                           help="also fine-tune the encoder with the C51 loss (strategy c51-finetune)")
     finetune_steps: int = opt(60, check=SIZE, cli=False, help="steps of the fine-tune path")
     kelly: bool = opt(True, check=validate_bool, negate=True, help="unit position size (no Kelly sizing)")
-    kelly_k: float = opt(2.0, check=float_rule(0.0, open_=True), cli=False, help="Kelly sizing's k")
-    kelly_max: float = opt(2.0, check=float_rule(0.0, open_=True), cli=False, help="largest Kelly position")
+    kelly_k: float = opt(2.0, check=float_rule(0.0, open_=True), cli=False,
+                         help="Kelly sizing: contracts = clip(kelly_k * edge / variance, 0, kelly_max)")
+    kelly_max: float = opt(2.0, check=float_rule(0.0, open_=True), cli=False,
+                           help="Kelly sizing: the largest position, contracts")
     fee_max: float = opt(0.5, check=float_rule(0.0, MAX_COST_TICKS), cli=False,
                          help="training fees drawn from [0, fee_max] ticks")
     threshold: float = opt(0.05, check=float_rule(0.0, 0.5, hi_open=True), cli=False,
@@ -88,7 +90,8 @@ class BacktestConfig:
     tick_value: float | None = opt(None, check=optional(float_rule(0.0, open_=True)), cli=False,
                                    default_text="from the product root", help="USD per tick")
     plots: bool = opt(True, check=validate_bool, cli=False, help="write the equity PNGs")
-    c51: C51Config = opt(check=_c51, cli=False, default_factory=C51Config, help="C51's hyper-parameters")
+    c51: C51Config = opt(check=_c51, cli=False, default_factory=C51Config, default_text="the c51 keys' defaults",
+                         help="C51's hyper-parameters, an object of the c51 keys")
 
     def checked(self) -> BacktestConfig:
         """A copy with every key checked and normalised (each by its field's check).

@@ -15,12 +15,9 @@ __all__ = ["C51Config"]
 
 @dataclass
 class C51Config:
-    """C51 hyper-parameters.
-
-    n_atoms, v_min, v_max : the support (reward units after scaling). hidden : MLP width.
-    gamma : per-decision discount. n_step : return horizon in decisions. lr : Adam.
-    batch_size, replay : replay batch and capacity. target_every : steps between target-network
-    copies. aux_weight : weight of the K=3 trade-outcome cross-entropy.
+    """C51 hyper-parameters (Bellemare et al. 2017): each key's meaning, rule and default are
+    declared once, on its field (:func:`alphafeat.options.opt`); a backtest config's ``c51``
+    object sets them.
     """
 
     n_atoms: int = opt(51, check=int_rule(2, "a number of atoms"), cli=False, help="atoms of the support")

@@ -21,27 +21,11 @@ BASELINES: tuple[str, ...] = tuple(str(b) for b in Baseline)
 
 @dataclass
 class TrainConfig:
-    """Training parameters.
-
-    window : K, snapshots per window.  burn_in : positions at the start of a window without
-    carried state that do not count in the loss (context only).  context : ``"stateful"`` (the
-    state is carried across consecutive windows of a session, in training and scoring) or
-    ``"window"`` (each window starts from a zero state; scoring tiles the rows with windows
-    that overlap by ``burn_in``).  batch_size, epochs, steps_per_epoch : optimisation length
-    (per fold).  lr, weight_decay, warmup_steps, min_lr_frac : AdamW and schedule (cosine decay
-    to ``min_lr_frac * lr``).  patience : epochs without validation improvement before stopping.
-    folds : walk-forward folds (sessions in ``folds + 2`` blocks).  embargo : fraction of all
-    rows (AFML's pct_embargo): that many rows before each later block lose their labels too.
-    n_boot : bootstrap replicates of the intervals.
-    baselines : which of :data:`BASELINES` to fit.  horizon_weighting : ``window``
-    (w_h = min(1, K/h)) or ``equal``.  seed, device (auto|cpu|cuda), compile (torch.compile
-    the blocks and the CfC scan), grad_clip, eval_batch_size (streams scored at once),
-    eval_piece / eval_warmup (stateful scoring: a run of rows is scored in pieces of
-    ``eval_piece`` rows, each preceded by up to ``eval_warmup`` unscored rows of the same
-    session whose state it carries; pieces run in parallel), threads (CPU threads; None = 1 on
-    CPU), loader_threads (threads gathering the next batches from the memory-mapped cache while
-    the model runs; ``loader_threads + 1`` batches are in flight), baseline_max_rows (training
-    rows of each baseline).
+    """Training parameters: each key's meaning, rule and default are declared once, on its field
+    (:func:`alphafeat.options.opt`); ``alphamodel train --help`` and ``docs/cli.md`` show those the
+    command line sets, a config file's ``train`` section may set any. Cosine decay of the
+    learning rate to ``min_lr_frac * lr`` after ``warmup_steps``; ``folds`` walk-forward folds
+    over sessions in ``folds + 2`` blocks; ``baselines`` among :data:`BASELINES`.
     """
 
     window: int = opt(64, check=int_rule(1, "a number of snapshots"), help="K, snapshots per window")
