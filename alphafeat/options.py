@@ -230,8 +230,6 @@ def add_options(parser: argparse.ArgumentParser, cls: Any, *, only: Iterable[str
         kw: dict[str, Any] = {"dest": f.name, "help": help_text(f, o).replace("%", "%%")}
         if o.negate or f.type in (bool, "bool"):  # a flag
             kw.update(action="store_false" if o.negate else "store_true", default=d)
-            if not defaults:
-                kw["default"] = None
         else:
             flag = option_name(f, o)
             kw.update(default=None if d is dataclasses.MISSING else d,
@@ -246,10 +244,10 @@ def add_options(parser: argparse.ArgumentParser, cls: Any, *, only: Iterable[str
 
 
 def given(cls: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """The values of ``cls``'s option fields in ``args`` that are not None (with
+    """The values of ``cls``'s command-line option fields in ``args`` that are not None (with
     ``defaults=False``: the options given)."""
-    return {f.name: getattr(args, f.name) for f, _ in fields_of(cls)
-            if getattr(args, f.name, None) is not None}  # fmt: skip
+    return {f.name: getattr(args, f.name) for f, o in fields_of(cls)
+            if o.cli and getattr(args, f.name, None) is not None}  # fmt: skip
 
 
 def from_args(cls: Any, args: argparse.Namespace, **fixed: Any) -> Any:
