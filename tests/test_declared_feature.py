@@ -116,6 +116,19 @@ def test_declared_features_on_the_cpu() -> None:
     assert len(feature_specs(FeatureParams())) == len(plain)  # unregistered again
 
 
+def test_declared_features_keep_the_implementation_strings_caches_store() -> None:
+    """Caches store each column's spec with its ``cpu`` and ``cuda`` strings and take a changed one
+    for a changed option (a stale cache): a declared feature's strings keep naming the row
+    kernel's module by its former name, ``alphafeat.features._declared`` (now ``declared``)."""
+    with registered(*TOYS):
+        specs = {s.name: s for s in feature_specs(FeatureParams())}
+    row = "test_declared_feature._top_depth"
+    assert specs[DEPTH.name].cpu == f"{row} (numba.njit in alphafeat.features._declared.row_kernel)"
+    assert specs[DEPTH.name].cuda == f"{row} (cuda.jit device function in alphafeat.features._declared.row_kernel)"
+    assert specs[FLOW.name].cpu.startswith("test_declared_feature._pressure (numba.njit in alphafeat.features."
+                                           "_declared.row_kernel) + alphafeat.features.cpu._scan_block")  # fmt: skip
+
+
 @pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (covered by test_declared_features_cuda_simulator)")
 def test_inprocess_declared_features_cuda_equal_cpu() -> None:
     book = random_book(80 if IN_SIM else 20_000, 11)

@@ -20,8 +20,6 @@ _KERNEL = "a numba kernel: one compiled hot loop; splitting it into called kerne
 _ONE_FILE = "numba kernels that call one another: numba's cache checks only the source file of the function " \
             "it compiles, so a caller in another file would run a callee's stale machine code after an edit of " \
             "the callee's file alone (numba 0.68.1, tried)"  # fmt: skip
-_PARALLEL = "features' private row code, shared with the CUDA kernels and the labels; features/ is edited " \
-            "in parallel (issue 38): made public at that merge"  # fmt: skip
 
 #: ``path`` (a file) or ``path:qualname`` (a function) -> why it may be longer.
 ALLOWED: dict[str, str] = {
@@ -47,11 +45,7 @@ ALLOWED: dict[str, str] = {
 }
 
 #: ``path:module._name`` -> why that module imports another's private name.
-PRIVATE_ALLOWED: dict[str, str] = {
-    "alphafeat/labels.py:alphafeat.features._twin": _PARALLEL,
-    "alphafeat/cuda/kernels.py:alphafeat.features._twin": _PARALLEL,
-    "alphafeat/cuda/kernels.py:alphafeat.features._declared": _PARALLEL,
-}
+PRIVATE_ALLOWED: dict[str, str] = {}
 
 
 def sizes(root: Path, packages: tuple[str, ...]) -> dict[str, int]:

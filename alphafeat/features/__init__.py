@@ -19,7 +19,7 @@ source, parameters, the inputs it reads, a scalar ``row`` function of them, and 
 carries: none or a :class:`~alphafeat.features.registry.Decay`), and
 :func:`~alphafeat.features.registry.register` it. From that declaration come its column (after
 the built-in ones) in every back end -- a row kernel generated from the declarations
-(:mod:`alphafeat.features._declared`, ``numba.njit`` and ``numba.cuda.jit``), its state run by
+(:mod:`alphafeat.features.declared`, ``numba.njit`` and ``numba.cuda.jit``), its state run by
 the same exact linear scans as the built-in recurrences (chunked, streamed and on the GPU) --
 and its entries in ``alphafeat features``, in ``--features`` and in the cache's columns
 (``tests/test_declared_feature.py`` adds toy features that way, from the test alone).
