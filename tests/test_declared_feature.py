@@ -25,7 +25,8 @@ import pyarrow.dataset as pads
 import pytest
 from test_features import random_book
 
-from alphafeat.features import FeatureParams, _prepare, compute_features, cuda_available, feature_specs
+from alphafeat.devices import compute_features
+from alphafeat.features import FeatureParams, _prepare, cuda_available, feature_specs
 from alphafeat.features.cpu import FeatureStream
 from alphafeat.features.registry import Decay, Feature, make_plan, registered
 
