@@ -11,7 +11,7 @@ inside :mod:`alphafeat.precompute`):
 
 1. :mod:`~alphafeat.errors`, :mod:`~alphafeat.types`, :mod:`~alphafeat.cores`,
    :mod:`~alphafeat.arena`, :mod:`~alphafeat.zstd_frames`;
-2. :mod:`~alphafeat.validation`;
+2. :mod:`~alphafeat.validation`, :mod:`~alphafeat.options` (options declared once, on config fields);
 3. :mod:`~alphafeat.dbn`, :mod:`~alphafeat.kept`, :mod:`~alphafeat.cache`, :mod:`~alphafeat.splits`;
 4. :mod:`~alphafeat.instruments`, :mod:`~alphafeat.book`, :mod:`~alphafeat.bars`;
 5. :mod:`alphafeat.features` (the CPU path);
@@ -19,7 +19,9 @@ inside :mod:`alphafeat.precompute`):
 7. :mod:`~alphafeat.labels`, :mod:`~alphafeat.devices` (the features on either device);
 8. :mod:`~alphafeat.plan`, :mod:`~alphafeat.inspection`;
 9. :mod:`alphafeat.precompute`;
-10. :mod:`alphafeat.synth` (the session generator).
+10. :mod:`alphafeat.synth` (the session generator);
+11. :mod:`~alphafeat.commandline` (what both command lines share), :mod:`~alphafeat.cli` (the
+    ``alphafeat`` command line).
 """
 
 __version__ = "0.1.0"

@@ -40,8 +40,8 @@ ALPHAMODEL_LAYERS: tuple[tuple[str, ...], ...] = (
 
 
 #: alphafeat's layers, lowest first (as :data:`ALPHAMODEL_LAYERS`; ``alphafeat/__init__.py``
-#: lists them too). Names not yet in the package (``options``, ``sources``, ``commandline``,
-#: ``cli``) hold the places of modules on their way in from other branches.
+#: lists them too). Names not yet in the package (``sources``) hold the places of modules on
+#: their way in from other branches.
 ALPHAFEAT_LAYERS: tuple[tuple[str, ...], ...] = (
     ("alphafeat.errors", "alphafeat.types", "alphafeat.cores", "alphafeat.arena", "alphafeat.zstd_frames",
      "alphafeat._command"),
