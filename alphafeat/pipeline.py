@@ -1079,11 +1079,20 @@ def _map(calls: list[tuple], cfg: PrecomputeConfig, device: str) -> Iterator[Seg
     if cfg.scheduler or cfg.dask_local > 0:
         client = _dask_client(cfg)
         from dask.distributed import as_completed
+        from distributed.scheduler import KilledWorker
 
         try:
             futures = client.map(_map_one, *zip(*calls), pure=False)
+            segment = {f.key: c[0] for f, c in zip(futures, calls, strict=True)}
             for fut in as_completed(futures):
-                yield fut.result()
+                try:
+                    res = fut.result()
+                except KilledWorker:  # Dask ran it again on other workers (allowed-failures) first
+                    raise AlphafeatError(
+                        f"a Dask worker died while computing {segment[fut.key].relpath} (and so did each worker the "
+                        "scheduler retried it on: distributed.scheduler.allowed-failures); nothing committed, the "
+                        "cache is as the last complete run left it: run again") from None  # fmt: skip
+                yield res
         finally:
             cluster = getattr(client, "cluster", None) if not cfg.scheduler else None
             client.close()
