@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from conftest import PROJECT
 
 from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError
-from alphafeat.pipeline import PrecomputeConfig, precompute
+from alphafeat.precompute import PrecomputeConfig, precompute
 
 DATA = PROJECT / "data"
 
@@ -33,7 +32,7 @@ distributed = pytest.importorskip("distributed")
 
 
 class Killer(distributed.WorkerPlugin):
-    """Wraps the worker's segment entry (``run_segment`` as ``_map_one`` calls it) so that the
+    """Wraps the worker's segment entry (``run_segment`` as ``map_one`` calls it) so that the
     process kills itself: ``when="after"``, once per run (a flag file made with O_EXCL), after the
     segment's partition is staged; ``when="before"``, at every segment. Plugins are given to the
     nanny's new worker processes too."""
@@ -42,9 +41,8 @@ class Killer(distributed.WorkerPlugin):
         self.flag, self.when = flag, when
 
     def setup(self, worker: object) -> None:
-        import alphafeat.pipeline as pipeline
+        import alphafeat.precompute.workers as mod
 
-        mod = sys.modules[pipeline._map_one.__module__]
         inner = mod.run_segment
         flag, when = self.flag, self.when
 
