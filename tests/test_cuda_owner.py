@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 HAVE_DEVICE = IN_SIM or cuda_available()
 needs_device = pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (see test_owner_under_simulator)")
-N_INPROCESS = 5  # test_inprocess_* items below (checked by the runner)
+N_INPROCESS = 6  # test_inprocess_* items below (checked by the runner)
 #: a short fractional-difference window (a few dozen rows), so that blocks cut it
 PARAMS = FeatureParams(fracdiff_threshold=0.02)
 
@@ -242,6 +242,56 @@ def test_inprocess_two_devices_one_owner_each() -> None:
             st.close()
         _same(_streamed(owners, plan, prepare(books[2], PARAMS), _blocks(6, [6])), _cpu(books[2], PARAMS))
         assert all(o.allocations > 0 for o in owners.owners)
+
+
+def _tiny_session(path: Path, n: int = 40) -> Path:
+    """An MBP-10 file of one session: ``n`` records of a random walk (instrument 17077)."""
+    import zstandard
+    from test_dbn import _mbp10, _metadata
+
+    r = _mbp10(n)
+    rng = np.random.default_rng(1)
+    walk = np.cumsum(rng.integers(-2, 3, n)) * 250_000_000
+    for lvl in range(10):
+        r[f"bid_px_{lvl:02d}"] = 4_500_000_000_000 + walk - lvl * 250_000_000
+        r[f"ask_px_{lvl:02d}"] = 4_500_250_000_000 + walk + lvl * 250_000_000
+        r[f"bid_sz_{lvl:02d}"] = rng.integers(1, 50, n)
+    r["ts_event"] = r["ts_event"] + np.cumsum(rng.integers(0, 10**9, n)).astype(np.uint64)
+    r["ts_recv"] = r["ts_event"] + 100
+    path.write_bytes(zstandard.ZstdCompressor().compress(_metadata() + r.tobytes()))
+    return path
+
+
+@needs_device
+def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``precompute --device cuda``: the segments' blocks go to the process's GPU owner (here
+    in pieces of 7 rows) and the cache holds the CPU path's values: every column equal (NaN
+    where NaN; float64 within 1e-9, float32 within its rounding); the owners are stopped after."""
+    import pyarrow as pa
+
+    from alphafeat.cuda import owner
+    from alphafeat.precompute import PrecomputeConfig, precompute
+
+    monkeypatch.setattr(owner, "BLOCK_ROWS", 7)
+    p = _tiny_session(tmp_path / "tiny.mbp-10.dbn.zst")
+    tables = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device / "out"
+        s = precompute(PrecomputeConfig(inputs=[p], out=out, device=device, instrument_mode="id=17077"))
+        assert s.device == device and s.rows == 40
+        (part,) = out.rglob("*.arrow")
+        with pa.memory_map(str(part)) as src:
+            tables[device] = pa.ipc.open_file(src).read_all()
+    assert owner.shared.cache_info().currsize == 0
+    cpu, gpu = tables["cpu"], tables["cuda"]
+    assert cpu.schema == gpu.schema
+    for name in cpu.schema.names:
+        x, y = (t.column(name).to_numpy(zero_copy_only=False) for t in (cpu, gpu))
+        if x.dtype.kind == "f":
+            tol = 1e-6 if x.dtype == np.float32 else 1e-9
+            np.testing.assert_allclose(y, x, rtol=tol, atol=tol, equal_nan=True, err_msg=name)
+        else:
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind in "mM"), name
 
 
 def test_owner_under_simulator() -> None:

@@ -34,6 +34,7 @@ Labels stay on the CPU (:class:`alphafeat.labels.LabelStream`): they look ahead,
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -506,3 +507,19 @@ class Owners:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@functools.cache
+def shared() -> Owners:
+    """This process's owners, one per visible device, blocks of up to :data:`BLOCK_ROWS` rows
+    (made on first use): every segment on this process's threads shares them.
+    :func:`release_shared` stops them."""
+    return Owners(parse_devices("cuda"), BLOCK_ROWS)
+
+
+def release_shared() -> None:
+    """Stop this process's owners, if made (their device memory goes with their buffers); a
+    later :func:`shared` makes new ones."""
+    if shared.cache_info().currsize:
+        shared().close()
+    shared.cache_clear()

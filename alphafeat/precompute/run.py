@@ -39,7 +39,7 @@ from alphafeat.cores import usable_cores
 from alphafeat.errors import DataError, InputError
 from alphafeat.instruments import Choice
 from alphafeat.plan import Plan, Segment, make_plan
-from alphafeat.precompute.books import peak_rss, stream_rows
+from alphafeat.precompute.books import BLOCK_ROWS, peak_rss, stream_rows
 from alphafeat.precompute.config import PrecomputeConfig, check_config, default_predecoded_dir, resolve_device
 from alphafeat.precompute.job import IN_FLIGHT, Job, feature_threads, job_of, segments_at_once, set_in_flight
 from alphafeat.precompute.manifest import (
@@ -259,8 +259,8 @@ def _sized(cfg: PrecomputeConfig, job: Job, staging: Path, segments: int) -> tup
     if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores
         set_in_flight(staging, at_once)
         in_flight = str(staging / IN_FLIGHT)
-    return dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(at_once), in_flight=in_flight), \
-        at_once  # fmt: skip
+    rows = BLOCK_ROWS if job.device == "cuda" else stream_rows(at_once)  # the GPU: fewer, larger pushes
+    return dataclasses.replace(job, feature_threads=threads, block_rows=rows, in_flight=in_flight), at_once
 
 
 def _run_map(cfg: PrecomputeConfig, fold: _Fold, calls: list[tuple], at_once: int, in_flight: bool,
@@ -361,6 +361,10 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     summary.peak_rss = max(summary.peak_rss, peak_rss())
     summary.seconds = time.perf_counter() - t0
     release_buffers()  # the buffers this process kept for its segments (arena) go back
+    if job.device == "cuda":
+        from alphafeat.cuda.owner import release_shared
+
+        release_shared()  # this process's GPU owners and their device memory
     log.info("%s: %d rows in %d partitions, %d of them already current", cfg.out, summary.rows,
              len(summary.partitions), summary.partitions_skipped)  # fmt: skip
     return summary
