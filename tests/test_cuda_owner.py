@@ -244,8 +244,9 @@ def test_inprocess_two_devices_one_owner_each() -> None:
         assert all(o.allocations > 0 for o in owners.owners)
 
 
-def _tiny_session(path: Path, n: int = 40) -> Path:
-    """An MBP-10 file of one session: ``n`` records of a random walk (instrument 17077)."""
+def _tiny_session(path: Path, n: int = 40, day: int = 0) -> Path:
+    """An MBP-10 file of one session (``day`` sessions after the first): ``n`` records of a
+    random walk (instrument 17077)."""
     import zstandard
     from test_dbn import _mbp10, _metadata
 
@@ -256,7 +257,7 @@ def _tiny_session(path: Path, n: int = 40) -> Path:
         r[f"bid_px_{lvl:02d}"] = 4_500_000_000_000 + walk - lvl * 250_000_000
         r[f"ask_px_{lvl:02d}"] = 4_500_250_000_000 + walk + lvl * 250_000_000
         r[f"bid_sz_{lvl:02d}"] = rng.integers(1, 50, n)
-    r["ts_event"] = r["ts_event"] + np.cumsum(rng.integers(0, 10**9, n)).astype(np.uint64)
+    r["ts_event"] = r["ts_event"] + np.cumsum(rng.integers(0, 10**9, n)).astype(np.uint64) + day * 86_400 * 10**9
     r["ts_recv"] = r["ts_event"] + 100
     path.write_bytes(zstandard.ZstdCompressor().compress(_metadata() + r.tobytes()))
     return path
@@ -264,26 +265,32 @@ def _tiny_session(path: Path, n: int = 40) -> Path:
 
 @needs_device
 def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``precompute --device cuda``: the segments' blocks go to the process's GPU owner (here
-    in pieces of 7 rows) and the cache holds the CPU path's values: every column equal (NaN
-    where NaN; float64 within 1e-9, float32 within its rounding); the owners are stopped after."""
+    """``precompute --device cuda --jobs 2``: two sessions on two threads push their blocks to
+    the process's GPU owner (here in pieces of 7 rows) and the cache holds the CPU path's
+    values: every column equal (NaN where NaN; float64 within 1e-9, float32 within its
+    rounding); the owners are stopped after."""
     import pyarrow as pa
 
     from alphafeat.cuda import owner
     from alphafeat.precompute import PrecomputeConfig, precompute
 
     monkeypatch.setattr(owner, "BLOCK_ROWS", 7)
-    p = _tiny_session(tmp_path / "tiny.mbp-10.dbn.zst")
+    files = [_tiny_session(tmp_path / f"tiny{k}.mbp-10.dbn.zst", 40 - 9 * k, k) for k in range(2)]
     tables = {}
     for device in ("cpu", "cuda"):
         out = tmp_path / device / "out"
-        s = precompute(PrecomputeConfig(inputs=[p], out=out, device=device, instrument_mode="id=17077"))
-        assert s.device == device and s.rows == 40
-        (part,) = out.rglob("*.arrow")
-        with pa.memory_map(str(part)) as src:
-            tables[device] = pa.ipc.open_file(src).read_all()
+        s = precompute(PrecomputeConfig(inputs=files, out=out, device=device, instrument_mode="id=17077", jobs=2))
+        assert s.device == device and s.rows == 71
+        for part in sorted(out.rglob("*.arrow")):
+            with pa.memory_map(str(part)) as src:
+                tables[device, part.relative_to(out)] = pa.ipc.open_file(src).read_all()
     assert owner.shared.cache_info().currsize == 0
-    cpu, gpu = tables["cpu"], tables["cuda"]
+    assert len(tables) == 4
+    for key in [k for k in tables if k[0] == "cpu"]:
+        _same_table(tables[key], tables["cuda", key[1]])
+
+
+def _same_table(cpu, gpu) -> None:
     assert cpu.schema == gpu.schema
     for name in cpu.schema.names:
         x, y = (t.column(name).to_numpy(zero_copy_only=False) for t in (cpu, gpu))
