@@ -60,7 +60,7 @@ def command(inp: Path, out: Path, extra: list[str], importtime: bool) -> list[st
 
 def run(cmd: list[str]) -> tuple[float, str]:
     """Wall seconds and stderr of ``cmd`` (PYTHONPATH = this checkout); exits on failure."""
-    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT), os.environ.get("PYTHONPATH")) if p)}
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=PROJECT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0

@@ -38,6 +38,7 @@ import functools
 import math
 import queue
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -279,6 +280,8 @@ class Owner:
         other's kernels); anything else is a call."""
         if not config.ENABLE_CUDASIM:
             cuda.select_device(self.device)
+        # a short block launches small grids: numba's low-occupancy warning is noise here
+        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
         pending: _Job | None = None
         while True:
             try:
