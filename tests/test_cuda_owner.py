@@ -301,6 +301,29 @@ def _same_table(cpu, gpu) -> None:
             assert np.array_equal(x, y, equal_nan=x.dtype.kind in "mM"), name
 
 
+def test_device_auto_takes_the_gpu_only_where_it_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device auto``: the GPU where one is usable and this machine's threads map the
+    segments with ``--jobs`` >= 2; the CPU without a GPU, with one worker, on a Dask cluster;
+    the reason is the summary's."""
+    from alphafeat.precompute import PrecomputeConfig, config
+
+    def cfg(**kw: object) -> PrecomputeConfig:
+        return PrecomputeConfig(inputs=[ROOT / "data"], out=ROOT / "cache", **kw)
+
+    assert config.choose_device(cfg(device="cpu")) == ("cpu", "--device cpu")
+    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    assert config.choose_device(cfg(device="auto", jobs=16)) == ("cpu", "auto: no usable CUDA GPU")
+    with pytest.raises(AlphafeatError, match="no usable CUDA GPU"):
+        config.choose_device(cfg(device="cuda"))
+    monkeypatch.setattr(config, "cuda_available", lambda: True)
+    assert config.choose_device(cfg(device="auto", jobs=16))[0] == "cuda"
+    assert config.choose_device(cfg(device="cuda", jobs=1)) == ("cuda", "--device cuda")
+    dev, why = config.choose_device(cfg(device="auto", jobs=1))
+    assert dev == "cpu" and "--jobs 1" in why
+    dev, why = config.choose_device(cfg(device="auto", jobs=4, dask_local=2))
+    assert dev == "cpu" and "Dask" in why
+
+
 def test_owner_under_simulator() -> None:
     """The in-process tests above under NUMBA_ENABLE_CUDASIM=1, in a subprocess: all must pass."""
     if IN_SIM:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from alphafeat.cores import usable_cores
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features import FeatureParams, cuda_available
 from alphafeat.labels import DEFAULT_HORIZONS
@@ -38,7 +39,8 @@ from alphafeat.validation import (
     validate_scheduler,
 )
 
-__all__ = ["DEFAULT_DATA_DIR", "PrecomputeConfig", "check_config", "default_predecoded_dir", "resolve_device"]
+__all__ = ["DEFAULT_DATA_DIR", "PrecomputeConfig", "check_config", "choose_device", "default_predecoded_dir",
+           "resolve_device"]
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
@@ -64,10 +66,11 @@ class PrecomputeConfig:
     root : str
         Product root for front-month selection (``ES``).
     device : str
-        ``cpu``, ``cuda`` or ``auto`` (the CPU: its streamed path, features continued block by
-        block beside the decode, ran a generated quarter in 44 s on a 16-core H200 host where
-        ``cuda``, which builds each session's whole book for one GPU call per segment, took
-        70 s and 3x the memory; ``bench/precompute.py``).
+        ``cpu``, ``cuda`` or ``auto`` (:func:`choose_device`). ``cuda``: the segments run on
+        this process's threads, which decode and build their books block by block as the CPU
+        path does and push the blocks to one GPU owner per device
+        (:mod:`alphafeat.cuda.owner`: recurrences carried on the device, memory bounded by the
+        block); volume bars keep whole books.
     horizons : tuple of int
         Label horizons in snapshots.
     features : FeatureParams
@@ -170,6 +173,32 @@ def resolve_device(device: str) -> str:
     if device == Device.CUDA and not cuda_available():
         raise AlphafeatError("--device cuda: no usable CUDA GPU (numba.cuda.is_available() is False)")
     return device
+
+
+#: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on: where the
+#: streamed GPU path measured faster than the CPU's (docs/performance-gpu-draft.md).
+AUTO_GPU_MIN_JOBS = 2
+
+
+def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
+    """The device a run computes its features on, and why (the summary's ``device`` row).
+
+    ``cpu`` and ``cuda`` as asked (``cuda`` without a usable GPU: AlphafeatError). ``auto``:
+    the GPU where one is usable and the run maps its segments on this machine's threads with
+    at least :data:`AUTO_GPU_MIN_JOBS` workers (the case where it measured faster), else the
+    CPU (no GPU; one worker; a Dask cluster, whose workers are other processes).
+    """
+    device = validate_enum(cfg.device, Device, "--device").value
+    if device != Device.AUTO:
+        return resolve_device(device), f"--device {device}"
+    if not cuda_available():
+        return Device.CPU.value, "auto: no usable CUDA GPU"
+    if cfg.scheduler or cfg.dask_local:
+        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
+    jobs = usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
+    if jobs < AUTO_GPU_MIN_JOBS:
+        return Device.CPU.value, f"auto: --jobs {jobs} (the GPU measured faster from {AUTO_GPU_MIN_JOBS} workers)"
+    return Device.CUDA.value, f"auto: a CUDA GPU and --jobs {jobs} (measured faster than the CPU there)"
 
 
 def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:

@@ -40,7 +40,7 @@ from alphafeat.errors import DataError, InputError
 from alphafeat.instruments import Choice
 from alphafeat.plan import Plan, Segment, make_plan
 from alphafeat.precompute.books import BLOCK_ROWS, peak_rss, stream_rows
-from alphafeat.precompute.config import PrecomputeConfig, check_config, default_predecoded_dir, resolve_device
+from alphafeat.precompute.config import PrecomputeConfig, check_config, choose_device, default_predecoded_dir
 from alphafeat.precompute.job import IN_FLIGHT, Job, feature_threads, job_of, segments_at_once, set_in_flight
 from alphafeat.precompute.manifest import (
     common_metadata,
@@ -57,7 +57,6 @@ from alphafeat.precompute.manifest import (
 )
 from alphafeat.precompute.segment import SegmentResult
 from alphafeat.precompute.workers import SegmentFailure, first_use, map_segments
-from alphafeat.validation import Device
 
 __all__ = ["Summary", "precompute"]
 
@@ -83,6 +82,7 @@ class Summary:
     rows_computed: int = 0  #: rows of the partitions this run wrote (not those already current)
     seconds: float = 0.0
     device: str = "cpu"
+    device_reason: str = ""  #: why this device (:func:`alphafeat.precompute.config.choose_device`)
     out: Path | None = None
     schedule: list[Choice] = field(default_factory=list)
     partitions: list[Path] = field(default_factory=list)
@@ -197,10 +197,9 @@ def _start(cfg: PrecomputeConfig) -> tuple[PrecomputeConfig, Job, Summary]:
     checked (a wrong one fails now, not after the compute), the latter cleared with
     ``rebuild_predecoded``."""
     cfg = check_config(cfg)
-    # auto is the CPU here: see PrecomputeConfig.device
-    device = Device.CPU.value if cfg.device == Device.AUTO else resolve_device(cfg.device)
+    device, why = choose_device(cfg)
     job = job_of(cfg, device)
-    summary = Summary(device=device, out=Path(cfg.out))
+    summary = Summary(device=device, device_reason=why, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
     pre_dir = check_folder(cfg.predecoded_dir or default_predecoded_dir(cfg.out))
     summary.predecoded = pre_dir
