@@ -278,8 +278,12 @@ class Owner:
         """Take jobs off the queue: a block is issued on the next set's stream, then the block
         issued before it is waited for and handed back (two in flight: one's copies overlap the
         other's kernels); anything else is a call."""
+        broken = None
         if not config.ENABLE_CUDASIM:
-            cuda.select_device(self.device)
+            try:
+                cuda.select_device(self.device)
+            except Exception as e:  # noqa: BLE001  (every job gets it: no push waits forever)
+                broken = AlphafeatError(f"--device cuda: device {self.device} cannot be used ({e})")
         # a short block launches small grids: numba's low-occupancy warning is noise here
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
         pending: _Job | None = None
@@ -292,6 +296,9 @@ class Owner:
             if item is None:
                 self._finish(pending)
                 return
+            if broken is not None:
+                (item.future if isinstance(item, _Job) else item[2]).set_exception(broken)
+                continue
             if isinstance(item, _Job):
                 try:
                     self._issue(item)
