@@ -89,13 +89,18 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
     shutil.rmtree(out.parent, ignore_errors=True)
     out.parent.mkdir(parents=True)
     with GpuMemory() as mem:
-        res = bench.precompute(inputs, out, "--predecoded", "none", *args)
+        try:
+            res = bench.precompute(inputs, out, "--predecoded", "none", *args)
+        except SystemExit as e:  # a failed case is reported, the others still run
+            print(f"FAILED {' '.join(args)}: {str(e)[-1500:]}", flush=True)
+            return {"seconds": float("nan"), "error": str(e)[-300:]}
     res["gpu_peak_gb"] = mem.gb
     return res
 
 
 def summary(runs: list[dict]) -> dict:
     """The median run (by seconds) with the min and max seconds."""
+    runs = [r for r in runs if "error" not in r] or runs[:1]
     secs = [r["seconds"] for r in runs]
     mid = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
     return dict(mid, seconds_median=round(statistics.median(secs), 3), seconds_min=min(secs), seconds_max=max(secs))
