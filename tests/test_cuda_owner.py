@@ -84,7 +84,7 @@ def test_inprocess_blocks_cutting_every_recurrence_equal_the_cpu() -> None:
     fractional difference's window (7 rows) and cutting the mid's NaN run (rows 8-18: the
     skip-NaN carries reach back over several blocks), then one whole block, and float32 results,
     on one owner whose two device sets alternate: the CPU's values (1e-9; float32: the float64
-    ones rounded once)."""
+    ones rounded once, within one float32 ulp)."""
     from alphafeat.cuda.owner import Owner
     from alphafeat.features.inputs import prepare
     from alphafeat.features.registry import make_plan
@@ -106,7 +106,8 @@ def test_inprocess_blocks_cutting_every_recurrence_equal_the_cpu() -> None:
     owner32 = Owner(block_rows=24, dtype="float32")
     try:
         got = _streamed(owner32, plan, cols, [(0, 10), (10, 24)])
-        np.testing.assert_array_equal(got, ref.astype(np.float32).astype(np.float64))
+        # one float32 ulp: a float64 result one libdevice rounding away can round the other way
+        np.testing.assert_allclose(got, ref.astype(np.float32), rtol=2**-23, atol=1e-30, equal_nan=True)
     finally:
         owner32.close()
 
@@ -289,7 +290,7 @@ def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: p
         for part in sorted(out.rglob("*.arrow")):
             with pa.memory_map(str(part)) as src:
                 tables[device, part.relative_to(out)] = pa.ipc.open_file(src).read_all()
-    assert owner.shared.cache_info().currsize == 0
+    assert not owner.shared_running()
     assert len(tables) == 4
     for key in [k for k in tables if k[0] == "cpu"]:
         _same_table(tables[key], tables["cuda", key[1]])

@@ -519,17 +519,33 @@ class Owners:
         self.close()
 
 
-@functools.cache
+#: Serialises :func:`shared`'s first call: numba-cuda's driver set-up (``cuda.gpus``, module
+#: loading) is not thread-safe, and two owners of one device would load its kernels at once.
+_SHARED_LOCK = threading.Lock()
+
+
 def shared() -> Owners:
     """This process's owners, one per visible device, blocks of up to :data:`BLOCK_ROWS` rows
-    (made on first use): every segment on this process's threads shares them.
-    :func:`release_shared` stops them."""
+    (made by the first call, once, whichever thread makes it): every segment on this
+    process's threads shares them. :func:`release_shared` stops them."""
+    with _SHARED_LOCK:
+        return _made()
+
+
+@functools.cache
+def _made() -> Owners:
     return Owners(parse_devices("cuda"), BLOCK_ROWS)
+
+
+def shared_running() -> bool:
+    """Whether this process's owners are made and not yet released."""
+    return _made.cache_info().currsize > 0
 
 
 def release_shared() -> None:
     """Stop this process's owners, if made (their device memory goes with their buffers); a
     later :func:`shared` makes new ones."""
-    if shared.cache_info().currsize:
-        shared().close()
-    shared.cache_clear()
+    with _SHARED_LOCK:
+        if _made.cache_info().currsize:
+            _made().close()
+        _made.cache_clear()

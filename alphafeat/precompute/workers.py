@@ -93,6 +93,9 @@ def _on_threads(calls: list[tuple], n_jobs: int) -> Iterator[SegmentResult | Seg
     owners (:func:`alphafeat.cuda.owner.shared`). A segment's error cancels those not started."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
+    from alphafeat.cuda.owner import shared
+
+    shared()  # the owners (and numba-cuda's driver) made here, before the threads start
     with ThreadPoolExecutor(min(n_jobs, len(calls)), thread_name_prefix="segment") as pool:
         futures = [pool.submit(map_one, *c) for c in calls]
         try:
