@@ -360,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DBN files or directories (default: the embedded sample in data/)")
     p.add_argument("--out", default="cache", type=_PATH, help="cache directory (default: ./cache)")
     p.add_argument("--device", default=val.Device.AUTO, **_enum(val.Device),
-                   help="where features are computed; auto: a usable CUDA GPU with --jobs 2 or more (where its "
-                        "streamed path measured faster), else the CPU; the summary says which and why")
+                   help="where features are computed; auto: the GPU only where its streamed path measured "
+                        "faster (so far: nowhere, the CPU), else the CPU; the summary says which and why")
     p.add_argument("--root", default="ES", type=option(val.validate_root),
                    help="product root for front-month (default: ES)")
     p.add_argument("--horizons", default=None, type=option(val.validate_horizons),

@@ -308,9 +308,10 @@ def _same_table(cpu, gpu) -> None:
 
 
 def test_device_auto_takes_the_gpu_only_where_it_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--device auto``: the GPU where one is usable and this machine's threads map the
-    segments with ``--jobs`` >= 2; the CPU without a GPU, with one worker, on a Dask cluster;
-    the reason is the summary's."""
+    """``--device auto``: the CPU while no case has measured the GPU faster; with a measured
+    threshold (here 2 workers), the GPU where one is usable and this machine's threads map the
+    segments with that many ``--jobs``; the CPU without a GPU, with one worker, on a Dask
+    cluster; the reason is the summary's."""
     from alphafeat.precompute import PrecomputeConfig, config
 
     def cfg(**kw: object) -> PrecomputeConfig:
@@ -322,6 +323,9 @@ def test_device_auto_takes_the_gpu_only_where_it_measured_faster(monkeypatch: py
     with pytest.raises(AlphafeatError, match="no usable CUDA GPU"):
         config.choose_device(cfg(device="cuda"))
     monkeypatch.setattr(config, "cuda_available", lambda: True)
+    dev, why = config.choose_device(cfg(device="auto", jobs=16))
+    assert config.AUTO_GPU_MIN_JOBS is None and dev == "cpu" and "not measured faster" in why
+    monkeypatch.setattr(config, "AUTO_GPU_MIN_JOBS", 2)
     assert config.choose_device(cfg(device="auto", jobs=16))[0] == "cuda"
     assert config.choose_device(cfg(device="cuda", jobs=1)) == ("cuda", "--device cuda")
     dev, why = config.choose_device(cfg(device="auto", jobs=1))

@@ -175,9 +175,11 @@ def resolve_device(device: str) -> str:
     return device
 
 
-#: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on: where the
-#: streamed GPU path measured faster than the CPU's (docs/performance-gpu-draft.md).
-AUTO_GPU_MIN_JOBS = 2
+#: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on, where the
+#: streamed GPU path measured faster than the CPU's; None: no case has measured faster yet
+#: (docs/performance-gpu-draft.md: one session on 2 cores of an H100 host, 3.15 s against 2.60
+#: on the CPU; 16 sessions not yet measured), so ``auto`` stays on the CPU.
+AUTO_GPU_MIN_JOBS: int | None = None
 
 
 def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
@@ -186,7 +188,8 @@ def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
     ``cpu`` and ``cuda`` as asked (``cuda`` without a usable GPU: AlphafeatError). ``auto``:
     the GPU where one is usable and the run maps its segments on this machine's threads with
     at least :data:`AUTO_GPU_MIN_JOBS` workers (the case where it measured faster), else the
-    CPU (no GPU; one worker; a Dask cluster, whose workers are other processes).
+    CPU (no GPU; too few workers or no case measured faster; a Dask cluster, whose workers
+    are other processes).
     """
     device = validate_enum(cfg.device, Device, "--device").value
     if device != Device.AUTO:
@@ -195,6 +198,8 @@ def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
         return Device.CPU.value, "auto: no usable CUDA GPU"
     if cfg.scheduler or cfg.dask_local:
         return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
+    if AUTO_GPU_MIN_JOBS is None:
+        return Device.CPU.value, "auto: the streamed GPU path has not measured faster than the CPU yet"
     jobs = usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
     if jobs < AUTO_GPU_MIN_JOBS:
         return Device.CPU.value, f"auto: --jobs {jobs} (the GPU measured faster from {AUTO_GPU_MIN_JOBS} workers)"
