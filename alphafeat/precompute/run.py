@@ -265,17 +265,24 @@ def _sized(cfg: PrecomputeConfig, job: Job, staging: Path, segments: int) -> tup
 def _run_map(cfg: PrecomputeConfig, fold: _Fold, calls: list[tuple], at_once: int, in_flight: bool,
              advance: Callable[[], None]) -> None:  # fmt: skip
     """Map ``calls`` (:func:`alphafeat.precompute.workers.map_one`'s arguments) over the
-    workers and fold each result as it comes back."""
+    workers and fold each result as it comes back; this process's GPU owners (``--device
+    cuda``) are stopped after, whatever happened."""
     by_rel = {c[0].relpath: c[0] for c in calls}
     staging = fold.writer.staging
-    for done, res in enumerate(map_segments(calls, cfg), 1):
-        if in_flight and len(calls) - done < at_once:  # fewer segments left than workers
-            set_in_flight(staging, len(calls) - done)
-        if isinstance(res, SegmentFailure):
-            fold.failure(res, cfg.on_error, cfg.prune)
-        else:
-            fold.result(res, by_rel[res.relpath])
-        advance()
+    try:
+        for done, res in enumerate(map_segments(calls, cfg), 1):
+            if in_flight and len(calls) - done < at_once:  # fewer segments left than workers
+                set_in_flight(staging, len(calls) - done)
+            if isinstance(res, SegmentFailure):
+                fold.failure(res, cfg.on_error, cfg.prune)
+            else:
+                fold.result(res, by_rel[res.relpath])
+            advance()
+    finally:
+        if calls and calls[0][3].device == "cuda":
+            from alphafeat.cuda.owner import release_shared
+
+            release_shared()  # their device memory goes back
 
 
 def _manifest(fold: _Fold, common: dict, schedule: list[dict], sources: list[tuple[int, dict]]) -> dict:
@@ -360,10 +367,6 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     summary.peak_rss = max(summary.peak_rss, peak_rss())
     summary.seconds = time.perf_counter() - t0
     release_buffers()  # the buffers this process kept for its segments (arena) go back
-    if job.device == "cuda":
-        from alphafeat.cuda.owner import release_shared
-
-        release_shared()  # this process's GPU owners and their device memory
     log.info("%s: %d rows in %d partitions, %d of them already current", cfg.out, summary.rows,
              len(summary.partitions), summary.partitions_skipped)  # fmt: skip
     return summary
