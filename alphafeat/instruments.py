@@ -51,6 +51,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
+from alphafeat.errors import DataError
 from alphafeat.types import UNDEF_TIMESTAMP
 from alphafeat.validation import InstrumentMode, RollRule, validate_enum  # noqa: F401 (InstrumentMode: re-exported)
 
@@ -123,7 +124,7 @@ class InstrumentMap:
                 elif stype_out == by_id:
                     symbol, iid = str(symbol_in), _as_id(entry["symbol"])
                 else:
-                    raise ValueError("either `stype_out` or `stype_in` must be `instrument_id` to insert")
+                    raise DataError("symbol mappings: neither stype_in nor stype_out is instrument_id")
                 self._insert(iid, _as_date(entry["start_date"]), _as_date(entry["end_date"]), symbol)
 
     def insert_symbol_mapping_msg(self, rec: np.void) -> None:
@@ -150,7 +151,7 @@ def _as_id(value: object) -> int:
     try:
         return int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
-        raise ValueError(f"failed to parse `{value}` as an instrument_id") from None
+        raise DataError(f"symbol mappings: {value!r} is not an instrument id") from None
 
 
 def _as_date(value: object) -> dt.date:
@@ -162,7 +163,7 @@ def _as_date(value: object) -> dt.date:
     try:
         return dt.date.fromisoformat(str(value)[:10])
     except ValueError:
-        raise ValueError(f"failed to parse date {value!r} of a symbol mapping") from None
+        raise DataError(f"symbol mappings: {value!r} is not a date") from None
 
 
 def insert_symbol_mappings(imap: InstrumentMap, records: np.ndarray) -> None:
