@@ -16,6 +16,7 @@ import pyarrow as pa
 from alphafeat.bars import volume_bars
 from alphafeat.errors import AlphafeatError
 from alphafeat.features import FeatureParams, compute_features, feature_specs
+from alphafeat.features.inputs import prepare
 from alphafeat.labels import LabelStream, direction_labels_seconds
 from alphafeat.plan import Segment
 from alphafeat.precompute.job import MAX_FEATURE_THREADS, Job, live_threads
@@ -214,12 +215,11 @@ class SegmentColumns:
 
     def _stream_features(self, b: BookArrays, lo: int, k0: int) -> None:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
-        row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
-        from alphafeat.features import _prepare
-
+        row ``k0``, piece by piece (each piece after the block's first led by its halo row); on
+        ``cuda``, from the process's GPU owner."""
         wanted = (*self.job.names, "ema_ret2_60s")
         if self.job.device == "cuda":
-            self._gpu_features(_prepare(b, self.job.features), lo, k0, wanted, b.depth)
+            self._gpu_features(prepare(b, self.job.features), lo, k0, wanted, b.depth)
             return
         if self.stream is None:  # only what the stored features need
             self.stream = pruned_stream(self.job, self.index, wanted)
@@ -229,7 +229,7 @@ class SegmentColumns:
             feats = {name: out[self.index[name]] for name in wanted if self.index[name] in which}
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
-        self.stream.push_block(_prepare(b, self.job.features), lo, take, live_threads(self.job))
+        self.stream.push_block(prepare(b, self.job.features), lo, take, live_threads(self.job))
 
     def _gpu_features(self, cols: dict[str, np.ndarray], lo: int, k0: int, wanted: tuple[str, ...],
                       depth: int) -> None:  # fmt: skip
@@ -407,8 +407,9 @@ _PIECE = 4096
 
 def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None,
                     use: Callable[[dict[str, np.ndarray]], None]) -> None:  # fmt: skip
-    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`),
-    handed to ``use`` (which copies out what it keeps); on a GPU, with ``gpu_locks`` (the run's
+    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`, on a GPU
+    :func:`alphafeat.cuda.compute_features_cuda`), handed to ``use`` (which copies out what it
+    keeps); on a GPU, with ``gpu_locks`` (the run's
     staging folder), in a turn among the run's segments (:func:`alphafeat.cuda.gpu_turn`: bounded
     GPU memory) that ends after ``use``, freeing the device and pinned host memory the features
     lie in. A GPU out of memory (numba-cuda's ``CudaAPIError``) raises an AlphafeatError line
@@ -416,11 +417,11 @@ def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None,
     if job.device != "cuda":
         use(compute_features(b, job.features, device=job.device))
         return
-    from alphafeat.cuda import gpu_turn
+    from alphafeat.cuda import compute_features_cuda, gpu_turn
 
     try:
         with gpu_turn(gpu_locks) if gpu_locks else contextlib.nullcontext():
-            use(compute_features(b, job.features, device=job.device))
+            use(compute_features_cuda(b, job.features))
     except Exception as e:
         if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):
             raise AlphafeatError(f"{where}: --device cuda: the GPU ran out of memory for the {len(b):,} rows of "
