@@ -16,7 +16,7 @@ from alphafeat import cuda as cuda_pkg
 from alphafeat.cuda import SLOT_BYTES, gpu_turn
 from alphafeat.errors import AlphafeatError
 from alphafeat.plan import make_plan
-from alphafeat.precompute import PrecomputeConfig, books, table
+from alphafeat.precompute import PrecomputeConfig, books
 from alphafeat.precompute.job import make_job
 from alphafeat.precompute.relabel import added_features
 from alphafeat.validation import validate_instrument_mode
@@ -68,7 +68,7 @@ def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
                            "CUDA_ERROR_OUT_OF_MEMORY")  # fmt: skip
 
     turns = []
-    monkeypatch.setattr(table, "compute_features", oom)
+    monkeypatch.setattr(cuda_pkg, "compute_features_cuda", oom)
     monkeypatch.setattr(cuda_pkg, "gpu_turn", lambda d: turns.append(d) or contextlib.nullcontext())
     inputs = sorted(DATA.glob("*20240307*.dbn.zst"))
     if not inputs:
