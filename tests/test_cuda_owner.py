@@ -317,16 +317,23 @@ def test_device_auto_takes_the_gpu_only_where_it_measured_faster(monkeypatch: py
     def cfg(**kw: object) -> PrecomputeConfig:
         return PrecomputeConfig(inputs=[ROOT / "data"], out=ROOT / "cache", **kw)
 
+    probes = []
+
+    def available(answer: bool):  # noqa: ANN202
+        return lambda: probes.append(answer) or answer
+
     assert config.choose_device(cfg(device="cpu")) == ("cpu", "--device cpu")
-    monkeypatch.setattr(config, "cuda_available", lambda: False)
+    monkeypatch.setattr(config, "cuda_available", available(True))
+    dev, why = config.choose_device(cfg(device="auto", jobs=16))
+    assert config.AUTO_GPU_MIN_JOBS is None and dev == "cpu" and "not measured faster" in why
+    assert probes == []  # the GPU not probed (numba.cuda's import, the driver's start) for nothing
+    monkeypatch.setattr(config, "AUTO_GPU_MIN_JOBS", 2)
+    assert config.choose_device(cfg(device="auto", jobs=16))[0] == "cuda"
+    monkeypatch.setattr(config, "cuda_available", available(False))
     assert config.choose_device(cfg(device="auto", jobs=16)) == ("cpu", "auto: no usable CUDA GPU")
     with pytest.raises(AlphafeatError, match="no usable CUDA GPU"):
         config.choose_device(cfg(device="cuda"))
-    monkeypatch.setattr(config, "cuda_available", lambda: True)
-    dev, why = config.choose_device(cfg(device="auto", jobs=16))
-    assert config.AUTO_GPU_MIN_JOBS is None and dev == "cpu" and "not measured faster" in why
-    monkeypatch.setattr(config, "AUTO_GPU_MIN_JOBS", 2)
-    assert config.choose_device(cfg(device="auto", jobs=16))[0] == "cuda"
+    monkeypatch.setattr(config, "cuda_available", available(True))
     assert config.choose_device(cfg(device="cuda", jobs=1)) == ("cuda", "--device cuda")
     dev, why = config.choose_device(cfg(device="auto", jobs=1))
     assert dev == "cpu" and "--jobs 1" in why

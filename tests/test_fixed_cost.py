@@ -279,12 +279,13 @@ cli.alphafeat.main()
 def test_a_cold_precompute_imports_no_heavy_library(tmp_path) -> None:
     """A cold ``alphafeat precompute`` of the embedded sample (plan, symbology, segments, cache;
     nothing kept) in a fresh process imports none of pandas, databento (its package imports
-    pandas, aiohttp, requests), torch, matplotlib, dask: the symbology comes from
+    pandas, aiohttp, requests), torch, matplotlib, dask, nor numba.cuda (``--device auto``
+    probes no GPU while the CPU is its choice: ~0.2 s): the symbology comes from
     ``databento_dbn``'s metadata (:class:`alphafeat.instruments.InstrumentMap`), the rest is
     imported where it is used (``bench/import_profile.py`` measures what is left)."""
     if not any(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
-    heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "pandas", "requests", "torch"]
+    heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "pandas", "requests", "torch"]
     code = f"""
 import sys
 from cli.alphafeat import main

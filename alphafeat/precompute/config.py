@@ -194,15 +194,16 @@ def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
     device = validate_enum(cfg.device, Device, "--device").value
     if device != Device.AUTO:
         return resolve_device(device), f"--device {device}"
-    if not cuda_available():
-        return Device.CPU.value, "auto: no usable CUDA GPU"
-    if cfg.scheduler or cfg.dask_local:
-        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
+    # the GPU is probed last: numba.cuda's import and the driver's start cost ~0.2-0.4 s
     if AUTO_GPU_MIN_JOBS is None:
         return Device.CPU.value, "auto: the streamed GPU path has not measured faster than the CPU yet"
+    if cfg.scheduler or cfg.dask_local:
+        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
     jobs = usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
     if jobs < AUTO_GPU_MIN_JOBS:
         return Device.CPU.value, f"auto: --jobs {jobs} (the GPU measured faster from {AUTO_GPU_MIN_JOBS} workers)"
+    if not cuda_available():
+        return Device.CPU.value, "auto: no usable CUDA GPU"
     return Device.CUDA.value, f"auto: a CUDA GPU and --jobs {jobs} (measured faster than the CPU there)"
 
 
