@@ -122,8 +122,9 @@ def PARAMS_WINDOW() -> int:  # noqa: N802
 @needs_device
 def test_inprocess_interleaved_segments_and_bounded_allocations() -> None:
     """Three segments on three threads push to one owner at once (their blocks interleave on
-    the device, each continuing its own carry): each equals the CPU. Then six more segments,
-    two open at a time: no device array and no pinned buffer is allocated any more (the
+    the device, each continuing its own carry): each equals the CPU. Then more segments, two
+    open at a time, one of each pair asking for some rows only: no device array is allocated
+    any more but the selection's row list, and no pinned buffer after the first pair (the
     sets, the carries and the host buffers of closed streams are reused)."""
     from alphafeat.cuda.owner import Owner
     from alphafeat.features.inputs import prepare
@@ -145,21 +146,31 @@ def test_inprocess_interleaved_segments_and_bounded_allocations() -> None:
             t.join()
         for k, b in enumerate(books):
             _same(got[k], _cpu(b, PARAMS))
-        before, pinned = owner.allocations, owner.pinned_allocations
+        before = owner.allocations
         assert before > 0 and owner.open_streams == 0
+        select = [40, 3, 0, 3]  # rows in any order, one twice: only those come back
         for rnd in range(2):
             pair = [_book(8, 30 + 2 * rnd + j) for j in range(2)]
-            streams = [owner.open(plan, f"round {rnd} segment {j}") for j in range(2)]
+            streams = [owner.open(plan, f"round {rnd} segment {j}", select if j else None) for j in range(2)]
             for j, st in enumerate(streams):
                 cols = prepare(pair[j], PARAMS)
-                res = np.empty((plan.n_out, len(pair[j])))
+                res = np.empty((len(select) if j else plan.n_out, len(pair[j])))
                 for a, b in _blocks(len(pair[j]), [5]):
                     lo = a - 1 if a > 0 else 0
                     res[:, a:b] = st.push({k: v[lo:b] for k, v in cols.items()}, a > 0)
-                _same(res, _cpu(pair[j], PARAMS))
+                ref = _cpu(pair[j], PARAMS)
+                if j:
+                    np.testing.assert_allclose(res, ref[select], rtol=1e-9, atol=1e-9, equal_nan=True)
+                else:
+                    _same(res, ref)
             for st in streams:
                 st.close()
-        assert (owner.allocations, owner.pinned_allocations) == (before, pinned)
+        after_first = (owner.allocations, owner.pinned_allocations)  # the selection's row list and buffers
+        assert after_first[0] == before + 1
+        for rnd in range(2):  # and again: nothing more
+            with owner.open(plan, "again", select) as st:
+                st.push(prepare(_book(5, 60 + rnd), PARAMS), False)
+        assert (owner.allocations, owner.pinned_allocations) == after_first
     finally:
         owner.close()
 

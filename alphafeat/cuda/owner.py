@@ -132,6 +132,16 @@ def save_carry_kernel(G, m, out, ts, buy, sell, cnt, last, X, g_out, g_ts, g_f, 
             cx[idx] = X[idx, end]
 
 
+@cuda.jit(cache=True)
+def pack_rows_kernel(src, idx, dst, lo, m):
+    """Thread (r, t): ``dst[r, lo + t] = src[idx[r], lo + t]`` (rounded to ``dst``'s dtype): the
+    result rows a stream asked for, packed for one copy back."""
+    for q in range(cuda.grid(1), idx.shape[0] * m, cuda.gridsize(1)):
+        r = q // m
+        i = lo + q - r * m
+        dst[r, i] = src[idx[r], i]
+
+
 def _shape_key(plan: Plan) -> tuple[int, int, int]:
     """``(n_out, window rows WW, recurrences S)`` of a plan: what its buffers' shapes depend on."""
     return int(plan.n_out), max(int(plan.fd_w.shape[0]) - 1, 1), int(plan.s_kind.shape[0])
@@ -165,8 +175,9 @@ class _Set:
         self._segs: dict[tuple, tuple] = {}
 
     def arrays(self, plan: Plan, levels: int) -> tuple[int, dict, object, object]:
-        """``(prefix rows G, input arrays, the _DeviceSegment, float32 results or None)`` for
-        ``plan`` and books of ``levels`` levels (made once per distinct plan shape)."""
+        """``(prefix rows G, input arrays, the DeviceSegment, a result matrix (n_out, C) of the
+        owner's dtype)`` for ``plan`` and books of ``levels`` levels (made once per distinct
+        plan); the result matrix takes the rows a stream selects, or the float32 results."""
         n_out, ww, S = _shape_key(plan)
         G = N_LF + ww
         key = (id(plan), levels, self.owner.dtype.str)
@@ -178,7 +189,7 @@ class _Set:
                       np.int64 if k == "ts_recv" else np.float64) for k in IN_COLS}  # fmt: skip
             out, last, X = a((n_out + 1, C), np.float64), a((N_LF, C), np.float64), a((S, C), np.float64)
             dv = K.DeviceSegment(self.bufs, plan, d, out, last, X, K.CHUNK, self.stream)
-            out32 = a((n_out, C), np.float32) if self.owner.dtype == np.float32 else None
+            out32 = a((n_out, C), self.owner.dtype)
             self._prime_scans(plan, C)
             if len(self._segs) >= 8:
                 self._segs.clear()
@@ -228,6 +239,7 @@ class Owner:
         self._allocs = 0
         self._free: dict[tuple, list[_Carry]] = {}
         self._host_free: dict[tuple, list[tuple[dict, np.ndarray]]] = {}
+        self._selected: dict[tuple[int, ...], object] = {}
         self.pinned_allocations = 0
         self._q: queue.Queue = queue.Queue()
         self._sets: list[_Set] = []
@@ -249,11 +261,13 @@ class Owner:
         """Streams opened and not yet closed."""
         return self._open
 
-    def open(self, plan: Plan, where: str = "") -> OwnerStream:
-        """A stream for one segment's blocks (``where`` names it in errors)."""
+    def open(self, plan: Plan, where: str = "", select: Sequence[int] | None = None) -> OwnerStream:
+        """A stream for one segment's blocks (``where`` names it in errors); ``select``: the
+        result rows it wants, in that order (default every one): only those come back."""
+        stream = OwnerStream(self, plan, where, select)
         with self._lock:
             self._open += 1
-        return OwnerStream(self, plan, where)
+        return stream
 
     def close(self) -> None:
         """Finish the queued blocks and stop the thread (idempotent)."""
@@ -331,18 +345,26 @@ class Owner:
         free = self._free.setdefault(key, [])
         return free.pop() if free else _Carry(self.alloc, key)
 
-    def host_buffers(self, plan: Plan, like: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def host_buffers(self, rows: int, like: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Pinned input buffers (``block_rows + 1`` rows of each column of ``like``) and a pinned
-        result matrix ``(n_out, block_rows)`` for a stream: a closed stream's, or new ones."""
-        key = (int(plan.n_out), self.dtype.str, tuple((k, like[k].shape[1:], like[k].dtype.str) for k in IN_COLS))
+        result matrix ``(rows, block_rows)`` for a stream: a closed stream's, or new ones."""
+        key = (int(rows), self.dtype.str, tuple((k, like[k].shape[1:], like[k].dtype.str) for k in IN_COLS))
         free = self._host_free.setdefault(key, [])
         if free:
             return free.pop()
-        rows = self.block_rows + 1
+        n_in = self.block_rows + 1  # a block and its halo row
         self.pinned_allocations += len(IN_COLS) + 1
-        host_in = {k: K.pinned_empty((rows, *like[k].shape[1:]), like[k].dtype) for k in IN_COLS}
-        host_out = K.pinned_empty((int(plan.n_out), self.block_rows), self.dtype)
+        host_in = {k: K.pinned_empty((n_in, *like[k].shape[1:]), like[k].dtype) for k in IN_COLS}
+        host_out = K.pinned_empty((int(rows), self.block_rows), self.dtype)
         return host_in, host_out
+
+    def _rows_on_device(self, select: tuple[int, ...]):
+        """The device copy of a stream's selected rows (one per distinct selection)."""
+        got = self._selected.get(select)
+        if got is None:
+            got = self._selected[select] = self.alloc((len(select),), np.int64)
+            got.copy_to_device(np.asarray(select, dtype=np.int64))
+        return got
 
     def _release(self, stream: OwnerStream) -> None:
         """A closed stream's carry and host buffers back to the pools."""
@@ -351,7 +373,7 @@ class Owner:
         if stream.carry is not None:
             self._free.setdefault(stream.carry.key, []).append(stream.carry)
         if stream.host_in:
-            key = (int(stream.plan.n_out), self.dtype.str,
+            key = (int(stream.host_out.shape[0]), self.dtype.str,
                    tuple((k, v.shape[1:], v.dtype.str) for k, v in stream.host_in.items()))  # fmt: skip
             self._host_free.setdefault(key, []).append((stream.host_in, stream.host_out))
 
@@ -378,11 +400,14 @@ class Owner:
         dv.step(lo, lo + m)
         save_carry_kernel[_cfg(_items(st.carry), s)](lo, m, dv.out, d["ts_recv"], d["buy_volume"], d["sell_volume"],
                                                     d["trade_count"], dv.last, dv.X, *st.carry.args())  # fmt: skip
-        back = dv.out
-        if out32 is not None:
-            K.cast_kernel[_cfg(int(st.plan.n_out) * m, s)](dv.out, out32, lo, lo + m)
+        back, k = dv.out, int(st.host_out.shape[0])
+        if st.select is not None:  # the rows asked for (rounded once to float32 if so), packed
+            pack_rows_kernel[_cfg(k * m, s)](dv.out, self._rows_on_device(st.select), out32, lo, m)
             back = out32
-        _to_host_rows(back, st.host_out, lo, m, int(st.plan.n_out), s)
+        elif self.dtype == np.float32:
+            K.cast_kernel[_cfg(k * m, s)](dv.out, out32, lo, lo + m)
+            back = out32
+        _to_host_rows(back, st.host_out, lo, m, k, s)
         job.done = cuda.event()
         job.done.record(s)
 
@@ -431,12 +456,16 @@ class OwnerStream:
     the ``with`` block's end) gives the carry and buffers back to the owner.
     """
 
-    def __init__(self, owner: Owner, plan: Plan, where: str) -> None:
+    def __init__(self, owner: Owner, plan: Plan, where: str, select: Sequence[int] | None = None) -> None:
         self.owner, self.plan, self.where = owner, plan, where
         self.rows = 0
         self.carry: _Carry | None = None
+        self.select = None if select is None else tuple(int(r) for r in select)
+        n = int(plan.n_out)
+        if self.select is not None and (not self.select or not all(0 <= r < n for r in self.select)):
+            raise UsageError("select", f"OwnerStream: rows among 0..{n - 1}, at least one", str(self.select))
         self.host_in: dict[str, np.ndarray] = {}
-        self.host_out = np.empty((int(plan.n_out), 0), owner.dtype)
+        self.host_out = np.empty((n if self.select is None else len(self.select), 0), owner.dtype)
         self._closed = False
 
     def __enter__(self) -> OwnerStream:
@@ -446,8 +475,9 @@ class OwnerStream:
         self.close()
 
     def push(self, cols: dict[str, np.ndarray], halo: bool) -> np.ndarray:
-        """Features of the new rows of ``cols`` as a view ``(n_out, m)`` of the owner's dtype,
-        valid until the next push. ``UsageError`` on a halo out of place or too many rows;
+        """Features of the new rows of ``cols`` as a view ``(n_out, m)`` of the owner's dtype
+        (``(len(select), m)``, the selected rows in order, with ``select``), valid until the
+        next push. ``UsageError`` on a halo out of place or too many rows;
         ``AlphafeatError`` naming the segment when the GPU runs out of memory."""
         n = int(cols["ts_recv"].shape[0])
         if self._closed:
@@ -472,7 +502,7 @@ class OwnerStream:
     def _stage(self, cols: dict[str, np.ndarray], n: int) -> None:
         """Copy the block's columns into this stream's pinned input buffers (made at the first push)."""
         if not self.host_in:  # pinned in the owner's context
-            self.host_in, self.host_out = self.owner.call(self.owner.host_buffers, self.plan, cols)
+            self.host_in, self.host_out = self.owner.call(self.owner.host_buffers, self.host_out.shape[0], cols)
         for k in IN_COLS:
             v = cols[k]
             if v.shape[1:] != self.host_in[k].shape[1:]:
@@ -504,9 +534,9 @@ class Owners:
     def __init__(self, devices: Sequence[int], block_rows: int = BLOCK_ROWS, dtype: str | np.dtype = "float64") -> None:
         self.owners = [Owner(d, block_rows, dtype) for d in devices]
 
-    def open(self, plan: Plan, where: str = "") -> OwnerStream:
-        """A stream on the least busy device."""
-        return min(self.owners, key=lambda o: o.open_streams).open(plan, where)
+    def open(self, plan: Plan, where: str = "", select: Sequence[int] | None = None) -> OwnerStream:
+        """A stream on the least busy device (:meth:`Owner.open`)."""
+        return min(self.owners, key=lambda o: o.open_streams).open(plan, where, select)
 
     def close(self) -> None:
         for o in self.owners:

@@ -240,13 +240,15 @@ class SegmentColumns:
             from alphafeat.cuda.owner import shared
             from alphafeat.features.registry import make_plan
 
-            self.stream = shared().open(make_plan(self.job.features), self.seg.relpath)
+            # only the rows stored come back from the device
+            self.stream = shared().open(make_plan(self.job.features), self.seg.relpath,
+                                        [self.index[name] for name in wanted])  # fmt: skip
         n, step = int(cols["ts_recv"].shape[0]), self.stream.owner.block_rows
         for i0 in range(lo, n, step):
             i1 = min(i0 + step, n)
             a = i0 - 1 if i0 > 0 else 0
             out = self.stream.push({k: v[a:i1] for k, v in cols.items()}, i0 > 0)
-            self._store_features({name: out[self.index[name]] for name in wanted}, depth, k0 + i0 - lo, k0 + i1 - lo)
+            self._store_features({name: out[j] for j, name in enumerate(wanted)}, depth, k0 + i0 - lo, k0 + i1 - lo)
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
