@@ -13,7 +13,7 @@ recurrence states after the last row, the flag "a finite value was seen" per ski
 with a copy of that last finite row (its output column and ``ts_recv``, buy / sell volume,
 trade count: the *ghost* rows the skip-NaN coefficients read), and the ``W - 1`` forward-filled
 log mids the fractional difference reads before the block. Before a block's kernels
-(:class:`alphafeat.cuda.kernels._DeviceSegment`, the same as the whole-segment path) the carry
+(:class:`alphafeat.cuda.kernels.DeviceSegment`, the same as the whole-segment path) the carry
 is laid out in front of it on the device (:func:`load_prefix_kernel`): rows
 ``[0, N_LF)`` the ghost rows, then the window, the halo row last, so the kernels see a segment
 whose earlier rows are exactly what they read; after them :func:`save_carry_kernel` takes the
@@ -24,9 +24,9 @@ one row, blocks cutting every recurrence, NaN runs longer than a block).
 Memory: per owner, two sets of device buffers sized by the block (``block_rows`` plus the
 prefix; jobs alternate between them on two CUDA streams, so a block's copies overlap the
 previous block's kernels), one carry per *open* stream (reused after :meth:`OwnerStream.close`)
-and, per open stream, one pinned host buffer of inputs and one of results: GPU memory does not
-grow with the number of segments, only with those open at once. Counted by
-:attr:`Owner.allocations`. A GPU that runs out of memory is an
+and, per open stream, one pinned host buffer of inputs and one of results (only the rows the
+stream selects come back): GPU memory does not grow with the number of segments, only with
+those open at once. Counted by :attr:`Owner.allocations`. A GPU that runs out of memory is an
 :class:`~alphafeat.errors.AlphafeatError` naming the stream's segment (``where``).
 
 Labels stay on the CPU (:class:`alphafeat.labels.LabelStream`): they look ahead, past the block.
