@@ -95,6 +95,8 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
             print(f"FAILED {' '.join(args)}: {str(e)[-1500:]}", flush=True)
             return {"seconds": float("nan"), "error": str(e)[-300:]}
     res["gpu_peak_gb"] = mem.gb
+    keys = ("seconds", "cpu_s", "peak_rss_gb", "gpu_peak_gb", "rows", "stage_seconds")
+    print("case", " ".join(args), json.dumps({k: res.get(k) for k in keys}), flush=True)  # kept if cut short
     return res
 
 
@@ -127,14 +129,14 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}
     jobs = ["--jobs", str(args.jobs)]
     try:
-        devices = [d for d in ("cpu", "cuda") if any(c.endswith(d) or c.startswith(f"N_{d}") for c in cases)]
-        for dev in devices if "one" not in cases else ("cpu", "cuda"):  # warm-up: numba's caches (not timed)
+        # warm-up (not timed): numba's caches, both devices (the cuda run compiles no CPU feature kernel)
+        for dev in ("cpu", "cuda"):
             measured(first, scratch / "warm" / "out", "--device", dev)
         for _ in range(max(1, args.repeat)):
-            if "N_cpu" in cases:
-                runs.setdefault("N_cpu", []).append(measured(every, scratch / "a" / "out", "--device", "cpu", *jobs))
             if "N_cuda" in cases:
                 runs.setdefault("N_cuda", []).append(measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
+            if "N_cpu" in cases:
+                runs.setdefault("N_cpu", []).append(measured(every, scratch / "a" / "out", "--device", "cpu", *jobs))
             if "N_cuda_all" in cases:
                 runs.setdefault("N_cuda_all", []).append(
                     measured(every, scratch / "c" / "out", "--device", "cuda", "--features", "all", *jobs))
