@@ -177,8 +177,8 @@ def resolve_device(device: str) -> str:
 
 #: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on, where the
 #: streamed GPU path measured faster than the CPU's; None: no case has measured faster yet
-#: (docs/performance-gpu-draft.md: one session on 2 cores of an H100 host, 3.15 s against 2.60
-#: on the CPU; 16 sessions not yet measured), so ``auto`` stays on the CPU.
+#: (docs/performance-gpu-draft.md: on an H100 host, one session on 2 cores and 16 sessions on
+#: 16 cores were both slower on the GPU path), so ``auto`` stays on the CPU.
 AUTO_GPU_MIN_JOBS: int | None = None
 
 
