@@ -83,7 +83,7 @@ def test_inprocess_blocks_cutting_every_recurrence_equal_the_cpu() -> None:
     """Blocks of one row at the session start and in the middle, blocks shorter than the
     fractional difference's window (7 rows) and cutting the mid's NaN run (rows 8-18: the
     skip-NaN carries reach back over several blocks), then one whole block, and float32 results,
-    on one owner whose two device sets alternate: the CPU's values (1e-9; float32: the float64
+    on one owner whose device sets take the blocks in turn: the CPU's values (1e-9; float32: the float64
     ones rounded once, within one float32 ulp)."""
     from alphafeat.cuda.owner import Owner
     from alphafeat.features.inputs import prepare

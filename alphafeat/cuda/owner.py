@@ -21,9 +21,9 @@ new carry. The first block of a segment has no prefix (its row 0 is the segment'
 values are those of one call over the whole segment (``tests/test_cuda_owner.py``: blocks of
 one row, blocks cutting every recurrence, NaN runs longer than a block).
 
-Memory: per owner, two sets of device buffers sized by the block (``block_rows`` plus the
-prefix; jobs alternate between them on two CUDA streams, so a block's copies overlap the
-previous block's kernels), one carry per *open* stream (reused after :meth:`OwnerStream.close`)
+Memory: per owner, :data:`SETS` sets of device buffers sized by the block (``block_rows``
+plus the prefix; blocks take them in turn, each set on its own CUDA stream, so blocks of
+different segments overlap on the device), one carry per *open* stream (reused after :meth:`OwnerStream.close`)
 and, per open stream, one pinned host buffer of inputs and one of results (only the rows the
 stream selects come back): GPU memory does not grow with the number of segments, only with
 those open at once. Counted by :attr:`Owner.allocations`. A GPU that runs out of memory is an
@@ -34,6 +34,7 @@ Labels stay on the CPU (:class:`alphafeat.labels.LabelStream`): they look ahead,
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import queue
@@ -53,6 +54,10 @@ from alphafeat.features.registry import N_LF, Plan
 IN_COLS = ("ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sell_volume", "trade_count")
 #: Rows of a block at most by default (the device buffers and pinned buffers are sized for it).
 BLOCK_ROWS = 1 << 16
+#: Device buffer sets of an owner, each with its CUDA stream: at most this many blocks in flight
+#: (a block's kernels fill a small part of the device, so blocks of different segments can run
+#: side by side; with two, 16 segments queued behind the owner: docs/performance-gpu-draft.md).
+SETS = 4
 
 
 def parse_devices(text: str, count: int | None = None) -> list[int]:
@@ -165,7 +170,7 @@ class _Carry:
 
 
 class _Set:
-    """One of the owner's two sets of device buffers (rows: the prefix and a block) with its
+    """One of the owner's sets of device buffers (rows: the prefix and a block) with its
     CUDA stream and its own :class:`alphafeat.cuda.kernels.Buffers` (scan scratch, plan arrays)."""
 
     def __init__(self, owner: Owner) -> None:
@@ -224,15 +229,19 @@ class Owner:
         Most new rows one push may bring (the buffers are sized for it).
     dtype : float64 or float32
         The results' dtype (float32: the float64 results rounded once on the device).
+    sets : int
+        Device buffer sets (at least 2), each on its own CUDA stream: blocks in flight at most.
 
     :attr:`allocations` counts the device arrays allocated so far (the sets' buffers, scan
     scratch, plan arrays, carries): it stops growing once as many streams as will be open at
     once have been open. :meth:`close` stops the thread (after the blocks queued).
     """
 
-    def __init__(self, device: int = 0, block_rows: int = BLOCK_ROWS, dtype: str | np.dtype = "float64") -> None:
+    def __init__(self, device: int = 0, block_rows: int = BLOCK_ROWS, dtype: str | np.dtype = "float64",
+                 sets: int = SETS) -> None:  # fmt: skip
         self.device = int(device)
         self.block_rows = max(1, int(block_rows))
+        self.sets = max(2, int(sets))
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
             raise UsageError("dtype", "expected float64 or float32", str(self.dtype))
@@ -289,9 +298,11 @@ class Owner:
         return cuda.device_array(shape, dtype=dtype)
 
     def _loop(self) -> None:
-        """Take jobs off the queue: a block is issued on the next set's stream, then the block
-        issued before it is waited for and handed back (two in flight: one's copies overlap the
-        other's kernels); anything else is a call."""
+        """Take jobs off the queue: a block is issued on the next set's stream, up to
+        :attr:`sets` blocks in flight (the oldest waited for and handed back before its set is
+        used again, or when the queue is empty), so that blocks of different segments overlap
+        on the device (one's copies beside another's kernels, small kernels side by side);
+        anything else is a call, run once nothing is in flight."""
         broken = None
         if not config.ENABLE_CUDASIM:
             try:
@@ -300,44 +311,45 @@ class Owner:
                 broken = AlphafeatError(f"--device cuda: device {self.device} cannot be used ({e})")
         # a short block launches small grids: numba's low-occupancy warning is noise here
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
-        pending: _Job | None = None
+        flight: collections.deque[_Job] = collections.deque()
         while True:
             try:
-                item = self._q.get(block=pending is None)
+                item = self._q.get(block=not flight)
             except queue.Empty:
-                pending = self._finish(pending)
+                self._finish(flight.popleft())
                 continue
             if item is None:
-                self._finish(pending)
+                while flight:
+                    self._finish(flight.popleft())
                 return
             if broken is not None:
                 (item.future if isinstance(item, _Job) else item[2]).set_exception(broken)
                 continue
             if isinstance(item, _Job):
+                while len(flight) >= self.sets:  # the next set's last block is done first
+                    self._finish(flight.popleft())
                 try:
                     self._issue(item)
                 except BaseException as e:  # noqa: BLE001  (handed to the pushing thread)
                     item.future.set_exception(e)
                     continue
-                pending, item = item, self._finish(pending)
+                flight.append(item)
                 continue
             fn, args, fut = item
-            pending = self._finish(pending)
+            while flight:
+                self._finish(flight.popleft())
             try:
                 fut.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001
                 fut.set_exception(e)
 
-    def _finish(self, job: _Job | None) -> None:
+    def _finish(self, job: _Job) -> None:
         """Wait for ``job``'s copy back and hand its results to the pushing thread."""
-        if job is None:
-            return None
         try:
             job.done.synchronize()
             job.future.set_result(None)
         except BaseException as e:  # noqa: BLE001
             job.future.set_exception(e)
-        return None
 
     def _carry(self, plan: Plan) -> _Carry:
         """A carry for a new stream of ``plan``'s shape (a closed stream's, or a new one)."""
@@ -381,8 +393,8 @@ class Owner:
         """The block's copies in, kernels and copy back, queued on the next set's stream."""
         st = job.stream
         if not self._sets:
-            self._sets = [_Set(self), _Set(self)]
-        sx = self._sets[self._jobs % 2]
+            self._sets = [_Set(self) for _ in range(self.sets)]
+        sx = self._sets[self._jobs % self.sets]
         self._jobs += 1
         levels = int(st.host_in["bid_px"].shape[1])
         G, d, dv, out32 = sx.arrays(st.plan, levels)
