@@ -331,11 +331,11 @@ def _features(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1, default=str))
         return 0
     table = Table(title="alphafeat features (default parameters; groups: the --features groups holding each)")
-    for col in ("name", "unit", "formula", "source", "parameters", "min_depth", "groups"):
+    for col in ("name", "unit", "formula", "source", "parameters", "min_depth", "crossed rows", "groups"):
         table.add_column(col, overflow="fold", no_wrap=col == "name")
     for r in rows:
         params_ = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
-        table.add_row(r["name"], r["unit"], r["formula"], r["source"], params_, str(r["min_depth"]),
+        table.add_row(r["name"], r["unit"], r["formula"], r["source"], params_, str(r["min_depth"]), r["crossed"],
                       ", ".join(r["groups"]))
     stdout_console().print(table)
     return 0
@@ -433,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: ../shared/data/real/esh4-glbx-mdp3-20231225.mbo.dbn.zst)")
     s.set_defaults(func=_synth, prog=s.prog)
 
-    f = add_command(sub, "features", "print the feature registry (name, unit, formula, source, parameters)",
+    f = add_command(sub, "features", "print the feature registry (name, unit, formula, source, parameters, "
+                    "value on crossed-book rows such as the pre-open)",
                     parents=common)
     f.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     f.set_defaults(func=_features, prog=f.prog)
