@@ -268,6 +268,8 @@ def _inspect(args: argparse.Namespace) -> int:
         timeout = f"{1 - u - d - n:.1%}" if k == "tb_label" else ""
         t.add_row(k, f"{u:.1%}", f"{d:.1%}", timeout, f"{n:.1%}")
     out.print(t)
+    out.print(f"crossed-book rows (pre-open auction): {rep.crossed:,}; incomplete-book rows: {rep.incomplete:,}"
+              + ("; both left out of the feature and mid plots" if rep.plots else ""))
     for p in rep.plots:
         out.print(f"plot: {p}")
     return 0
