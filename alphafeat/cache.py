@@ -5,6 +5,7 @@ Layout::
     OUT/_alphafeat.json                              manifest: columns, parameters, schedule, sources
     OUT/root=ES/session=2024-03-06/ESH4.arrow        one file per kept instrument and session
     OUT/.alphafeat.lock                              held while a run writes
+    OUT/.predecoded/                                 kept books and plan scans (default place)
 
 Files are uncompressed Arrow IPC (memory-mappable); each file's schema metadata holds, under
 the key ``alphafeat``, a JSON document with the columns (unit, meaning, source), the
@@ -458,6 +459,51 @@ def read_manifest(path: str | os.PathLike[str]) -> dict:
             "rerun alphafeat precompute with the same --out to rebuild it"
         )
     return manifest
+
+
+#: What a predecoded folder holds (:mod:`alphafeat.segment`, :mod:`alphafeat.plan`): a folder
+#: holding anything else is not removed by :func:`clean_cache`.
+PREDECODED_ENTRIES = frozenset({"book", "plan", "survey"})
+#: Manifest key of the predecoded folder a run used (absolute path).
+PREDECODED_KEY = "predecoded_dir"
+
+
+def clean_cache(path: str | os.PathLike[str], keep_predecoded: bool = False) -> list[Path]:
+    """Remove the cache at ``path`` and its kept books; returns the folders removed.
+
+    The predecoded folder the manifest names (:data:`PREDECODED_KEY`: where the run kept its
+    books and plan scans) goes too: inside the cache (the default, ``<cache>/.predecoded``)
+    with it, elsewhere (``--predecoded-dir``) unless ``keep_predecoded`` (a folder shared
+    between caches) or it holds anything but a predecoded folder's entries
+    (:data:`PREDECODED_ENTRIES`). Waits for a run writing the cache (its lock) to end.
+
+    Raises
+    ------
+    CacheError
+        ``path`` is not an alphafeat cache (no manifest): nothing is removed.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise CacheError(path, "no such folder" if not root.exists() else "is a file, not a cache directory")
+    if not (root / MANIFEST).is_file():
+        raise CacheError(path, f"not an alphafeat cache (no {MANIFEST}); nothing removed")
+    root = root.resolve()
+    try:
+        pre = json.loads((root / MANIFEST).read_text()).get(PREDECODED_KEY)
+    except (OSError, ValueError, AttributeError):
+        pre = None
+    removed = []
+    with open(root / LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a run writing the cache finishes first
+        shutil.rmtree(root)
+        removed.append(root)
+    if pre and not keep_predecoded:
+        pre = Path(pre)
+        inside = pre == root or root in pre.parents
+        if not inside and pre.is_dir() and {e.name for e in pre.iterdir()} <= PREDECODED_ENTRIES:
+            shutil.rmtree(pre)
+            removed.append(pre)
+    return removed
 
 
 def open_dataset(path: str | os.PathLike[str]) -> pads.Dataset:

@@ -6,6 +6,7 @@ Subcommands
     synth          synthetic ES DBN files (the embedded default sample, test data, benchmarks)
     features       the feature registry: name, unit, formula, source, parameters
     inspect        rows, NaN rates, label balance and PNG plots of a cache
+    clean          remove a cache and its kept books
 """
 
 from __future__ import annotations
@@ -275,6 +276,15 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clean(args: argparse.Namespace) -> int:
+    from alphafeat.cache import clean_cache
+
+    out = stdout_console()
+    for p in clean_cache(args.cache, keep_predecoded=args.keep_predecoded):
+        out.print(f"removed {p}")
+    return 0
+
+
 def _read_options(p: argparse.ArgumentParser) -> None:
     """Options of the DBN reading stage, shared by precompute and roll-schedule."""
     p.add_argument("--roll-rule", default=val.RollRule.VOLUME, **_enum(val.RollRule),
@@ -445,6 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--plots", default=None, type=_PATH, help="where to write PNG plots (default: CACHE/_plots)")
     i.add_argument("--no-plots", action="store_true", help="tables only")
     i.set_defaults(func=_inspect, prog=i.prog)
+    c = add_command(sub, "clean", "remove a cache and its kept books (the predecoded folder its manifest names)",
+                    parents=common)
+    c.add_argument("cache", type=_PATH, help="cache directory written by precompute (refused without its manifest)")
+    c.add_argument("--keep-predecoded", action="store_true",
+                   help="keep a predecoded folder outside the cache (--predecoded-dir shared by other caches)")
+    c.set_defaults(func=_clean, prog=c.prog)
     return ap
 
 

@@ -28,6 +28,7 @@ ROLL = ("alphafeat", ["roll-schedule", "--input", DATA])
 SYNTH = ("alphafeat", ["synth", "--start", "2024-01-02", "--out", "{tmp}/synth"])
 FEATURES = ("alphafeat", ["features"])
 INSPECT = ("alphafeat", ["inspect", "{tmp}/nocache"])
+CLEAN = ("alphafeat", ["clean", "{tmp}/nocache"])
 TRAIN = ("alphamodel", ["train", "-q", "--cache", "{tmp}/nocache", "--out", "{tmp}/out"])
 BACKTEST = ("alphamodel", ["backtest", "-q", "--cache", "{tmp}/nocache", "--out", "{tmp}/out"])
 EMBED = ("alphamodel", ["embed", "{tmp}/nocache", "--model", "{tmp}/nomodel"])
@@ -141,6 +142,10 @@ CASES = [
     (INSPECT, "--plots", ["--plots", ""], USAGE, ["--plots"]),
     (INSPECT, "--no-plots", ["--no-plots=1"], USAGE, ["'1'"]),
     (INSPECT, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
+    (CLEAN, "cache", [], DATA_ERROR, ["nocache", "no such folder"]),
+    (("alphafeat", ["clean", "{tmp}"]), "cache", [], DATA_ERROR, ["not an alphafeat cache", "nothing removed"]),
+    (CLEAN, "--keep-predecoded", ["--keep-predecoded=1"], USAGE, ["'1'"]),
+    (CLEAN, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
     (("alphafeat", ["--verbose=2", "features"]), "--verbose", [], USAGE, ["'2'"]),
     (("alphafeat", ["precompile"]), "command", [], USAGE, ["precompile"]),
     (TRAIN, "--cache", [], DATA_ERROR, ["nocache", "no such cache directory"]),
