@@ -182,10 +182,12 @@ def check_out(out: str | os.PathLike[str]) -> Path:
     ------
     CacheError
         ``out`` is a folder that is neither empty nor an alphafeat cache (we never delete a
-        folder we did not write); or as :func:`check_folder`.
+        folder we did not write; its predecoded folder alone, :data:`PREDECODED_NAME`, left by
+        an earlier run that failed or by ``roll-schedule --out``, does not count); or as
+        :func:`check_folder`.
     """
     path = check_folder(out)
-    if path.exists() and not is_cache(path) and any(path.iterdir()):
+    if path.exists() and not is_cache(path) and any(p.name != PREDECODED_NAME for p in path.iterdir()):
         raise CacheError(path, "a folder that is not empty and not an alphafeat cache; refusing to overwrite it")
     return path
 
@@ -461,6 +463,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict:
     return manifest
 
 
+#: The predecoded folder's name inside a cache (its default place: ``<cache>/.predecoded``).
+PREDECODED_NAME = ".predecoded"
 #: What a predecoded folder holds (:mod:`alphafeat.segment`, :mod:`alphafeat.plan`): a folder
 #: holding anything else is not removed by :func:`clean_cache`.
 PREDECODED_ENTRIES = frozenset({"book", "plan", "survey"})
@@ -472,9 +476,10 @@ def clean_cache(path: str | os.PathLike[str], keep_predecoded: bool = False) -> 
     """Remove the cache at ``path`` and its kept books; returns the folders removed.
 
     The predecoded folder the manifest names (:data:`PREDECODED_KEY`: where the run kept its
-    books and plan scans) goes too: inside the cache (the default, ``<cache>/.predecoded``)
-    with it, elsewhere (``--predecoded-dir``) unless ``keep_predecoded`` (a folder shared
-    between caches) or it holds anything but a predecoded folder's entries
+    books and plan scans; relative to the cache when inside it) goes too: inside the cache
+    (the default, ``<cache>/.predecoded``) with it; elsewhere (``--predecoded-dir``) unless
+    ``keep_predecoded`` (a folder shared between caches) or it holds anything but a
+    predecoded folder's entries
     (:data:`PREDECODED_ENTRIES`). Waits for a run writing the cache (its lock) to end.
 
     Raises
@@ -498,7 +503,7 @@ def clean_cache(path: str | os.PathLike[str], keep_predecoded: bool = False) -> 
         shutil.rmtree(root)
         removed.append(root)
     if pre and not keep_predecoded:
-        pre = Path(pre)
+        pre = root / pre  # relative: inside the cache (removed with it); absolute: elsewhere
         inside = pre == root or root in pre.parents
         if not inside and pre.is_dir() and {e.name for e in pre.iterdir()} <= PREDECODED_ENTRIES:
             shutil.rmtree(pre)

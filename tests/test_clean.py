@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 from hand_cache import write_hand_cache
@@ -44,3 +45,30 @@ def test_clean_refuses_a_folder_that_is_not_a_cache(tmp_path, capsys):
     assert (tmp_path / "data" / "keep.txt").is_file()
     assert main(["clean", str(tmp_path / "nowhere")]) == 1
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_kept_books_inside_the_cache_shared_on_request_and_cleaned(tmp_path, capsys):
+    """The predecoded folder defaults to ``<out>/.predecoded`` (nothing beside the cache);
+    ``--predecoded-dir`` points two caches at one folder (the second uses the first's kept
+    book); ``alphafeat clean`` removes a cache and its kept books."""
+    from conftest import ESH4_MBO, need
+
+    mbo = str(need(ESH4_MBO))
+    work = tmp_path / "work"
+    assert main(["precompute", "-q", "--input", mbo, "--out", str(work / "realcache")]) == 0
+    assert [p.name for p in work.iterdir()] == ["realcache"]
+    assert any((work / "realcache" / ".predecoded" / "book").iterdir())  # MBO: the book kept, inside
+    man = json.loads((work / "realcache" / MANIFEST).read_text())
+    assert man[PREDECODED_KEY] == ".predecoded"  # inside the cache: relative to it
+    capsys.readouterr()
+    assert main(["clean", str(work / "realcache")]) == 0
+    assert not (work / "realcache").exists() and list(work.iterdir()) == []
+    shared = tmp_path / "books"
+    for name in ("a", "b"):
+        assert main(["precompute", "-q", "--input", mbo, "--out", str(work / name), "--predecoded-dir",
+                     str(shared)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert re.search(r"books from the predecoded folder\s*│\s*1\s", out)  # b used a's kept book
+    assert not (work / "a" / ".predecoded").exists() and (shared / "book").is_dir()
+    assert main(["clean", str(work / "a"), "--keep-predecoded"]) == 0 and (shared / "book").is_dir()
+    assert main(["clean", str(work / "b")]) == 0 and not shared.exists()

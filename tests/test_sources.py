@@ -9,6 +9,8 @@ generated NQ file (the ESU4 file renamed) and a copy on another venue are left o
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,69 @@ def test_symbol_roots() -> None:
         "ES", "ES", "ES", "ES", "NQ", "MES"]  # fmt: skip
     assert symbol_root("ALL_SYMBOLS") is None and symbol_root("17077") is None
     assert richest(["mbp-1", "mbo", "mbp-10"]) == "mbo" and richest(["mbp-1", "mbp-10"]) == "mbp-10"
+
+
+# ---------------------------------------------------------------- the whole run (precompute)
+
+
+def _precompute(capsys, *args: str) -> tuple[int, str, str]:
+    from cli.alphafeat import main
+
+    code = main(["precompute", "-q", "--device", "cpu", *args])
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+def _table(out: str) -> dict[str, list[str]]:
+    """The instrument table's rows by session: their cells."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip("│┃ ").split("│")]
+        if len(cells) >= 5 and re.fullmatch(r"\d{4}-\d{2}-\d{2}", cells[0]):
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_whole_real_folder_in_one_run(tmp_path, capsys) -> None:
+    """Each session's partition from its own schema, said by the table, the notes, the manifest
+    and each partition; the record count is the chosen contracts' records, once, as databento's
+    reader counts them."""
+    import databento as db
+
+    from alphafeat.cache import MANIFEST, partition_metadata
+
+    out = tmp_path / "cache"
+    code, text, err = _precompute(capsys, "--input", str(need(REAL)), "--out", str(out))
+    assert code == 0, err
+    rows = _table(text)
+    assert rows["2023-12-26"][2:4] == ["ESH4", "mbo"] and rows["2024-07-02"][2:4] == ["ESU4", "mbp-1"]
+    assert "book schema per session" in text and "mbp-1: 2024-07-02 ESU4" in text
+    man = json.loads((out / MANIFEST).read_text())
+    assert {r["session"]: r["schema"] for r in man["schedule"]}["2024-07-02"] == "mbp-1"
+    parts = {p.parent.name: partition_metadata(p)["book_schema"] for p in out.rglob("*.arrow")}
+    assert parts == {"session=2023-12-26": "mbo", "session=2024-07-02": "mbp-1"}
+    want = sum(int((db.DBNStore.from_file(f).to_ndarray()["instrument_id"] == iid).sum())
+               for f, iid in ((ESH4_MBO, 17077), (ESU4_MBP1, 118)))  # fmt: skip
+    assert want == 68_792 + 2_288
+    assert re.search(rf"book records \(chosen contracts, their sessions\)\s*│\s*{want:,}\s", text), text
+
+
+def test_forced_schema_run_over_the_real_folder(tmp_path, capsys) -> None:
+    code, text, err = _precompute(capsys, "--input", str(need(REAL)), "--out", str(tmp_path / "c"), "--schema",
+                                  "mbp-1")  # fmt: skip
+    assert code == 0, err
+    assert list(_table(text)) == ["2024-07-02"] and _table(text)["2024-07-02"][3] == "mbp-1"
+    assert f"--schema mbp-1: mbo book file not used: {ESH4_MBO}" in re.sub(r"\s*\n\s*", " ", text)
+    assert [p.parent.name for p in (tmp_path / "c").rglob("*.arrow")] == ["session=2024-07-02"]
+
+
+def test_nq_file_in_the_folder_skipped_with_a_note(tmp_path, capsys) -> None:
+    folder = tmp_path / "download"
+    folder.mkdir()
+    for f in need(REAL).iterdir():
+        (folder / f.name).symlink_to(f)
+    nq = rename(folder / "nq-mbp-1.dbn.zst", ESU4_MBP1, MBP1, "NQU4", 4358)
+    code, text, err = _precompute(capsys, "--input", str(folder), "--out", str(tmp_path / "c"))
+    assert code == 0, err
+    assert f"skipped {nq}: its symbols are of root NQ, not ES" in re.sub(r"\s*\n\s*", " ", text)
+    assert sorted(_table(text)) == ["2023-12-25", "2023-12-26", "2024-07-02"]

@@ -65,11 +65,12 @@ def _one_line_error(code: int, err: str, want: int = 1) -> str:
 
 
 def _tree(out: Path) -> dict[str, bytes]:
-    """Every file under ``out`` (names and bytes) but the lock."""
+    """Every file under ``out`` (names and bytes) but the lock and the predecoded folder (plan
+    scans and kept books: a cache of the inputs, not of the cache's data)."""
     if not out.exists():
         return {}
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
-            and p.name != cache.LOCK}  # fmt: skip
+            and p.name != cache.LOCK and cache.PREDECODED_NAME not in p.relative_to(out).parts}  # fmt: skip
 
 
 def _rows(out: Path) -> dict[str, pa.Table]:
@@ -129,16 +130,16 @@ def test_continuous_mixed_with_raw_symbol_files_is_refused(gen, tmp_path, capsys
 
 
 def test_summary_names_the_predecoded_folder(gen, tmp_path, capsys):
-    """The summary says where the plan's scans (and kept books) went: ``<parent of --out>/.predecoded``,
-    which is there."""
+    """The summary says where the plan's scans (and kept books) went: ``<out>/.predecoded``, inside
+    the cache, which is there; nothing is written beside the cache."""
     import re
 
     both = [str(gen["mbp-10"][0]), str(gen["trades"][0])]
     code, table, err = _cli(capsys, "precompute", "--input", *both, "--out", str(tmp_path / "a" / "c"))
     assert code == 0, err
-    where = tmp_path / "a" / ".predecoded"
+    where = tmp_path / "a" / "c" / ".predecoded"
     assert "predecoded folder" in table and str(where) in re.sub(r"[\s│]", "", table), table
-    assert where.is_dir()
+    assert where.is_dir() and [p.name for p in (tmp_path / "a").iterdir()] == ["c"]
 
 
 # ---------------------------------------------------------------- live recordings
