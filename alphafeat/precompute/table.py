@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from alphafeat.bars import volume_bars
 from alphafeat.errors import AlphafeatError
 from alphafeat.features import FeatureParams, compute_features, feature_specs
-from alphafeat.features.inputs import crossed_rows
+from alphafeat.features.inputs import crossed_rows, prepare
 from alphafeat.labels import LabelStream, direction_labels_seconds
 from alphafeat.plan import Segment
 from alphafeat.precompute.job import MAX_FEATURE_THREADS, Job, live_threads
@@ -218,7 +218,6 @@ class SegmentColumns:
     def _stream_features(self, b: BookArrays, lo: int, k0: int) -> None:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
         row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
-        from alphafeat.features import _prepare
 
         wanted = (*self.job.names, "ema_ret2_60s")
         if self.stream is None:  # only what the stored features need
@@ -229,7 +228,7 @@ class SegmentColumns:
             feats = {name: out[self.index[name]] for name in wanted if self.index[name] in which}
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
-        self.stream.push_block(_prepare(b, self.job.features), lo, take, live_threads(self.job))
+        self.stream.push_block(prepare(b, self.job.features), lo, take, live_threads(self.job))
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
