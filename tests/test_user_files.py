@@ -342,3 +342,27 @@ def test_roll_schedule_without_input_uses_precompute_default(capsys, monkeypatch
     assert line.removeprefix("alphafeat roll-schedule: ") == line2.removeprefix("alphafeat precompute: ")
     assert line.startswith("alphafeat roll-schedule: error: ") and "default sample is missing" in line
 
+
+
+# ---------------------------------------------------------------- several book schemas of one period
+
+
+def test_mbo_and_mbp10_of_the_same_sessions(gen, tmp_path):
+    """A download holding MBO and MBP-10 of the same two sessions (no trades file: the volume
+    rule reads the books): every session from the MBO files, with the schedule of the MBO files
+    alone; ``schema="mbp-10"`` the MBP-10 files, with their own schedule; the run's rows and
+    record count are those of an MBO-only run."""
+    both = [*gen["mbo"], *gen["mbp-10"]]
+    plan, mbo = make_plan(both), make_plan(gen["mbo"])
+    assert {s.schema for s in plan.segments} == {"mbo"}
+    assert [s.book_files for s in plan.segments] == [s.book_files for s in mbo.segments]
+    assert plan.schedule == mbo.schedule and len(plan.schedule) >= 2
+    forced, mbp = make_plan(both, schema="mbp-10"), make_plan(gen["mbp-10"])
+    assert {s.schema for s in forced.segments} == {"mbp-10"} and forced.schedule == mbp.schedule
+    assert [s.book_files for s in forced.segments] == [s.book_files for s in mbp.segments]
+    s_both, out = _run(tmp_path, [*both, *gen["trades"]])
+    s_mbo, ref = _run(tmp_path, [*gen["mbo"], *gen["trades"]], out=tmp_path / "mbo")
+    assert s_both.rows == s_mbo.rows > 0 and s_both.records == s_mbo.records
+    for p in sorted(ref.rglob("*.arrow")):
+        a, b = _rows(out)[str(p.relative_to(ref))], _rows(ref)[str(p.relative_to(ref))]
+        np.testing.assert_array_equal(a.column("mid").to_numpy(), b.column("mid").to_numpy())
