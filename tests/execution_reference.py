@@ -161,7 +161,7 @@ def slow_passive(m: dict, start: int, targets: list[float], stride: int, queue: 
             if pend is not None and r >= pend["act"]:
                 want = pend["tgt"] - pos
                 order = None
-                if want != 0:
+                if abs(want) >= 1e-4:
                     buy = want > 0
                     px = pend["bid"] if buy else pend["ask"]
                     crosses = px >= ask[r] if buy else px <= bid[r]
@@ -190,6 +190,7 @@ def slow_passive(m: dict, start: int, targets: list[float], stride: int, queue: 
                     size, prev, crossed = asz[r], asz[r - 1], bid[r] >= P
                 a = o["ahead"] - v
                 excess = max(-a, 0.0)
+                excess = float(math.floor(excess + 1e-4))
                 a = max(a, 0.0)
                 if empty:
                     a = 0.0
@@ -204,11 +205,11 @@ def slow_passive(m: dict, start: int, targets: list[float], stride: int, queue: 
                     else:
                         a = min(a, size)
                 o["ahead"] = a
-                fill = o["qty"] if crossed else min(excess, o["qty"])
+                fill = o["qty"] if crossed or o["qty"] - excess < 1e-4 else min(excess, o["qty"])
                 if fill > 0:
                     d += o["side"] * fill * (mid[r] - P) - fee_m * fill
-                    pos += o["side"] * fill
                     o["qty"] -= fill
+                    pos = o["tgt"] if o["qty"] == 0 else pos + o["side"] * fill
                     c["n_filled"] += 0 if o["hit"] else 1
                     o["hit"] = True
                     c["qty_maker"] += fill
@@ -223,7 +224,7 @@ def slow_passive(m: dict, start: int, targets: list[float], stride: int, queue: 
                         touch = ask[r] if buy else bid[r]
                         x = o["qty"]
                         d += o["side"] * x * (mid[r] - touch) - fee_t * x
-                        pos += o["side"] * x
+                        pos = o["tgt"]
                         c["qty_taker"] += x
                         c["turnover"] += x
                         record(r, o["side"], x, touch, "cross")
@@ -239,7 +240,7 @@ def slow_passive(m: dict, start: int, targets: list[float], stride: int, queue: 
             acc += d
             if sign1 != sign0 and pos0 != 0:
                 c["closed"] += 1
-                c["wins"] += acc > 0
+                c["wins"] += acc > 1e-4
                 acc = 0.0
             if sign1 != sign0 and pos != 0:
                 c["entries"] += 1

@@ -242,13 +242,13 @@ def _trace(b, act, s, q, stride, kind, n, timeout, cross):
     return s, out
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), lat=st.sampled_from([0, 1, 2_000_000, 9_000_000]),
        queue=st.sampled_from(["riskaverse", "power:2", "log", "through"]))
 def test_no_data_before_activation_fills_and_fills_are_at_the_posted_price(seed, lat, queue):
     rng = np.random.default_rng(seed)
     m = random_market(rng, 300)
-    n = 16
+    n = 8
     rows = torch.as_tensor(rng.integers(1, 200, n), dtype=torch.long)
     q = torch.as_tensor(rng.choice([-2.0, -1.0, 1.0, 2.0], n), dtype=torch.float32)
     kind, qn = parse_queue(queue)
@@ -331,7 +331,7 @@ def test_a_random_passive_policy_does_not_win_on_a_driftless_market():
     ("riskaverse", 0, 30, "cancel"), ("power:2", 2_000_000, 8, "cross"), ("log", 5_000_000, 30, "cross"),
     ("through", 0, 15, "cancel"), ("power:0.7", 1, 100, "cancel")])
 def test_vectorised_passive_equals_the_slow_reference(queue, lat, timeout, on_timeout):
-    rng = np.random.default_rng(hash(queue) % 1000)
+    rng = np.random.default_rng(len(queue) * 7 + lat % 97)
     m = random_market(rng, 1500, segs=3)
     b = _book(m)
     n, stride, steps = 24, 17, 40

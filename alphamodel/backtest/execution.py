@@ -34,8 +34,9 @@ Modes (:class:`FillModel`):
 
     * trades on row ``r`` at the bid (``vol_bid[r]``, at the best bid of row ``r - 1``) count
       for us where that bid was at or below ``P`` (at ``P``: they advance the queue; below:
-      they traded through our price); what trades beyond the queue ahead fills us (partial
-      fills) (:func:`alphamodel.backtest.queue.advance_by_trades`);
+      they traded through our price); what trades beyond the queue ahead fills us, in whole
+      contracts (partial fills; a fractional Kelly-sized order fills its fraction with its
+      last contract) (:func:`alphamodel.backtest.queue.advance_by_trades`);
     * the level's size change then moves the queue by the queue model (:mod:`.queue`); a bid
       below ``P`` means our level is empty (queue ahead 0); a bid above ``P`` says nothing
       about it (queue ahead kept);
@@ -64,7 +65,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from alphamodel.backtest.queue import advance_by_trades, depth_update, parse_queue
+from alphamodel.backtest.queue import QTY_EPS, advance_by_trades, depth_update, parse_queue
 from alphamodel.errors import UsageError
 
 __all__ = ["MODES", "ON_TIMEOUT", "MARKOUT_ROWS", "FillModel", "Book", "book_from_arrays", "activation_rows",
@@ -352,6 +353,7 @@ def _activate(b: Book, s: dict, r: torch.Tensor, live: torch.Tensor, kind: str) 
     go = live & s["p_on"] & (r >= s["p_act"])
     want = s["p_tgt"] - s["pos"]
     side, qty = torch.sign(want), want.abs()
+    qty = torch.where(qty < QTY_EPS, 0.0, qty)  # float residue of partial fills is no order
     px = torch.where(side > 0, s["p_bid"], s["p_ask"])
     near, far, nsz = _view(side, b.bid[r], b.ask[r], b.bid_sz[r], b.ask_sz[r])
     P = side * px
@@ -407,11 +409,12 @@ def passive_row(b: Book, s: dict, r: torch.Tensor, live: torch.Tensor, kind: str
     else:
         seen = torch.where((nearp == P), depth_update(a1, nszp, nsz, v, kind, n), torch.minimum(a1, nsz))
         a2 = torch.where(near < P, 0.0, torch.where(near == P, seen, a1))
-    fill = torch.where(has, torch.where(far <= P, qty, torch.minimum(excess, qty)), 0.0)
+    fill = torch.where(has, torch.where((far <= P) | (qty - excess < QTY_EPS), qty, torch.minimum(excess, qty)), 0.0)
     s["o_ahead"] = torch.where(has, a2, s["o_ahead"])
     d = d + side * fill * (mid - px) - s["fee_m"] * fill
-    pos = pos0 + side * fill
     qty = qty - fill
+    # an order filled to the end leaves the position at its target exactly (no float residue)
+    pos = torch.where(has & (fill > 0) & (qty == 0), s["o_tgt"], pos0 + side * fill)
     hit = fill > 0
     s["n_filled"] = s["n_filled"] + (hit & ~s["o_hit"]).float()
     s["o_hit"] = s["o_hit"] | hit
@@ -426,7 +429,7 @@ def passive_row(b: Book, s: dict, r: torch.Tensor, live: torch.Tensor, kind: str
     if cross:
         touch = torch.where(side > 0, b.ask[r], b.bid[r])
         d = d + side * taken * (mid - touch) - s["fee_t"] * taken
-        pos = pos + side * taken
+        pos = torch.where(tmo, s["o_tgt"], pos)
         s["qty_taker"] = s["qty_taker"] + taken
         _markouts(b, s, r, end, side * taken, touch)
     qty = torch.where(tmo, 0.0, qty)
@@ -443,7 +446,7 @@ def passive_row(b: Book, s: dict, r: torch.Tensor, live: torch.Tensor, kind: str
     changed = torch.sign(pos) != torch.sign(pos0)
     ended = changed & (pos0 != 0)
     acc = s["acc"] + d
-    s["wins"] = s["wins"] + (ended & (acc > 0)).float()
+    s["wins"] = s["wins"] + (ended & (acc > 1e-4)).float()  # a float-rounding zero is no win
     s["closed"] = s["closed"] + ended.float()
     s["entries"] = s["entries"] + (changed & (pos != 0)).float()
     s["acc"] = torch.where(ended, 0.0, acc)

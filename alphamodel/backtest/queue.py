@@ -40,9 +40,12 @@ import torch
 
 from alphamodel.errors import UsageError
 
-__all__ = ["QUEUE_KINDS", "parse_queue", "advance_by_trades", "depth_update"]
+__all__ = ["QUEUE_KINDS", "QTY_EPS", "parse_queue", "advance_by_trades", "depth_update"]
 
 QUEUE_KINDS = ("riskaverse", "power:N", "log", "through")
+#: Contracts below which a quantity is float rounding (the probabilistic models give fractional
+#: queue positions; float32 sums of them differ from float64 by ~1e-6).
+QTY_EPS = 1e-4
 
 
 def parse_queue(spec: str) -> tuple[str, float]:
@@ -70,9 +73,11 @@ def parse_queue(spec: str) -> tuple[str, float]:
 
 def advance_by_trades(ahead: torch.Tensor, traded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Trades of ``traded`` contracts at the order's price: ``(new ahead >= 0, excess)``, the
-    excess being what traded beyond the queue ahead (it fills the order, up to its size)."""
+    excess being what traded beyond the queue ahead in whole contracts (rounded down, as
+    hftbacktest's ``is_filled`` rounds to the lot; a probabilistic queue is fractional): it
+    fills the order, up to its size."""
     a = ahead - traded
-    return a.clamp_min(0.0), (-a).clamp_min(0.0)
+    return a.clamp_min(0.0), torch.floor((-a).clamp_min(0.0) + QTY_EPS)
 
 
 def _f(x: torch.Tensor, kind: str, n: float) -> torch.Tensor:
