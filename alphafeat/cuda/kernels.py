@@ -368,8 +368,8 @@ TARGET_STEPS = 8
 OVERLAPPED_STEPS = 2
 #: Pinned staging slots of the input pipeline (host threads fill one while the DMA reads another).
 N_SLOTS = 3
-#: Host threads copying the input columns into the pinned staging slots (on the 16-core H200
-#: host, 12 gave the fastest pipeline, 62.6 M rows/s against 56.2 with 8 and 48.3 with 6).
+#: Host threads copying the input columns into the pinned staging slots (12 gave the fastest
+#: pipeline of 6, 8 and 12 on a 16-core host: docs/performance.md).
 COPY_THREADS = 12
 #: Bytes of one piece of a staging copy (one task of a copy thread).
 COPY_PIECE = 8 << 20

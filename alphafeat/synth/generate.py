@@ -13,29 +13,20 @@ from typing import Any
 import joblib
 import numpy as np
 
-from alphafeat.synth.calendar import SCALES, _level, _session_vol, contracts_for, session_bounds, trade_dates
+from alphafeat.synth.calendar import SCALES, contracts_for, session_bounds, session_vol, trade_dates, trend_level
 from alphafeat.synth.ceiling import AUC_HORIZONS, AUC_PATHS, AUC_STATES, auc_ceiling
+from alphafeat.synth.layout import P_BAD_TS, P_CROSSED_PREOPEN, P_LOCK, P_REPLENISH, Signal
 from alphafeat.synth.planted import planted_path, write_planted
-from alphafeat.synth.simulator import (
-    P_BAD_TS,
-    P_CROSSED_PREOPEN,
-    P_LOCK,
-    P_REPLENISH,
-    Signal,
-    _Buffers,
-    _simulate_session,
-)
+from alphafeat.synth.records import MBO_SIZE, MBP_SIZE, TRADE_DTYPE, Buffers, Session
+from alphafeat.synth.simulator import simulate_session
 from alphafeat.synth.writer import (
-    _MBO_SIZE,
-    _MBP_SIZE,
     FAST_ZSTD_LEVEL,
-    TRADE_DTYPE,
     ZSTD_LEVEL,
-    _definitions,
-    _metadata,
-    _write_atomic,
+    definitions,
     merged_chunks,
+    metadata_bytes,
     session_trades,
+    write_atomic,
 )
 from alphafeat.validation import (
     Scale,
@@ -64,7 +55,28 @@ DEFAULT_SAMPLE = dict(
 )
 
 #: The pool of the sessions simulated by this process through :func:`_session_job`.
-_POOL = _Buffers()
+_POOL = Buffers()
+
+
+def _instruments(sess: Session) -> dict[str, dict[str, Any]]:
+    """Per instrument of ``sess``, its counts for the report: events, records, trades, volume and
+    rare cases (JSON-able)."""
+    inst = {}
+    c_ids = {c.symbol: c.instrument_id for c in sess.contracts}
+    for sym, r in sess.runs.items():
+        inst[sym] = {
+            "instrument_id": c_ids[sym] if r.n_mbo else None,
+            "events": int(r.stats[0]),
+            "mbo_records": r.n_mbo,
+            "mbp10_records": int(r.mbp.shape[0]),
+            "trade_events": int(r.stats[3]),
+            "traded_volume": int(r.stats[6]),
+            "crossed_preopen": bool(r.crossed),
+            "locked_events": int(r.stats[1]),
+            "bad_ts_recv_events": int(r.stats[2]),
+            "thin_book_row_fraction": round(float(r.stats[5]) / float(r.stats[4]) if r.stats[4] else 0.0, 6),
+        }
+    return inst
 
 
 def _session_job(
@@ -82,7 +94,7 @@ def _session_job(
     """Simulate and write one session (and its planted-signal sidecar with ``signal_file``);
     returns the paths and a summary (JSON-able)."""
     t0, t1 = session_bounds(day)
-    sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal)
+    sess = simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal)
     stem = f"glbx-mdp3-{day:%Y%m%d}"
     counts: dict[str, int] = {}
     n_mbp = sum(r.mbp.shape[0] for r in sess.runs.values())
@@ -93,19 +105,19 @@ def _session_job(
         trades = np.empty(n_tr, TRADE_DTYPE) if sess.bufs is None else sess.bufs.get("trades", TRADE_DTYPE, n_tr)
     for schema in sorted(schemas, key=lambda s: s != "mbp-10"):  # mbp-10 first (files are independent)
         path = out / f"{stem}.{schema}.dbn.zst"
-        header = _metadata(schema, sess.contracts, t0, t1)
+        header = metadata_bytes(schema, sess.contracts, t0, t1)
         if schema in ("mbp-10", "mbo"):  # merged chunk by chunk: no session-sized copy
             kind, n = ("mbp", n_mbp) if schema == "mbp-10" else ("mbo", n_mbo)
-            size = _MBP_SIZE if kind == "mbp" else _MBO_SIZE
+            size = MBP_SIZE if kind == "mbp" else MBO_SIZE
             chunks = merged_chunks(sess, kind, trades=trades if kind == "mbp" else None)
-            _write_atomic(path, header, chunks, n * size, level)
+            write_atomic(path, header, chunks, n * size, level)
         else:
             if schema == "trades":
                 recs = trades if trades is not None else session_trades(sess)
             else:
-                recs = _definitions(sess.contracts, day, t0)
+                recs = definitions(sess.contracts, day, t0)
             n = recs.shape[0]
-            _write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
+            write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
         counts[schema] = int(n)
     paths = [str(out / f"{stem}.{schema}.dbn.zst") for schema in schemas]
     lead = sess.runs.get(sess.leader)
@@ -119,21 +131,7 @@ def _session_job(
             "formula": "p_up = 1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1) after each event, bridge excluded "
                        f"(s_B={signal.book}, s_H={signal.history})"})
     counts = {schema: counts[schema] for schema in schemas}  # in the order of ``schemas``
-    inst = {}
-    c_ids = {c.symbol: c.instrument_id for c in sess.contracts}
-    for sym, r in sess.runs.items():
-        inst[sym] = {
-            "instrument_id": c_ids[sym] if r.n_mbo else None,
-            "events": int(r.stats[0]),
-            "mbo_records": r.n_mbo,
-            "mbp10_records": int(r.mbp.shape[0]),
-            "trade_events": int(r.stats[3]),
-            "traded_volume": int(r.stats[6]),
-            "crossed_preopen": bool(r.crossed),
-            "locked_events": int(r.stats[1]),
-            "bad_ts_recv_events": int(r.stats[2]),
-            "thin_book_row_fraction": round(float(r.stats[5]) / float(r.stats[4]) if r.stats[4] else 0.0, 6),
-        }
+    inst = _instruments(sess)
     res: dict[str, Any] = {
         "session": day.isoformat(),
         "paths": paths,
@@ -279,7 +277,7 @@ def generate(
                 "signal_kind": sig.kind,
                 "signal_weight_book": sig.book,
                 "signal_weight_history": sig.history,
-                "session_vol": round(_session_vol(SCALES[scale], _level(days[0])), 6),
+                "session_vol": round(session_vol(SCALES[scale], trend_level(days[0])), 6),
                 "rare_case_rates": {
                     "crossed_preopen_per_outright_session": P_CROSSED_PREOPEN,
                     "locked_book_per_event_at_one_tick_spread": P_LOCK,
