@@ -12,6 +12,7 @@ from execution_reference import random_market, random_walk_market, slow_passive
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from alphamodel.backtest.env import env_step
 from alphamodel.backtest.execution import (
     ExecEnv,
     ExecState,
@@ -22,8 +23,8 @@ from alphamodel.backtest.execution import (
     passive_decide,
     passive_row,
 )
+from alphamodel.backtest.market import market_from_arrays
 from alphamodel.backtest.queue import depth_update, parse_queue
-from alphamodel.env import env_step, market_from_arrays
 from alphamodel.errors import UsageError
 
 
