@@ -55,7 +55,7 @@ def test_taker_equals_env_step_reward_for_reward():
     env = ExecEnv(b, n, stride, FillModel("taker"))
     rows = _starts(m, n, rng)
     fee = torch.as_tensor(rng.choice([0.0, 0.0625, 0.25], n), dtype=torch.float32)
-    env.reset(torch.ones(n, dtype=torch.bool), rows, fee, fee)
+    env.state.reset(torch.ones(n, dtype=torch.bool), rows, fee, fee)
     z = torch.zeros(n)
     ref = (rows.clone(), z.clone(), fee.clone(), z.clone(), z.clone(), z.clone(), z.clone(), z.clone(), z.clone())
     g = torch.Generator().manual_seed(1)
@@ -69,7 +69,7 @@ def test_taker_equals_env_step_reward_for_reward():
             assert torch.equal(got, want)
         if d1.any():
             new = _starts(m, n, rng)
-            env.reset(d1, new)
+            env.state.reset(d1, new)
             ref = (torch.where(d1, new, ref[0]), torch.where(d1, 0.0, ref[1]), ref[2],
                    torch.where(d1, 0.0, ref[3]), *ref[4:])
 
@@ -77,7 +77,7 @@ def test_taker_equals_env_step_reward_for_reward():
 def _run(b, m, mode, n, stride, steps, seed, fm=0.0, ft=0.0, **kw):
     rng = np.random.default_rng(seed)
     env = ExecEnv(b, n, stride, FillModel(mode, **kw))
-    env.reset(torch.ones(n, dtype=torch.bool), _starts(m, n, rng), torch.full((n,), fm), torch.full((n,), ft))
+    env.state.reset(torch.ones(n, dtype=torch.bool), _starts(m, n, rng), torch.full((n,), fm), torch.full((n,), ft))
     g = torch.Generator().manual_seed(seed)
     trades = torch.zeros(n)  # sum |dq| * half spread at the trade rows (closes included)
     finished = torch.zeros(n, dtype=torch.bool)
@@ -185,8 +185,8 @@ def _hand(rows):
 def _one_order(m, target, stride, fm=0.0, ft=0.0, **kw):
     b = _book(m)
     env = ExecEnv(b, 1, stride, FillModel("passive", **kw))
-    env.reset(torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.long), torch.tensor([fm]),
-              torch.tensor([ft]))
+    env.state.reset(torch.ones(1, dtype=torch.bool), torch.zeros(1, dtype=torch.long), torch.tensor([fm]),
+                    torch.tensor([ft]))
     r, d = env.step(torch.tensor([float(target)]))
     return env.state, float(r[0])
 
@@ -346,7 +346,7 @@ def test_vectorised_passive_equals_the_slow_reference(queue, lat, timeout, on_ti
     targets = rng.choice([-2.0, -1.0, 0.0, 1.0, 2.0], (steps, n))
     env = ExecEnv(b, n, stride, FillModel("passive", queue=queue, latency_ns=lat, timeout=timeout,
                                           on_timeout=on_timeout))
-    env.reset(torch.ones(n, dtype=torch.bool), rows, torch.full((n,), fm), torch.full((n,), ft))
+    env.state.reset(torch.ones(n, dtype=torch.bool), rows, torch.full((n,), fm), torch.full((n,), ft))
     rewards, finished = [], torch.zeros(n, dtype=torch.bool)
     for k in range(steps):
         r, done = env.step(torch.as_tensor(targets[k], dtype=torch.float32))

@@ -65,14 +65,14 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from alphamodel.backtest.config import FILL_MODES as MODES
+from alphamodel.backtest.config import ON_TIMEOUT
 from alphamodel.backtest.queue import QTY_EPS, advance_by_trades, depth_update, parse_queue
 from alphamodel.errors import UsageError
 
 __all__ = ["MODES", "ON_TIMEOUT", "MARKOUT_ROWS", "FillModel", "Book", "book_from_arrays", "activation_rows",
            "ExecState", "ExecEnv", "instant_step", "passive_decide", "passive_row", "passive_step", "fill_summary"]
 
-MODES = ("taker", "mid", "passive")
-ON_TIMEOUT = ("cancel", "cross")
 MARKOUT_ROWS = (1, 10, 100)
 _MK = tuple(f"mk{k}" for k in MARKOUT_ROWS)
 
@@ -475,26 +475,47 @@ def passive_step(b: Book, act: torch.Tensor, s: dict, q: torch.Tensor, stride: i
 
 
 class ExecEnv:
-    """N environments on a :class:`Book` under a :class:`FillModel` (see the module docstring).
+    """N environments on a :class:`Book` under a :class:`FillModel` (see the module docstring),
+    with :class:`alphamodel.backtest.env.VecEnv`'s interface (``t``, ``pos``, ``fee``, ``pnl``,
+    ``turnover``, ``entries``, ``closed``, ``wins``, ``reset``, ``step``, ``clear``).
 
-    ``step(target)`` trades towards ``target`` (N,) contracts at the current rows and holds for
-    ``stride`` rows; it returns ``(reward (N,) ticks, done (N,) bool)``. ``state`` is an
+    ``fee`` (N,) is the cost level, ticks per contract per side, paid by every fill; passive
+    fills pay ``fee_maker`` and taken ones (taker, mid, timeout crosses, closes) ``fee_taker``
+    ticks on top. ``step(target)`` trades towards ``target`` (N,) contracts at the current rows and
+    holds for ``stride`` rows; it returns ``(reward (N,) ticks, done (N,) bool)``. ``state`` is an
     :class:`ExecState`. ``compile=True`` runs the step (passive: the row) through ``torch.compile``.
     """
 
-    def __init__(self, book: Book, n: int, stride: int, fill: FillModel | None = None, compile: bool = False):
-        self.b, self.n, self.stride = book, int(n), int(stride)
+    def __init__(self, book: Book, n: int, stride: int, fill: FillModel | None = None, compile: bool = False,
+                 fee_maker: float = 0.0, fee_taker: float = 0.0) -> None:
+        self.m = self.b = book
+        self.n, self.stride = int(n), int(stride)
         self.fill = (fill or FillModel()).checked()
         self.kind, self.qn = self.fill.queue_model
+        self.extra_m, self.extra_t = float(fee_maker), float(fee_taker)
         self.act = activation_rows(book.ts, book.end, self.fill.latency_ns) if self.fill.mode == "passive" else None
         fn = instant_step if self.fill.mode != "passive" else passive_row
         self._fn = torch.compile(fn, dynamic=False) if compile else fn
         self.state = ExecState.zeros(self.n, book.device)
+        self.fee = torch.zeros(self.n, device=book.device)
+        self.reset(torch.ones(self.n, dtype=torch.bool, device=book.device),
+                   torch.zeros(self.n, dtype=torch.long, device=book.device), self.fee)
 
-    def reset(self, mask: torch.Tensor, rows: torch.Tensor, fee_maker: torch.Tensor | None = None,
-              fee_taker: torch.Tensor | None = None) -> None:
-        """See :meth:`ExecState.reset`."""
-        self.state.reset(mask, rows, fee_maker, fee_taker)
+    def __getattr__(self, name: str):
+        if name in ("t", "pos", "pnl", "turnover", "entries", "closed", "wins"):
+            return getattr(self.state, name)
+        raise AttributeError(name)
+
+    def clear(self) -> None:
+        """Zero the counters and fill statistics."""
+        self.state.clear()
+
+    def reset(self, mask: torch.Tensor, rows: torch.Tensor, fee: torch.Tensor | None = None) -> None:
+        """Environments where ``mask`` (N,) bool: at ``rows`` (N,), flat, no order, cost level
+        ``fee`` (N,) ticks if given."""
+        if fee is not None:
+            self.fee = torch.where(mask, fee.to(self.fee), self.fee)
+        self.state.reset(mask, rows, self.fee + self.extra_m, self.fee + self.extra_t)
 
     def step(self, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.state.as_dict()

@@ -34,41 +34,15 @@ the same inputs, so fills are ordered the other way round (a test holds this).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from alphamodel.errors import UsageError
+from alphamodel.backtest.config import QUEUE_KINDS, parse_queue
 
 __all__ = ["QUEUE_KINDS", "QTY_EPS", "parse_queue", "advance_by_trades", "depth_update"]
 
-QUEUE_KINDS = ("riskaverse", "power:N", "log", "through")
 #: Contracts below which a quantity is float rounding (the probabilistic models give fractional
 #: queue positions; float32 sums of them differ from float64 by ~1e-6).
 QTY_EPS = 1e-4
-
-
-def parse_queue(spec: str) -> tuple[str, float]:
-    """``'riskaverse'`` / ``'power:N'`` / ``'log'`` / ``'through'`` -> ``(kind, N)`` (N = 0
-    unless power; N a finite number in (0, 100]).
-
-    Raises
-    ------
-    alphamodel.errors.UsageError
-        An unknown model or a bad exponent (message names ``--queue`` and the allowed values).
-    """
-    s = str(spec).strip().lower()
-    if s in ("riskaverse", "log", "through"):
-        return s, 0.0
-    if s.startswith("power:"):
-        try:
-            n = float(s.split(":", 1)[1])
-        except ValueError:
-            n = math.nan
-        if math.isfinite(n) and 0 < n <= 100:
-            return "power", n
-        raise UsageError("--queue", "the exponent of power:N must be a number in (0, 100], e.g. power:2", spec)
-    raise UsageError("--queue", f"unknown queue model (choose from {', '.join(QUEUE_KINDS)})", spec)
 
 
 def advance_by_trades(ahead: torch.Tensor, traded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
