@@ -16,7 +16,7 @@ from alphamodel.rules import SIZE, Rule, build, check_fields, enum_rule, float_r
 
 __all__ = ["BACKTEST_RULES", "DEFAULT_COSTS", "FILL_MODES", "MAX_COST_TICKS", "MAX_FEE_USD", "NOT_TRIALS",
            "ON_TIMEOUT", "ORACLE_MARGINS", "ORACLE_NAMES", "QUEUE_KINDS", "RESULT_COLUMNS", "TICK_VALUE",
-           "BacktestConfig", "parse_queue", "validate_fills"]
+           "BacktestConfig", "parse_queue", "validate_fills", "validate_queue"]
 
 #: Highest fee level of a backtest, ticks per contract per side.
 MAX_COST_TICKS = 10.0
@@ -78,8 +78,9 @@ def validate_fills(value: Any, option: str = "--fill") -> tuple[str, ...]:
     return out
 
 
-def _queue(v: Any, o: str) -> str:
-    kind, n = parse_queue(v, o)
+def validate_queue(value: Any, option: str = "--queue") -> str:
+    """A queue model (:func:`parse_queue`) in its canonical spelling (``power:2``)."""
+    kind, n = parse_queue(value, option)
     return f"power:{n:g}" if kind == "power" else kind
 
 
@@ -103,7 +104,7 @@ BACKTEST_RULES: dict[str, Rule] = {
     "fee_max": float_rule(0.0, MAX_COST_TICKS), "threshold": float_rule(0.0, 0.5, hi_open=True),
     "reward_scale": float_rule(0.0, open_=True), "encoder_epochs": SIZE, "encoder_steps": SIZE,
     "device": enum_rule(Device), "seed": int_rule(0), "tick_value": optional(float_rule(0.0, open_=True)),
-    "plots": validate_bool, "c51": _c51, "fills": validate_fills, "queue": _queue,
+    "plots": validate_bool, "c51": _c51, "fills": validate_fills, "queue": validate_queue,
     "latency_ns": int_rule(0, "a whole number of ns"), "timeout": int_rule(1, "a number of rows"),
     "on_timeout": _on_timeout, "fee_maker": float_rule(0.0, MAX_FEE_USD), "fee_taker": float_rule(0.0, MAX_FEE_USD),
 }  # fmt: skip
