@@ -362,3 +362,45 @@ def test_vectorised_passive_equals_the_slow_reference(queue, lat, timeout, on_ti
                   "qty_ordered", "qty_maker", "qty_taker", "ttf_rows", "mk1", "mk10", "mk100"):
             assert float(getattr(s, f)[i]) == pytest.approx(ref[f], abs=2e-3), (f, i)
         assert float(s.ttf_ns[i]) == pytest.approx(ref["ttf_ns"], rel=1e-5)
+
+
+# ---- on the project's own generator, through the cache ----------------------------------------
+def test_random_passive_policy_on_a_generated_signal_free_cache(tmp_path):
+    """alphafeat synth --signal 0 -> precompute -> the backtest's market (bid/ask sizes and the
+    traded volume by aggressor side from the cache): a random policy makes nothing at the mid (an
+    upper bound) and does not win passively (if it did, fills would leak the future)."""
+    import datetime
+
+    from alphafeat import synth
+    from alphafeat.precompute import PrecomputeConfig, precompute
+    from alphamodel.backtest.config import BacktestConfig
+    from alphamodel.backtest.market import load_market
+    from alphamodel.backtest.strategies import fill_env
+    from alphamodel.data.cache import CacheData
+
+    synth.generate(tmp_path / "dbn", start=datetime.date(2024, 1, 9), sessions=2, seed=3, report=False, signal=0.0)
+    precompute(PrecomputeConfig(inputs=[tmp_path / "dbn"], out=tmp_path / "cache", device="cpu"))
+    data = CacheData.open(tmp_path / "cache")
+    cfg = BacktestConfig(fills=("passive", "mid"), stride=20, kelly=False, timeout=20).checked()
+    market, _, _ = load_market(data, cfg, torch.device("cpu"))
+    b = market.book
+    assert float(b.vol_bid.sum()) > 0 and float(b.bid_sz.min()) >= 0
+    n = 256
+    pool = torch.as_tensor(data.segment_rows(np.arange(len(data.segments)), drop_last=40))
+    out = {}
+    for mode in ("passive", "mid"):
+        g = torch.Generator().manual_seed(11)
+        env = fill_env(market, n, cfg, mode)
+        env.reset(torch.ones(n, dtype=torch.bool), pool[torch.randint(0, pool.numel(), (n,), generator=g)],
+                  torch.zeros(n))
+        for _ in range(40):
+            _, done = env.step(torch.randint(-1, 2, (n,), generator=g).float())
+            if done.any():
+                env.reset(done, pool[torch.randint(0, pool.numel(), (n,), generator=g)])
+        pnl = env.pnl.double()
+        out[mode] = (float(pnl.mean()), float(pnl.std()) / np.sqrt(n), fill_summary(env.state, mode))
+    mean, se, summ = out["passive"]
+    assert summ["contracts_maker"] > 100, summ
+    assert mean < 2 * se, (mean, se, summ)
+    mean, se, _ = out["mid"]
+    assert abs(mean) < 3 * se, (mean, se)

@@ -2,7 +2,7 @@
 the environments in the slice: the C51 policy (:func:`c51_targets`), rules on a direction per
 row (:func:`rule`: flat, long, OFI sign, the logistic baseline, the direction head, hindsight,
 the oracle), and :func:`evaluate`, which runs them all x costs x test sessions in one
-:class:`~alphamodel.backtest.env.VecEnv`."""
+:class:`~alphamodel.backtest.execution.ExecEnv` of a fill mode (:func:`fill_env`)."""
 
 from __future__ import annotations
 
