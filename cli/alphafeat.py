@@ -160,7 +160,7 @@ def _synth(args: argparse.Namespace) -> int:
         sessions: list[dict] = []
         created = not Path(out).exists()
         from alphafeat.precompute.workers import not_compiled
-        from alphafeat.synth.events import simulate
+        from alphafeat.synth.kernels import simulate
 
         if not_compiled(simulate):
             console.print("first use in this environment: numba compiles the generator's kernels once (~1 min)",

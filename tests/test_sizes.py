@@ -1,6 +1,7 @@
 """Short rooms: no file of ``alphafeat/`` or ``alphamodel/`` over 800 lines and no function over
 80, save those listed in :data:`ALLOWED` with a reason each; and no module of ``alphafeat/``
-imports another module's private (``_name``) names, save :data:`PRIVATE_ALLOWED`.
+imports another module's private (``_name``) names, save :data:`PRIVATE_ALLOWED`; the modules of
+``alphafeat/precompute/`` import only downward (:data:`PRECOMPUTE_LAYERS`).
 
 The lists must stay current: an entry that is no longer over its limit fails too (remove it).
 """
@@ -14,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 80
 
-_KERNEL = "a numba kernel: one compiled loop whose locals stay in registers; split, its parts would pass " \
-          "the packed state through calls the hot loop pays for"  # fmt: skip
+_KERNEL = "a numba kernel: one compiled hot loop; splitting it into called kernels changes what LLVM " \
+          "inlines and vectorises, so it needs a timing check on the measured hosts (not done here)"  # fmt: skip
+_ONE_FILE = "numba kernels that call one another: numba's cache checks only the source file of the function " \
+            "it compiles, so a caller in another file would run a callee's stale machine code after an edit of " \
+            "the callee's file alone (numba 0.68.1, tried)"  # fmt: skip
 _PARALLEL = "features' private row code, shared with the CUDA kernels and the labels; features/ is edited " \
             "in parallel (issue 38): made public at that merge"  # fmt: skip
 
@@ -23,9 +27,11 @@ _PARALLEL = "features' private row code, shared with the CUDA kernels and the la
 ALLOWED: dict[str, str] = {
     "alphafeat/book.py:_rebuild_mbo": _KERNEL,
     "alphafeat/features/_rows.py:rowwise_row": _KERNEL + " (the row code shared with the CUDA kernel)",
-    "alphafeat/features/cpu_rows.py:_rowwise_block": _KERNEL,
-    "alphafeat/features/cpu_scan.py:_scan_block": _KERNEL,
-    "alphafeat/synth/events.py:simulate": _KERNEL,
+    "alphafeat/features/cpu_kernels.py:_rowwise_block": _KERNEL,
+    "alphafeat/features/cpu_kernels.py:_scan_block": _KERNEL,
+    "alphafeat/synth/kernels.py:simulate": _KERNEL,
+    "alphafeat/features/cpu_kernels.py": _ONE_FILE,
+    "alphafeat/synth/kernels.py": _ONE_FILE,
     "alphafeat/cuda/kernels.py": "the CUDA kernels and their launch code, one device module; to split with "
                                  "the GPU at hand (CUDA tests need a GPU or the slow simulator)",
     "alphafeat/cuda/kernels.py:submit_features": "one launch sequence of the CUDA features (copies, kernels, "
@@ -149,3 +155,42 @@ def test_the_checks_catch_what_they_check(tmp_path: Path) -> None:
     assert private_imports(tmp_path, "alphafeat") == {"alphafeat/sub/c.py:alphafeat.a._hidden",
                                                       "alphafeat/sub/c.py:alphafeat.a._other",
                                                       "alphafeat/sub/c.py:alphafeat.other._private"}  # fmt: skip
+
+
+#: The layers of alphafeat/precompute/, lowest first: each module imports only those before it.
+PRECOMPUTE_LAYERS = ("config", "job", "books", "table", "relabel", "segment", "workers", "manifest", "run")
+
+
+def upward_imports(root: Path, package: str, layers: tuple[str, ...]) -> list[str]:
+    """``module -> module`` for every import (lazy ones too) of a module of ``package`` (dotted) from
+    a layer that is not below it in ``layers``; an unlisted module of the package too."""
+    pkg_dir = root / package.replace(".", "/")
+    bad = []
+    for path in sorted(pkg_dir.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        if path.stem not in layers:
+            bad.append(f"{path.stem}: not in the layers")
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(n, ast.ImportFrom) and n.module and not n.level:
+                names = [n.module] if n.module != package else [f"{package}.{a.name}" for a in n.names]
+            elif isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            for name in names:
+                if name.startswith(package + "."):
+                    dep = name[len(package) + 1 :].split(".")[0]
+                    if dep not in layers or layers.index(dep) >= layers.index(path.stem):
+                        bad.append(f"{path.stem} -> {dep}")
+    return bad
+
+
+def test_precompute_imports_only_downward(tmp_path: Path) -> None:
+    assert upward_imports(ROOT, "alphafeat.precompute", PRECOMPUTE_LAYERS) == []
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "low.py").write_text("def f():\n    from p.high import g\n")
+    (pkg / "high.py").write_text("from p import low\n")
+    (pkg / "stray.py").write_text("")
+    assert upward_imports(tmp_path, "p", ("low", "high")) == ["low -> high", "stray: not in the layers"]

@@ -69,34 +69,34 @@ from alphafeat.arena import reserve
 from alphafeat.cores import usable_cores
 from alphafeat.errors import UsageError
 from alphafeat.features._declared import row_kernel
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     LUT_N,
     Carry,
     Inputs,
     Kernel,
 )
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     MODE_COMPOSE as _MODE_COMPOSE,
 )
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     MODE_CONTINUE as _MODE_CONTINUE,
 )
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     MODE_CONTINUE_SCAN as _MODE_CONTINUE_SCAN,
 )
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     MODE_FUSED as _MODE_FUSED,
 )
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     MODE_REPLAY as _MODE_REPLAY,
 )
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     MODE_ROWWISE as _MODE_ROWWISE,
 )
-from alphafeat.features.cpu_rows import (
+from alphafeat.features.cpu_kernels import (
     make_lut as _make_lut,
 )
-from alphafeat.features.cpu_scan import (
+from alphafeat.features.cpu_kernels import (
     run_chunk as _run_chunk,
 )
 from alphafeat.features.registry import (

@@ -40,7 +40,7 @@ class SegmentFailure:
 def first_use() -> bool:
     """Whether numba has no cached machine code yet for the CPU feature kernel: the first run
     in an environment compiles the kernels (~30-60 s)."""
-    from alphafeat.features.cpu_scan import run_chunk
+    from alphafeat.features.cpu_kernels import run_chunk
 
     return not_compiled(run_chunk)
 

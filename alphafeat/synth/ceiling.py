@@ -16,8 +16,7 @@ import numba
 import numpy as np
 
 from alphafeat.cores import usable_cores
-from alphafeat.synth.events import step
-from alphafeat.synth.layout import CMBP, ET, FREM, IA, IB, NFST, NST, borrow
+from alphafeat.synth.kernels import CMBP, ET, FREM, IA, IB, NFST, NST, borrow, step
 from alphafeat.synth.records import MBO_W, MBP_W, InstrumentRun
 
 __all__ = ["AUC_HORIZONS", "AUC_PATHS", "AUC_STATES", "auc_ceiling", "ceiling_estimate", "ceiling_interval"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from alphafeat.synth.calendar import SCALES, contracts_for, session_bounds, session_vol, trade_dates, trend_level
 from alphafeat.synth.ceiling import AUC_HORIZONS, AUC_PATHS, AUC_STATES, auc_ceiling
-from alphafeat.synth.layout import P_BAD_TS, P_CROSSED_PREOPEN, P_LOCK, P_REPLENISH, Signal
+from alphafeat.synth.params import P_BAD_TS, P_CROSSED_PREOPEN, P_LOCK, P_REPLENISH, Signal
 from alphafeat.synth.planted import planted_path, write_planted
 from alphafeat.synth.records import MBO_SIZE, MBP_SIZE, TRADE_DTYPE, Buffers, Session
 from alphafeat.synth.simulator import simulate_session

@@ -39,7 +39,7 @@ from alphafeat.book import RawBook, Trades, rebuild_mbo
 from alphafeat.dbn import read_dbn
 from alphafeat.synth.calendar import BASE_RATE, front_by_volume, session_bounds, volume_share
 from alphafeat.synth.ceiling import AUC_STATES
-from alphafeat.synth.layout import OPEN_DELAY_NS, Signal
+from alphafeat.synth.params import OPEN_DELAY_NS, Signal
 from alphafeat.synth.records import UNDEF_PRICE
 from alphafeat.synth.simulator import simulate_session
 

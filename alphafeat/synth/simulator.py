@@ -1,7 +1,7 @@
 """The order-level (MBO) book simulation of one instrument and one session (numba), with the
 MBP-10 records derived in the same pass, and the assembly of a session's instruments.
 
-See :mod:`alphafeat.synth` for the model. The hot loop (:func:`alphafeat.synth.events.simulate`,
+See :mod:`alphafeat.synth` for the model. The hot loop (:func:`alphafeat.synth.kernels.simulate`,
 one step per book event) writes whole DBN records as little-endian int64 words into
 buffers whose layouts are the reader's (:mod:`alphafeat.synth.writer`).
 """
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alphafeat.synth.book_ops import event_times
 from alphafeat.synth.calendar import (
     BASE_RATE,
     P_MOVE_MAX,
@@ -32,41 +31,12 @@ from alphafeat.synth.calendar import (
     trend_level,
     volume_share,
 )
-from alphafeat.synth.events import simulate
-from alphafeat.synth.layout import (
-    BURST_LONG_NS,
-    BURST_MEAN,
-    BURST_P_SHORT,
-    BURST_SHORT_NS,
-    FILL_MAX,
-    FILL_PER_ACTIVITY,
-    FOLLOW_TICKS,
-    HISTORY_EVENTS,
-    HISTORY_SCALE,
+from alphafeat.synth.kernels import (
     LMAX_OUTRIGHT,
     LMAX_SPREAD,
-    META_ALPHA,
-    META_SHARE,
     NFST,
     NPARAMS,
     NST,
-    OFI_STRENGTH,
-    OPEN_DELAY_NS,
-    P_BAD_TS,
-    P_CROSSED_PREOPEN,
-    P_FILL,
-    P_FLICKER,
-    P_JUMP,
-    P_LEVEL0,
-    P_LOCK,
-    P_MODIFY_DOWN,
-    P_MODIFY_UP,
-    P_MOVE_TRADE,
-    P_REPLENISH,
-    P_SWEEP,
-    P_TRADE,
-    P_TRADE_SPREAD,
-    P_WIDEN,
     PBADTS,
     PDECAY,
     PF0,
@@ -102,6 +72,38 @@ from alphafeat.synth.layout import (
     PWI,
     PWR,
     RESERVE,
+    event_times,
+    simulate,
+)
+from alphafeat.synth.params import (
+    BURST_LONG_NS,
+    BURST_MEAN,
+    BURST_P_SHORT,
+    BURST_SHORT_NS,
+    FILL_MAX,
+    FILL_PER_ACTIVITY,
+    FOLLOW_TICKS,
+    HISTORY_EVENTS,
+    HISTORY_SCALE,
+    META_ALPHA,
+    META_SHARE,
+    OFI_STRENGTH,
+    OPEN_DELAY_NS,
+    P_BAD_TS,
+    P_CROSSED_PREOPEN,
+    P_FILL,
+    P_FLICKER,
+    P_JUMP,
+    P_LEVEL0,
+    P_LOCK,
+    P_MODIFY_DOWN,
+    P_MODIFY_UP,
+    P_MOVE_TRADE,
+    P_REPLENISH,
+    P_SWEEP,
+    P_TRADE,
+    P_TRADE_SPREAD,
+    P_WIDEN,
     SV_SD,
     SV_TAU_MIN,
     T_DEEP,
@@ -126,13 +128,14 @@ from alphafeat.synth.records import (
     Session,
 )
 
+__all__ = ["activity_segments", "simulate_session", "volatility_multipliers"]
+
+logger = logging.getLogger(__name__)
+
+
 # --------------------------------------------------------------------------------------------
 # Session assembly
 # --------------------------------------------------------------------------------------------
-
-__all__ = ["activity_segments", "volatility_multipliers"]
-
-logger = logging.getLogger(__name__)
 
 
 def _rng(seed: int, day: datetime.date, iid: int, stream: int) -> np.random.Generator:

@@ -1,17 +1,10 @@
-"""The synthetic market's parameters (the planted signal, order flow, rare cases) and the layout of
-the numba simulation's packed state (:mod:`alphafeat.synth.book_ops`, :mod:`alphafeat.synth.events`)."""
+"""The synthetic market's parameters: the planted signal (:class:`Signal`), the order flow, the
+book's shape, the rare cases and the event times (see :mod:`alphafeat.synth` for the model)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from numba.core import cgutils, types
-from numba.extending import intrinsic
-from numba.np.arrayobj import populate_array
-
-from alphafeat.synth.records import (
-    UNDEF_PRICE,
-)
 from alphafeat.validation import SignalKind, validate_enum, validate_signal
 
 __all__ = ["DEFAULT_SIGNAL", "OPEN_DELAY_NS", "SIGNAL_KINDS", "Signal"]
@@ -100,10 +93,6 @@ P_MOVE_TRADE = 0.7
 META_SHARE, META_ALPHA = 0.9, 1.5
 
 
-#: Longest metaorder (trades): the power law holds up to it.
-META_MAX = 2000.0
-
-
 #: Stochastic activity: the event rate is multiplied by ``exp(x - VOL_SD^2 / 2)``, x an
 #: Ornstein-Uhlenbeck process over 1-minute steps with stationary s.d. VOL_SD and time constant
 #: VOL_TAU_MIN minutes (volatility clustering).
@@ -178,162 +167,3 @@ class Signal:
     def history(self) -> float:
         """Weight of the slow signed-flow term."""
         return self.strength * SIGNAL_HISTORY if self.kind in ("history", "both") else 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# numba kernels: the order-level (MBO) book simulation and the MBP-10 records derived from it
-# --------------------------------------------------------------------------------------------
-
-#: Internal price levels per side kept by the simulation for outrights (top 10 are visible in
-#: MBP-10; levels 10-11 are real resting orders that become visible when the book shifts).
-LMAX_OUTRIGHT = 12
-
-
-#: Levels per side of the calendar spread's book (so its MBP-10 levels 5-9 are UNDEF).
-LMAX_SPREAD = 5
-
-
-#: Most orders resting at one price level (further adds grow the last order with an 'M').
-QMAX = 64
-
-
-#: Records reserved per event when checking buffer room.
-RESERVE = 1024
-
-
-# Packed int64 state ``st`` of one instrument's book: scalars, event context, record counters,
-# then per side and level the order count, the level size and the FIFO queue (order ids and
-# sizes). One array instead of many, because numba reference-counts every array argument of
-# every call between the kernel's helpers (atomic increments that dominated the run time).
-IB, IA, INB, INA, IOID, ILOCK, HMBO, HMBP = range(8)
-
-
-# event context: ts_event, ts_recv, sequence, ts_in_delta, flags, write switch
-ET, ERC, ESEQ, ETID, EFLAGS, EWRITE = 8, 9, 10, 11, 12, 13
-
-
-# records written so far (MBO, MBP-10); MBP-10 rows with F_LAST, those of them with an UNDEF
-# level 10 on either side (a thin book), the volume and the number of the MBP-10 'T' records
-CMBO, CMBP, CLAST, CTHIN, CTVOL, CTN = 14, 15, 16, 17, 18, 19
-
-
-# MBO records are written (else only counted); the running metaorder's sign and the trades
-# left in it (leading outright)
-WMBO, IMSIGN, IMLEFT = 20, 21, 22
-
-
-#: Level stride per side in the packed state (>= LMAX_OUTRIGHT).
-LS = 16
-
-
-QN = 24  # orders at level k of side s: st[QN + s * LS + k]
-
-
-LSZ = QN + 2 * LS  # contracts at level k of side s
-
-
-QID = LSZ + 2 * LS  # id of order j at level k of side s: st[QID + (s * LS + k) * QMAX + j]
-
-
-QD = 2 * LS * QMAX  # offset from an order's id to its size
-
-
-NST = QID + 2 * QD
-
-
-# float-state indices (float64 array ``fst``): the leader's slowly decaying signed flow (the
-# history signal), its bridge target at the close (mid, ticks) and the events left to it, the
-# fill and widening probabilities of the time of day, a follower's fast signed flow, the
-# stochastic volatility multiplying the leader's move probability
-FFLOW, FTGT, FREM, FFILL, FWIDEN, FFAST, FVOL = 0, 1, 2, 3, 4, 5, 6
-
-
-NFST = 8
-
-
-#: int64 words per MBO / MBP-10 record (the kernel writes whole records as words).
-M32 = 0xFFFFFFFF
-
-
-UNDEF = UNDEF_PRICE
-
-
-# parameter-vector indices (float64 array ``params``), see :func:`_params`
-(
-    PKAPPA,
-    PWI,
-    PWF,
-    PWR,
-    PF0,
-    PDECAY,
-    PTRADE,
-    PFILL,
-    PT0,
-    PTD,
-    PMODE,
-    PSW0,
-    PSW1,
-    PLOCK,
-    PBADTS,
-    PREPL,
-    PLMAX,
-    PNMIN,
-    PTICK,
-    PMODUP,
-    PMODDN,
-    PL0,
-    PFLICK,
-    PFOLLOW,
-    PMOVE,
-    PSB,
-    PSH,
-    PH0,
-    PHDECAY,
-    PMETAQ,
-    PMETAA,
-    PJUMP,
-    PMOVETR,
-) = range(33)
-
-
-#: cumulative probabilities of the level of a limit event (levels 1..9 of 10), see :func:`_params`
-PLCUM = 33
-
-
-NPARAMS = PLCUM + 9
-
-
-assert LMAX_OUTRIGHT <= LS and LMAX_SPREAD <= LS
-
-
-@intrinsic
-def borrow(typingctx, obj):
-    """``obj`` (an array or a numpy ``Generator``) without its reference-counted owner
-    (meminfo = NULL).
-
-    numba increments and decrements (atomically) the owner's count of every array or generator
-    passed to a function, ``rng.random()`` included; with no owner these become a null check.
-    Only for objects that the caller keeps alive while the borrowed one is used."""
-    if isinstance(obj, types.Array):
-
-        def codegen(context, builder, sig, args):
-            src = context.make_array(sig.args[0])(context, builder, args[0])
-            out = context.make_array(sig.return_type)(context, builder)
-            populate_array(
-                out, data=src.data, shape=src.shape, strides=src.strides, itemsize=src.itemsize, meminfo=None
-            )
-            return out._getvalue()
-
-        return obj(obj), codegen
-    if isinstance(obj, types.NumPyRandomGeneratorType):
-
-        def codegen_rng(context, builder, sig, args):
-            src = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=args[0])
-            out = cgutils.create_struct_proxy(sig.return_type)(context, builder)
-            out.bit_generator = src.bit_generator
-            out.parent = src.parent
-            out.meminfo = cgutils.get_null_value(out.meminfo.type)
-            return out._getvalue()
-
-        return obj(obj), codegen_rng
-    return None
