@@ -167,13 +167,13 @@ def _backtest_table(s: dict) -> None:
             cells += [g(r, "fill_rate"), g(r, "ttf_rows", 1),
                       "/".join(g(r, f"markout_{k}") for k in (1, 10, 100))]
         t.add_row(*cells)
-    Console(width=max(Console().width, 150)).print(t)
+    Console(width=max(Console().width, 150 if fills == ["taker"] else 210)).print(t)
     console.print(s["notes"]["fills"], soft_wrap=True, markup=False)
     c = s["config"]
     if c.get("fee_maker") or c.get("fee_taker"):
         tv = s["tick_value_usd"]
         console.print(f"fees: maker {c['fee_maker']:g} USD = {c['fee_maker'] / tv:.4g} ticks, taker {c['fee_taker']:g} "
-                      f"USD = {c['fee_taker'] / tv:.4g} ticks per contract per side", markup=False)
+                      f"USD = {c['fee_taker'] / tv:.4g} ticks per contract per side", markup=False, soft_wrap=True)
 
 
 def _backtest(args: argparse.Namespace) -> int:

@@ -206,6 +206,32 @@ def test_partial_fill_by_trades_beyond_the_queue_then_far_side():
     assert reward == pytest.approx(want)
 
 
+def test_hand_queue_case_through_the_engine_power_fills_riskaverse_waits():
+    m = _hand([(100, 101, 5, 5, 0, 0),    # decision: buy 1 at 100
+               (100, 101, 10, 5, 0, 0),   # active: 10 ahead
+               (100, 101, 20, 5, 0, 0),   # 10 join behind us
+               (100, 101, 14, 5, 0, 0),   # 6 cancelled, no trade: power:2 -> 7 ahead; riskaverse 10
+               (100, 101, 14, 5, 0, 8),   # a buyer takes 8 at the ask: not our side
+               (100, 101, 6, 5, 8, 0),    # 8 sold at 100: power 7 ahead -> 1 fills us; riskaverse 2 ahead
+               (100, 101, 6, 5, 0, 0)])
+    s, _ = _one_order(m, 1, 6, queue="power:2")
+    assert float(s.qty_maker[0]) == 1 and float(s.ttf_rows[0]) == 5
+    s, _ = _one_order(m, 1, 6, queue="riskaverse")
+    assert float(s.qty_maker[0]) == 0 and float(s.o_ahead[0]) == 2  # 10 ahead, 8 traded
+    # through: never advanced by the queue, no fill either
+    s, _ = _one_order(m, 1, 6, queue="through")
+    assert float(s.qty_maker[0]) == 0
+
+
+def test_exec_env_fees_are_the_cost_level_plus_maker_and_taker_fees():
+    m = _hand([(100, 101, 5, 5, 0, 0)] * 4)
+    env = ExecEnv(_book(m), 3, 2, FillModel("passive"), fee_maker=0.1, fee_taker=0.3)
+    env.reset(torch.ones(3, dtype=torch.bool), torch.zeros(3, dtype=torch.long), torch.tensor([0.0, 0.25, 0.5]))
+    assert torch.allclose(env.state.fee_m, torch.tensor([0.1, 0.35, 0.6]))
+    assert torch.allclose(env.state.fee_t, torch.tensor([0.3, 0.55, 0.8]))
+    assert torch.equal(env.fee, torch.tensor([0.0, 0.25, 0.5]))  # what the policy observes
+
+
 def test_timeout_that_crosses_pays_the_taker_fee_at_that_rows_touch():
     m = _hand([(100, 101, 5, 5, 0, 0), (100, 101, 10, 5, 0, 0), (100, 101, 10, 5, 0, 0),
                (100, 102, 10, 5, 0, 0), (100, 103, 10, 5, 0, 0), (100, 103, 10, 5, 0, 0)])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alphamodel.backtest.config import NOT_TRIALS, BacktestConfig
+from alphamodel.backtest.config import FILL_MODES, NOT_TRIALS, BacktestConfig
 
 __all__ = ["FILL_STATS", "aggregate", "cfg_dict", "clean", "fills_note", "given_model_note", "plots", "standing_notes"]
 
@@ -82,7 +82,7 @@ def aggregate(results: list[dict]) -> list[dict]:
     """Per strategy x fill mode x cost: the mean and SD over the folds of each metric (non-finite
     values left out)."""
     keys = sorted({(r["strategy"], r.get("fill", "taker"), r["cost_ticks"]) for r in results},
-                  key=lambda x: (x[1], x[2], x[0]))
+                  key=lambda x: (FILL_MODES.index(x[1]), x[2], x[0]))
     out = []
     for s, f, c in keys:
         rs = [r for r in results if r["strategy"] == s and r.get("fill", "taker") == f and r["cost_ticks"] == c]
