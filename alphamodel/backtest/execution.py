@@ -265,13 +265,14 @@ class ExecState:
 
     def reset(self, mask: torch.Tensor, rows: torch.Tensor, fee_maker: torch.Tensor | None = None,
               fee_taker: torch.Tensor | None = None) -> None:
-        """Environments where ``mask`` (N,) bool: at ``rows``, flat, no order (fees if given)."""
-        fresh = ExecState.zeros(mask.numel(), mask.device)
-        for f in fields(self):
-            if f.name in _COUNTERS or f.name in ("fee_m", "fee_t"):
-                continue
-            new = rows.to(self.t) if f.name == "t" else getattr(fresh, f.name)
-            setattr(self, f.name, torch.where(mask, new, getattr(self, f.name)))
+        """Environments where ``mask`` (N,) bool: at ``rows``, flat, no order (fees if given). The
+        other order fields are read only while an order works or is pending, so they stay."""
+        self.t = torch.where(mask, rows.to(self.t), self.t)
+        self.pos = torch.where(mask, 0.0, self.pos)
+        self.acc = torch.where(mask, 0.0, self.acc)
+        self.o_qty = torch.where(mask, 0.0, self.o_qty)
+        self.p_on = self.p_on & ~mask
+        self.o_hit = self.o_hit & ~mask
         if fee_maker is not None:
             self.fee_m = torch.where(mask, fee_maker.to(self.fee_m), self.fee_m)
         if fee_taker is not None:
