@@ -133,7 +133,10 @@ class Book:
 
     bid, ask : (T,) float32 ticks. bid_sz, ask_sz : (T,) float32 displayed contracts at them.
     vol_bid, vol_ask : (T,) float32 contracts traded during row ``t``'s events at the best bid
-    (sell aggressor) / ask (buy aggressor) in force before them (row ``t - 1``'s). ts : (T,)
+    (sell aggressor) / ask (buy aggressor) in force before them (row ``t - 1``'s). From a cache:
+    ``sell_volume`` / ``buy_volume``, all the aggressor volume since the previous row, which is at
+    or through that touch unless a better quote arrived and traded within the row (rows are
+    per event, so rarely). ts : (T,)
     int64 ns (``ts_recv``), non-decreasing within a segment. end : (T,) int64 last row of the
     row's segment. mid, half_spread : (T,) float32 ticks (a crossed quote: half spread 0).
     """
