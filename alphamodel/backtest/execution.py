@@ -71,7 +71,8 @@ from alphamodel.backtest.queue import QTY_EPS, advance_by_trades, depth_update, 
 from alphamodel.errors import UsageError
 
 __all__ = ["MODES", "ON_TIMEOUT", "MARKOUT_ROWS", "FillModel", "Book", "book_from_arrays", "activation_rows",
-           "ExecState", "ExecEnv", "instant_step", "passive_decide", "passive_row", "passive_step", "fill_summary"]
+           "ExecState", "ExecEnv", "ROW_CHUNK", "instant_step", "passive_decide", "passive_row", "passive_rows",
+           "passive_step", "fill_summary"]
 
 MARKOUT_ROWS = (1, 10, 100)
 _MK = tuple(f"mk{k}" for k in MARKOUT_ROWS)
@@ -458,20 +459,38 @@ def passive_row(b: Book, s: dict, r: torch.Tensor, live: torch.Tensor, kind: str
     return s, d
 
 
+#: Rows of a stride one call of :func:`passive_rows` walks (one compiled graph for all of them).
+ROW_CHUNK = 8
+
+
+def passive_rows(b: Book, s: dict, t: torch.Tensor, t2: torch.Tensor, k0: torch.Tensor, stride: int, rows: int,
+                 kind: str, n: float, timeout: int, cross: bool) -> tuple[dict, torch.Tensor]:
+    """:func:`passive_row` over rows ``t + k0 .. t + k0 + rows - 1`` (``k0`` a 0-d int64 tensor, so
+    that a compiled version serves every chunk), those past ``t2`` or past ``stride`` not live.
+    Returns ``(new state dict, equity change (N,) ticks)``."""
+    reward = torch.zeros_like(s["pos"])
+    for i in range(rows):
+        k = k0 + i
+        s, d = passive_row(b, s, torch.minimum(t + k, t2), (k <= stride) & (t + k <= t2), kind, n, timeout, cross)
+        reward = reward + d
+    return s, reward
+
+
 def passive_step(b: Book, act: torch.Tensor, s: dict, q: torch.Tensor, stride: int, kind: str, n: float,
-                 timeout: int, cross: bool, row_fn=None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                 timeout: int, cross: bool, rows_fn=None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """One decision of N environments in ``passive`` mode: :func:`passive_decide` at rows
-    ``s['t']``, then :func:`passive_row` (or ``row_fn``, e.g. its compiled version) over the
-    next ``stride`` rows, up to the segment's last row. Returns ``(reward (N,) ticks, done (N,)
-    bool, new state dict)``; done environments are flat at their segment's last row."""
-    row_fn = row_fn or passive_row
+    ``s['t']``, then :func:`passive_row` over the next ``stride`` rows, up to the segment's last
+    row, :data:`ROW_CHUNK` rows a call of :func:`passive_rows` (or ``rows_fn``, e.g. its compiled
+    version). Returns ``(reward (N,) ticks, done (N,) bool, new state dict)``; done environments
+    are flat at their segment's last row."""
+    rows_fn = rows_fn or passive_rows
     s = passive_decide(b, act, s, q)
     t = s["t"]
     end = b.end[t]
     t2 = torch.minimum(t + stride, end)
     reward = torch.zeros_like(q)
-    for k in range(1, stride + 1):
-        s, d = row_fn(b, s, torch.minimum(t + k, t2), (t + k) <= t2, kind, n, timeout, cross)
+    for k0 in range(1, stride + 1, ROW_CHUNK):
+        s, d = rows_fn(b, s, t, t2, torch.tensor(k0, device=t.device), stride, ROW_CHUNK, kind, n, timeout, cross)
         reward = reward + d
     s["t"] = t2
     s["pnl"] = s["pnl"] + reward
@@ -487,7 +506,8 @@ class ExecEnv:
     fills pay ``fee_maker`` and taken ones (taker, mid, timeout crosses, closes) ``fee_taker``
     ticks on top. ``step(target)`` trades towards ``target`` (N,) contracts at the current rows and
     holds for ``stride`` rows; it returns ``(reward (N,) ticks, done (N,) bool)``. ``state`` is an
-    :class:`ExecState`. ``compile=True`` runs the step (passive: the row) through ``torch.compile``.
+    :class:`ExecState`. ``compile=True`` runs the step (passive: :func:`passive_rows`, a chunk of
+    rows) through ``torch.compile``.
     """
 
     def __init__(self, book: Book, n: int, stride: int, fill: FillModel | None = None, compile: bool = False,
@@ -498,7 +518,7 @@ class ExecEnv:
         self.kind, self.qn = self.fill.queue_model
         self.extra_m, self.extra_t = float(fee_maker), float(fee_taker)
         self.act = activation_rows(book.ts, book.end, self.fill.latency_ns) if self.fill.mode == "passive" else None
-        fn = instant_step if self.fill.mode != "passive" else passive_row
+        fn = instant_step if self.fill.mode != "passive" else passive_rows
         self._fn = torch.compile(fn, dynamic=False) if compile else fn
         self.state = ExecState.zeros(self.n, book.device)
         self.fee = torch.zeros(self.n, device=book.device)
@@ -526,7 +546,7 @@ class ExecEnv:
         q = target.to(self.state.pos.dtype)
         if self.fill.mode == "passive":
             reward, done, s = passive_step(self.b, self.act, s, q, self.stride, self.kind, self.qn, self.fill.timeout,
-                                           self.fill.on_timeout == "cross", row_fn=self._fn)
+                                           self.fill.on_timeout == "cross", rows_fn=self._fn)
         else:
             reward, done, s = self._fn(self.b, s, q, self.stride, self.fill.mode == "mid")
         self.state = ExecState(**s)
