@@ -223,6 +223,23 @@ def test_hand_queue_case_through_the_engine_power_fills_riskaverse_waits():
     assert float(s.qty_maker[0]) == 0
 
 
+def test_cancels_alone_never_fill_and_one_cancel_does_not_clear_the_queue():
+    """The traps of queue models (fills without a trade; the queue ahead cleared by one cancel)."""
+    rows = [(100, 101, 5, 5, 0, 0), (100, 101, 10, 5, 0, 0)]  # active: 10 ahead, none behind
+    rows += [(100, 101, x, 5, 0, 0) for x in (2, 1, 1, 1)]  # cancels only: the level falls to 1
+    m = _hand(rows)
+    for q in ("power:1", "power:3", "log", "riskaverse"):
+        s, _ = _one_order(m, 1, 5, queue=q)
+        assert float(s.qty_maker[0]) == 0 and float(s.n_filled[0]) == 0, q  # no trade: no fill
+    # one cancel of 8 out of 10 with ahead 10 and none behind: all of it was ahead (power, log)
+    assert _du(10, 10, 2, 0, "power:2") == pytest.approx(2.0)
+    # ahead 1 of 10 (9 behind): a cancel of 8 leaves us near the front, not past it
+    assert 0 < _du(1, 10, 2, 0, "power:2") <= 1
+    rows += [(100, 101, 1, 5, 1, 0), (100, 101, 1, 5, 1, 0)]  # then one contract sold a row: we fill
+    s, _ = _one_order(_hand(rows), 1, 7, queue="power:1")
+    assert float(s.qty_maker[0]) == 1
+
+
 def test_exec_env_fees_are_the_cost_level_plus_maker_and_taker_fees():
     m = _hand([(100, 101, 5, 5, 0, 0)] * 4)
     env = ExecEnv(_book(m), 3, 2, FillModel("passive"), fee_maker=0.1, fee_taker=0.3)
