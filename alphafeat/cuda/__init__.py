@@ -4,9 +4,9 @@ Importing this package never touches CUDA: the kernels module (and ``numba.cuda`
 imported on the first call. Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported)
 the kernels run in numba's simulator, which is how they are tested on machines without a GPU.
 
-Imports go one way: :func:`alphafeat.features.compute_features` calls this package (on
-``device='cuda'``), which reads only the leaf modules :mod:`alphafeat.features.registry`,
-:mod:`alphafeat.features.inputs` and the row code, never the :mod:`alphafeat.features` API.
+Imports go one way: this package reads the leaf modules :mod:`alphafeat.features.registry`,
+:mod:`alphafeat.features.inputs` and the row code, and :mod:`alphafeat.features` never imports it;
+:func:`alphafeat.devices.compute_features` (``device='cuda'``) and the precompute call it.
 """
 
 from __future__ import annotations

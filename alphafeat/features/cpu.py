@@ -68,7 +68,6 @@ import numpy as np
 from alphafeat.arena import reserve
 from alphafeat.cores import usable_cores
 from alphafeat.errors import UsageError
-from alphafeat.features._declared import row_kernel
 from alphafeat.features.cpu_kernels import (
     LUT_N,
     Carry,
@@ -99,6 +98,7 @@ from alphafeat.features.cpu_kernels import (
 from alphafeat.features.cpu_kernels import (
     run_chunk as _run_chunk,
 )
+from alphafeat.features.declared import row_kernel
 from alphafeat.features.registry import (
     K_DEV,
     K_FFILL,
@@ -206,7 +206,7 @@ def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jo
     in-process, None or -1: all cores; joblib's threading backend, the kernels release the
     GIL). Results equal the sequential ones to rounding, on any split. The declared features
     (:func:`alphafeat.features.registry.register`) are filled by their generated row kernel
-    (:func:`alphafeat.features._declared.row_kernel`) between the row-wise stage and the
+    (:func:`alphafeat.features.declared.row_kernel`) between the row-wise stage and the
     recurrences.
     """
     n = int(cols["ts_recv"].shape[0])

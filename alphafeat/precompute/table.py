@@ -387,8 +387,9 @@ _PIECE = 4096
 
 def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None,
                     use: Callable[[dict[str, np.ndarray]], None]) -> None:  # fmt: skip
-    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`),
-    handed to ``use`` (which copies out what it keeps); on a GPU, with ``gpu_locks`` (the run's
+    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`, on a GPU
+    :func:`alphafeat.cuda.compute_features_cuda`), handed to ``use`` (which copies out what it
+    keeps); on a GPU, with ``gpu_locks`` (the run's
     staging folder), in a turn among the run's segments (:func:`alphafeat.cuda.gpu_turn`: bounded
     GPU memory) that ends after ``use``, freeing the device and pinned host memory the features
     lie in. A GPU out of memory (numba-cuda's ``CudaAPIError``) raises an AlphafeatError line
@@ -396,11 +397,11 @@ def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None,
     if job.device != "cuda":
         use(compute_features(b, job.features, device=job.device))
         return
-    from alphafeat.cuda import gpu_turn
+    from alphafeat.cuda import compute_features_cuda, gpu_turn
 
     try:
         with gpu_turn(gpu_locks) if gpu_locks else contextlib.nullcontext():
-            use(compute_features(b, job.features, device=job.device))
+            use(compute_features_cuda(b, job.features))
     except Exception as e:
         if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):
             raise AlphafeatError(f"{where}: --device cuda: the GPU ran out of memory for the {len(b):,} rows of "
