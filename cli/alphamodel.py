@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from alphafeat.errors import AlphafeatError, InputError
-from alphafeat.validation import Device, validate_costs, validate_enum, validate_int, validate_path
-from alphamodel.backtest.config import MAX_COST_TICKS
+from alphafeat.validation import Device, validate_costs, validate_enum, validate_float, validate_int, validate_path
+from alphamodel.backtest.config import MAX_COST_TICKS, MAX_FEE_USD, ON_TIMEOUT, validate_fills, validate_queue
 from alphamodel.enums import Context
 from alphamodel.errors import AlphamodelError
 from cli import Parser, add_command, console, option, run, stdout_console, verbose_parent
@@ -132,7 +132,48 @@ def print_summary(s: dict) -> None:
 
 
 #: ``alphamodel backtest`` options that set a BacktestConfig key of the same name.
-_BACKTEST_OPTIONS = ("folds", "embargo", "costs", "stride", "envs", "policy_steps", "device", "seed")
+_BACKTEST_OPTIONS = ("folds", "embargo", "costs", "stride", "envs", "policy_steps", "device", "seed", "fills", "queue",
+                     "latency_ns", "timeout", "on_timeout", "fee_maker", "fee_taker")
+
+
+def _backtest_table(s: dict) -> None:
+    """The terminal table of a backtest summary: strategy x fill mode x cost, mean +- SD over folds."""
+    fills = s["config"].get("fills", ["taker"])
+    t = Table(title=f"alphamodel backtest -> {s['out']}  ({len(s['folds'])} folds, mean +- SD across folds; cost in "
+                    f"ticks per contract per side, 1 tick = {s['tick_value_usd']:g} USD)")
+    cols = ["strategy", "fill", "cost", "Sharpe (ann.)", "DSR", "win rate", "trades/sess", "turnover/sess", "max DD",
+            "PnL ticks"]
+    if fills != ["taker"]:
+        cols += ["fill rate", "rows to fill", "markout +1/+10/+100"]
+    for col in cols:
+        t.add_column(col, justify="right")
+
+    def f(row: dict, m: str, d: int = 2) -> str:
+        a, b = row.get(m + "_mean"), row.get(m + "_sd")
+        if a is None:
+            return "n/a"
+        return f"{a:.{d}f}" + (f" +- {b:.{d}f}" if b is not None else "")
+
+    def g(row: dict, m: str, d: int = 2) -> str:
+        a = row.get(f"fill_{m}_mean")
+        return "n/a" if a is None else f"{a:.{d}f}"
+
+    for r in s["aggregate"]:
+        fill = r.get("fill", "taker")
+        cells = [r["strategy"], fill + (" (bound)" if fill == "mid" else ""), f"{r['cost_ticks']:g}", f(r, "sharpe"),
+                 f(r, "deflated_sharpe"), f(r, "win_rate"), f(r, "trades_per_session", 1), f(r, "turnover", 1),
+                 f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1)]
+        if fills != ["taker"]:
+            cells += [g(r, "fill_rate"), g(r, "ttf_rows", 1),
+                      "/".join(g(r, f"markout_{k}") for k in (1, 10, 100))]
+        t.add_row(*cells)
+    Console(width=max(Console().width, 150 if fills == ["taker"] else 210)).print(t)
+    console.print(s["notes"]["fills"], soft_wrap=True, markup=False)
+    c = s["config"]
+    if c.get("fee_maker") or c.get("fee_taker"):
+        tv = s["tick_value_usd"]
+        console.print(f"fees: maker {c['fee_maker']:g} USD = {c['fee_maker'] / tv:.4g} ticks, taker {c['fee_taker']:g} "
+                      f"USD = {c['fee_taker'] / tv:.4g} ticks per contract per side", markup=False, soft_wrap=True)
 
 
 def _backtest(args: argparse.Namespace) -> int:
@@ -165,21 +206,7 @@ def _backtest(args: argparse.Namespace) -> int:
         console.print(f"embedded default sample: {n} sessions -> {k} walk-forward folds "
                       f"(expanding window, at least 2; the first session only trains)")
     s = backtest(cache, out, args.model, cfg, progress=not args.quiet)
-    t = Table(title=f"alphamodel backtest -> {s['out']}  ({len(s['folds'])} folds, mean +- SD across folds)")
-    for col in ("strategy", "cost", "Sharpe (ann.)", "DSR", "win rate", "trades/sess", "turnover/sess", "max DD",
-                "PnL ticks"):
-        t.add_column(col, justify="right")
-
-    def f(row: dict, m: str, d: int = 2) -> str:
-        a, b = row[m + "_mean"], row[m + "_sd"]
-        if a is None:
-            return "n/a"
-        return f"{a:.{d}f}" + (f" +- {b:.{d}f}" if b is not None else "")
-
-    for r in s["aggregate"]:
-        t.add_row(r["strategy"], f"{r['cost_ticks']:g}", f(r, "sharpe"), f(r, "deflated_sharpe"), f(r, "win_rate"),
-                  f(r, "trades_per_session", 1), f(r, "turnover", 1), f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1))
-    Console(width=max(Console().width, 150)).print(t)
+    _backtest_table(s)
     if any(r[m + "_mean"] is None for r in s["aggregate"] for m in ("sharpe", "deflated_sharpe")):
         console.print(f"n/a: Sharpe is the {s['notes']['sharpe']}; DSR is {s['notes']['deflated_sharpe']}",
                       soft_wrap=True)
@@ -274,6 +301,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--stride", type=option(validate_int, lo=1, what="a number of rows"),
                    help="rows between decisions (default 200)")
     b.add_argument("--envs", type=size, help="parallel training environments (default 64)")
+    b.add_argument("--fill", dest="fills", type=option(validate_fills),
+                   help="fill modes, comma-separated (default taker): taker (buy at the ask, sell at the bid), mid "
+                        "(at the mid: an upper bound), passive (post-only at our best, queue, latency, timeout)")
+    b.add_argument("--queue", type=option(validate_queue),
+                   help="passive queue model: riskaverse (default), power:N, log (hftbacktest's), through")
+    b.add_argument("--latency-ns", dest="latency_ns", type=option(validate_int, lo=0, what="a whole number of ns"),
+                   help="passive: ns from a decision or cancel to its effect (default 0: the next row)")
+    b.add_argument("--timeout", type=option(validate_int, lo=1, what="a number of rows"),
+                   help="passive: rows an order works before --on-timeout (default 100)")
+    b.add_argument("--on-timeout", dest="on_timeout", choices=ON_TIMEOUT,
+                   help="passive: cancel (default) or cross (take at that row's touch, taker fee)")
+    b.add_argument("--fee-maker", dest="fee_maker", type=option(validate_float, lo=0.0, hi=MAX_FEE_USD),
+                   help="exchange fee of a passive fill, USD per contract per side, on top of the cost (default 0)")
+    b.add_argument("--fee-taker", dest="fee_taker", type=option(validate_float, lo=0.0, hi=MAX_FEE_USD),
+                   help="exchange fee of a taken fill, USD per contract per side, on top of the cost (default 0)")
     b.add_argument("--policy-steps", dest="policy_steps", type=size, help="C51 training steps per fold (default 400)")
     b.add_argument("--fine-tune", dest="fine_tune", action="store_true",
                    help="also fine-tune the encoder with the C51 loss (strategy c51-finetune)")

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from alphafeat.cache import PREDECODED_NAME
 from alphafeat.cores import usable_cores
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features import FeatureParams, cuda_available
@@ -26,6 +27,7 @@ from alphafeat.validation import (
     Predecoded,
     RollRule,
     validate_barrier,
+    validate_book_schema,
     validate_bool,
     validate_enum,
     validate_horizons,
@@ -34,6 +36,7 @@ from alphafeat.validation import (
     validate_int,
     validate_jobs,
     validate_path,
+    validate_preopen,
     validate_root,
     validate_sample,
     validate_scheduler,
@@ -46,8 +49,10 @@ DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
 
 def default_predecoded_dir(out: str | os.PathLike[str]) -> Path:
-    """``<parent of out>/.predecoded``: where books and plan scans are kept between runs."""
-    return Path(out).resolve().parent / ".predecoded"
+    """``<out>/.predecoded``: where books and plan scans are kept between runs by default, inside
+    the cache (``alphafeat clean`` or deleting the cache removes them; ``pyarrow.dataset`` and
+    the cache's readers skip names starting with ``.``)."""
+    return Path(out).resolve() / PREDECODED_NAME
 
 
 @dataclass
@@ -112,8 +117,10 @@ class PrecomputeConfig:
     dask_local : int
         Start a Dask ``LocalCluster`` of this many single-threaded worker processes (0: no).
     predecoded_dir : Path or None
-        Where books and plan scans are kept (:mod:`alphafeat.precompute.books`); None:
-        ``<parent of out>/.predecoded``.
+        Where books and plan scans are kept (:mod:`alphafeat.precompute.books`;
+        ``--predecoded-dir``); None: ``<out>/.predecoded``, inside the cache. Two caches given
+        one folder share it (books are keyed by their files, instrument and session); the
+        manifest names it (``predecoded_dir``) for ``alphafeat clean``.
     keep_books : str
         ``auto`` (default: keep books rebuilt from MBO, whose rebuild is the costly part),
         ``keep`` (keep every book) or ``none`` (keep none, use none). A kept book lets a rerun
@@ -129,6 +136,15 @@ class PrecomputeConfig:
     sample : str
         ``"snapshot"`` (a row per book snapshot) or ``"volume:V"``: a row per volume bar of V
         contracts (AFML ch. 2; :func:`alphafeat.bars.volume_bars`).
+    schema : str or None
+        ``mbo``, ``mbp-10`` or ``mbp-1``: use the book files of that schema only (``--schema``);
+        None (default): per session the richest book schema holding it (MBO, then MBP-10, then
+        MBP-1; :mod:`alphafeat.sources`).
+    preopen : str
+        ``keep`` (default: crossed-book rows, the pre-open auction, are written, flagged in
+        ``book_crossed``, with NaN labels and NaN price features) or ``drop`` (they are not
+        written; the other rows' features and labels are those ``keep`` gives, a partition is
+        always recomputed, never relabelled).
     """
 
     inputs: list[Path]
@@ -155,6 +171,8 @@ class PrecomputeConfig:
     keep_books: str = "auto"
     rebuild_predecoded: bool = False
     prune: bool = False
+    schema: str | None = None
+    preopen: str = "keep"
 
 
 def resolve_device(device: str) -> str:
@@ -243,6 +261,8 @@ def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:
         keep_books=validate_enum(cfg.keep_books, Predecoded, "--predecoded").value,
         rebuild_predecoded=validate_bool(cfg.rebuild_predecoded, "--rebuild-predecoded"),
         prune=validate_bool(cfg.prune, "--prune"),
+        schema=validate_book_schema(cfg.schema),
+        preopen=validate_preopen(cfg.preopen),
     )
     if c.scheduler is not None and c.dask_local:
         raise UsageError("--scheduler and --dask-local", "expected one of them (a cluster's address, or a local one)",

@@ -27,14 +27,24 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from alphafeat.arena import release as release_buffers
-from alphafeat.cache import CacheWriter, check_folder, check_out, partition_metadata, staged_path
+from alphafeat.cache import (
+    LOCK,
+    PREDECODED_KEY,
+    PREDECODED_NAME,
+    CacheWriter,
+    check_folder,
+    check_out,
+    partition_metadata,
+    staged_path,
+)
 from alphafeat.cores import usable_cores
 from alphafeat.errors import DataError, InputError
 from alphafeat.instruments import Choice
@@ -94,6 +104,8 @@ class Summary:
     cache_bytes: int = 0
     books_predecoded: int = 0
     predecoded: Path | None = None
+    #: the book schema of each (session, instrument_id) of the schedule with a segment
+    schemas: dict[tuple, str] = field(default_factory=dict)
 
     @property
     def bytes_per_row(self) -> float:
@@ -214,7 +226,7 @@ def _plan(cfg: PrecomputeConfig, summary: Summary, task: Callable, advance: Call
     t_plan = task("plan (headers, definitions, trade volume)", 1)
     plan: Plan = make_plan(
         cfg.inputs, mode=cfg.instrument_mode, root=cfg.root, roll_rule=cfg.roll_rule, roll_days=cfg.roll_days,
-        on_error=cfg.on_error, jobs=cfg.jobs, survey_dir=summary.predecoded,
+        on_error=cfg.on_error, jobs=cfg.jobs, survey_dir=summary.predecoded, schema=cfg.schema,
     )  # fmt: skip
     advance(t_plan)
     summary.stage_seconds["plan"] = time.perf_counter() - t0
@@ -222,6 +234,7 @@ def _plan(cfg: PrecomputeConfig, summary: Summary, task: Callable, advance: Call
     summary.skipped += plan.skipped
     summary.notes += plan.notes
     summary.schedule = plan.schedule
+    summary.schemas = {(s.session, s.instrument_id): s.schema for s in plan.segments}
     return plan
 
 
@@ -306,6 +319,7 @@ def _manifest(fold: _Fold, common: dict, schedule: list[dict], sources: list[tup
                 partitions=sorted(ours + others["earlier"]), earlier_partitions=others["earlier"],
                 replaced=others["replaced"], pruned=others["pruned"], book_complete_from=fold.complete,
                 skipped=[{"path": str(p), "problem": why} for p, why in s.skipped],
+                **{PREDECODED_KEY: _where(s.predecoded, fold.writer.out)},
                 run=stats if computed else earlier.get("run", stats))  # fmt: skip
 
 
@@ -338,11 +352,36 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     """
     t0 = time.perf_counter()
     cfg, job, summary = _start(cfg)
+    with _removed_on_failure(Path(cfg.out)):
+        _run(cfg, job, summary, progress, t0)
+    summary.peak_rss = max(summary.peak_rss, peak_rss())
+    summary.seconds = time.perf_counter() - t0
+    release_buffers()  # the buffers this process kept for its segments (arena) go back
+    log.info("%s: %d rows in %d partitions, %d of them already current", cfg.out, summary.rows,
+             len(summary.partitions), summary.partitions_skipped)  # fmt: skip
+    return summary
+
+
+@contextmanager
+def _removed_on_failure(out: Path) -> Iterator[None]:
+    """``out`` removed when the block fails and this run made it and left in it only what it
+    makes before the commit (the predecoded folder's plan scans, the lock): a failed first run
+    leaves no cache folder behind."""
+    made = not out.exists()
+    try:
+        yield
+    except BaseException:
+        if made and out.is_dir() and all(p.name in (PREDECODED_NAME, LOCK) for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | None, t0: float) -> None:
+    """The body of :func:`precompute` (options checked): plan, map, commit into ``summary``."""
     task, advance = _tasks(progress)
     plan = _plan(cfg, summary, task, advance, t0)
     common = common_metadata(cfg, job, plan)
     schedule, sources = schedule_rows(plan), source_rows(plan)
-    keep = cfg.keep_books == "keep" or (cfg.keep_books == "auto" and plan.schema == "mbo")
     pre = None if cfg.keep_books == "none" else str(summary.predecoded)  # books kept earlier are used unless "none"
     if first_use():
         log.warning("first use in this environment: numba compiles the kernels once (~30-60 s)")
@@ -355,7 +394,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         metas = [segment_metadata(common, seg, schedule, sources) for seg in plan.segments]
         decided = _decide(plan, fold, metas, job, pre, lambda: advance(t_map))
         job_t, at_once = _sized(cfg, job, writer.staging, len(decided))
-        calls = [(seg, str(writer.staging), meta, job_t, pre, keep, relabel) for seg, meta, relabel in decided]
+        calls = [(seg, str(writer.staging), meta, job_t, pre, _keep(cfg, seg), relabel)
+                 for seg, meta, relabel in decided]
         _run_map(cfg, fold, calls, at_once, job_t.in_flight is not None, lambda: advance(t_map))
         if not summary.partitions:
             raise DataError("no book rows for the chosen instruments in the inputs; nothing to write", cfg.out)
@@ -364,12 +404,21 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         summary.notes += data_notes(cfg, job, plan, others["skipped"], fold.n_crossed, fold.min_rows)
         summary.seconds = time.perf_counter() - t0
         writer.commit(_manifest(fold, common, schedule, sources))
-    summary.peak_rss = max(summary.peak_rss, peak_rss())
-    summary.seconds = time.perf_counter() - t0
-    release_buffers()  # the buffers this process kept for its segments (arena) go back
-    log.info("%s: %d rows in %d partitions, %d of them already current", cfg.out, summary.rows,
-             len(summary.partitions), summary.partitions_skipped)  # fmt: skip
-    return summary
+
+
+def _where(pre: Path | None, out: Path) -> str | None:
+    """The manifest's ``predecoded_dir``: relative to the cache when inside it (the default,
+    ``.predecoded``: the manifest stays the same wherever the cache is moved), else absolute."""
+    if pre is None:
+        return None
+    pre, out = Path(pre).resolve(), Path(out).resolve()
+    return str(pre.relative_to(out)) if out in pre.parents else str(pre)
+
+
+def _keep(cfg: PrecomputeConfig, seg: Segment) -> bool:
+    """Whether the segment's book is kept in the predecoded folder: ``--predecoded keep``, or
+    ``auto`` and rebuilt from MBO (the costly part)."""
+    return cfg.keep_books == "keep" or (cfg.keep_books == "auto" and seg.schema == "mbo")
 
 
 def _work(call: tuple) -> int:

@@ -12,11 +12,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from alphafeat.bars import volume_bars
 from alphafeat.errors import AlphafeatError
 from alphafeat.features import FeatureParams, compute_features, feature_specs
-from alphafeat.features.inputs import prepare
+from alphafeat.features.inputs import crossed_rows, prepare
 from alphafeat.labels import LabelStream, direction_labels_seconds
 from alphafeat.plan import Segment
 from alphafeat.precompute.job import MAX_FEATURE_THREADS, Job, live_threads
@@ -87,15 +88,16 @@ def barrier_widths(mid: np.ndarray, ret2: np.ndarray | None, barrier: Barrier, j
 
 
 def crossed(b: BookArrays) -> np.ndarray:
-    """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open)."""
-    with np.errstate(invalid="ignore"):
-        return b.bid_px[:, 0] > b.ask_px[:, 0]
+    """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open): the
+    rows the features see as an empty book (:func:`alphafeat.features.inputs.crossed_rows`)."""
+    return crossed_rows(b.bid_px, b.ask_px)
 
 
 def book_mid(b: BookArrays) -> np.ndarray:
     """The mid price, float64 (n,), as the ``mid`` feature computes it: ``0.5 * (bid + ask)``
-    of the best levels, NaN where either is empty (the same operations, so bit-identical)."""
-    return _mid(b.bid_px[:, 0], b.ask_px[:, 0])
+    of the best levels, NaN where either is empty or the book is crossed (the features see a
+    crossed row as an empty book; the same operations, so bit-identical): :func:`label_mid`."""
+    return label_mid(b.bid_px[:, 0], b.ask_px[:, 0], crossed(b))
 
 
 def _mid(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:
@@ -303,7 +305,8 @@ class SegmentColumns:
 
     def table(self, seconds: dict[str, float]) -> tuple[pa.Table, int]:
         """The Arrow table of the rows added, labels included (their time in ``seconds``);
-        returns ``(table, crossed rows)``."""
+        returns ``(table, crossed rows)``. With ``job.preopen`` drop the crossed rows are left
+        out of the table after the labels (so the other rows' labels are those of ``keep``)."""
         n = self.rows
         c = {k: v[:n] for k, v in self.cols.items()}
         self._wait(0)
@@ -326,7 +329,10 @@ class SegmentColumns:
                 cols[k] = from_numpy(c[k])
         del c
         cols.update(label_arrays(labels))
-        return pa.table(cols), self.crossed
+        table = pa.table(cols)
+        if self.job.preopen == "drop" and self.crossed:
+            table = table.filter(pc.invert(table.column("book_crossed")))
+        return table, self.crossed
 
 
 def _label_stream(job: Job, capacity: int) -> LabelStream:
