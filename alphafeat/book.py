@@ -633,7 +633,8 @@ class MBPBookBuilder:
         self._cols = self._alloc(self._cap, 0)
         self._sets: list[list[np.ndarray] | None] = [self._cols] + [None] * (max(int(sets), 1) - 1)
         self.rows = 0
-        self.records = 0
+        self.records = 0  #: records of the session (``ts_recv`` in ``[start, end)``) consumed so far
+        self.read = 0  #: records consumed so far, of any session
         self._taken = 0
         self._last_ts: int | None = None
 
@@ -645,9 +646,11 @@ class MBPBookBuilder:
     def add(self, records: np.ndarray) -> int:
         """Consume one chunk of records (a contiguous structured array); returns rows emitted."""
         n = records.shape[0]
-        self.records += n
+        self.read += n
         if n == 0:
             return 0
+        ts = records["ts_recv"]
+        self.records += int(np.count_nonzero((ts >= np.uint64(self.start)) & (ts < np.uint64(self.end))))
         cap = self._cols[0].shape[0]
         if self.rows + n > cap:  # more records than reserved: grow (copies the rows so far)
             new = self._alloc(max(2 * cap, self.rows + n), self._set)

@@ -5,6 +5,7 @@ Layout::
     OUT/_alphafeat.json                              manifest: columns, parameters, schedule, sources
     OUT/root=ES/session=2024-03-06/ESH4.arrow        one file per kept instrument and session
     OUT/.alphafeat.lock                              held while a run writes
+    OUT/.predecoded/                                 kept books and plan scans (default place)
 
 Files are uncompressed Arrow IPC (memory-mappable); each file's schema metadata holds, under
 the key ``alphafeat``, a JSON document with the columns (unit, meaning, source), the
@@ -181,10 +182,12 @@ def check_out(out: str | os.PathLike[str]) -> Path:
     ------
     CacheError
         ``out`` is a folder that is neither empty nor an alphafeat cache (we never delete a
-        folder we did not write); or as :func:`check_folder`.
+        folder we did not write; its predecoded folder alone, :data:`PREDECODED_NAME`, left by
+        an earlier run that failed or by ``roll-schedule --out``, does not count); or as
+        :func:`check_folder`.
     """
     path = check_folder(out)
-    if path.exists() and not is_cache(path) and any(path.iterdir()):
+    if path.exists() and not is_cache(path) and any(p.name != PREDECODED_NAME for p in path.iterdir()):
         raise CacheError(path, "a folder that is not empty and not an alphafeat cache; refusing to overwrite it")
     return path
 
@@ -458,6 +461,54 @@ def read_manifest(path: str | os.PathLike[str]) -> dict:
             "rerun alphafeat precompute with the same --out to rebuild it"
         )
     return manifest
+
+
+#: The predecoded folder's name inside a cache (its default place: ``<cache>/.predecoded``).
+PREDECODED_NAME = ".predecoded"
+#: What a predecoded folder holds (:mod:`alphafeat.segment`, :mod:`alphafeat.plan`): a folder
+#: holding anything else is not removed by :func:`clean_cache`.
+PREDECODED_ENTRIES = frozenset({"book", "plan", "survey"})
+#: Manifest key of the predecoded folder a run used (absolute path).
+PREDECODED_KEY = "predecoded_dir"
+
+
+def clean_cache(path: str | os.PathLike[str], keep_predecoded: bool = False) -> list[Path]:
+    """Remove the cache at ``path`` and its kept books; returns the folders removed.
+
+    The predecoded folder the manifest names (:data:`PREDECODED_KEY`: where the run kept its
+    books and plan scans; relative to the cache when inside it) goes too: inside the cache
+    (the default, ``<cache>/.predecoded``) with it; elsewhere (``--predecoded-dir``) unless
+    ``keep_predecoded`` (a folder shared between caches) or it holds anything but a
+    predecoded folder's entries
+    (:data:`PREDECODED_ENTRIES`). Waits for a run writing the cache (its lock) to end.
+
+    Raises
+    ------
+    CacheError
+        ``path`` is not an alphafeat cache (no manifest): nothing is removed.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise CacheError(path, "no such folder" if not root.exists() else "is a file, not a cache directory")
+    if not (root / MANIFEST).is_file():
+        raise CacheError(path, f"not an alphafeat cache (no {MANIFEST}); nothing removed")
+    root = root.resolve()
+    try:
+        pre = json.loads((root / MANIFEST).read_text()).get(PREDECODED_KEY)
+    except (OSError, ValueError, AttributeError):
+        pre = None
+    removed = []
+    with open(root / LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a run writing the cache finishes first
+        shutil.rmtree(root)
+        removed.append(root)
+    if pre and not keep_predecoded:
+        pre = root / pre  # relative: inside the cache (removed with it); absolute: elsewhere
+        inside = pre == root or root in pre.parents
+        if not inside and pre.is_dir() and {e.name for e in pre.iterdir()} <= PREDECODED_ENTRIES:
+            shutil.rmtree(pre)
+            removed.append(pre)
+    return removed
 
 
 def open_dataset(path: str | os.PathLike[str]) -> pads.Dataset:

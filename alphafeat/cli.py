@@ -6,6 +6,7 @@ Subcommands
     synth          synthetic ES DBN files (the embedded default sample, test data, benchmarks)
     features       the feature registry: name, unit, formula, source, parameters
     inspect        rows, NaN rates, label balance and PNG plots of a cache
+    clean          remove a cache and its kept books
 """
 
 from __future__ import annotations
@@ -88,26 +89,28 @@ def _precompute(args: argparse.Namespace) -> int:
 
     out = stdout_console()
     sched = Table(title="instrument per session")
-    for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
+    for col in ("session", "instrument_id", "raw_symbol", "schema", "expiration", "reason"):
         sched.add_column(col)
     have = {p.parent.name for p in s.partitions}  # session=YYYY-MM-DD
     why = " (a file skipped: below)" if s.skipped else ""
     for c in s.schedule:
         gone = f"session={c.session.isoformat()}" not in have  # its book file skipped, or no rows
         sched.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
-                      c.expiration.isoformat() if c.expiration else "",
+                      s.schemas.get((c.session, c.instrument_id), ""), c.expiration.isoformat() if c.expiration else "",
                       c.reason + (f"; no partition this run{why}" if gone else ""))  # fmt: skip
     out.print(sched)
     t = Table(title=f"alphafeat precompute -> {s.out}", show_header=False)
     t.add_column("")
     t.add_column("", justify="right")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in s.stage_seconds.items())
-    for k, v in (("files", f"{s.files}"), ("book records read (chosen contracts)", f"{s.records:,}"),
+    for k, v in (("files", f"{s.files}"), ("book records (chosen contracts, their sessions)", f"{s.records:,}"),
                  ("rows (this run's sessions)", f"{s.rows:,}"),
                  ("partitions (already current)", f"{len(s.partitions)} ({s.partitions_skipped})"),
                  ("books from the predecoded folder", f"{s.books_predecoded}"),
                  ("predecoded folder (plan scans, kept books)", str(s.predecoded or "-")),
-                 ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}"),
+                 ("skipped files", f"{len(s.skipped)}"),
+                 ("device", f"{s.device} ({s.device_reason})" if s.device_reason else s.device),
+                 ("seconds", f"{s.seconds:.1f}"),
                  ("seconds per stage (summed over workers)", stages),
                  ("rows per second", f"{s.rows_per_second:,.0f}" if s.rows_computed else "- (nothing computed)"),
                  ("peak memory (largest process)", f"{s.peak_rss / 2**30:.2f} GiB"),
@@ -267,13 +270,24 @@ def _inspect(args: argparse.Namespace) -> int:
         timeout = f"{1 - u - d - n:.1%}" if k == "tb_label" else ""
         t.add_row(k, f"{u:.1%}", f"{d:.1%}", timeout, f"{n:.1%}")
     out.print(t)
+    out.print(f"crossed-book rows (pre-open auction): {rep.crossed:,}; incomplete-book rows: {rep.incomplete:,}"
+              + ("; both left out of the feature and mid plots" if rep.plots else ""))
     for p in rep.plots:
         out.print(f"plot: {p}")
     return 0
 
 
+def _clean(args: argparse.Namespace) -> int:
+    from alphafeat.cache import clean_cache
+
+    out = stdout_console()
+    for p in clean_cache(args.cache, keep_predecoded=args.keep_predecoded):
+        out.print(f"removed {p}")
+    return 0
+
+
 #: PrecomputeConfig's options of the DBN reading stage: precompute's and roll-schedule's.
-READ_OPTIONS = ("roll_rule", "roll_days", "on_error", "rebuild_predecoded", "jobs")
+READ_OPTIONS = ("roll_rule", "roll_days", "on_error", "schema", "predecoded_dir", "rebuild_predecoded", "jobs")
 
 
 def _roll_schedule(args: argparse.Namespace) -> int:
@@ -282,19 +296,20 @@ def _roll_schedule(args: argparse.Namespace) -> int:
     from alphafeat.plan import make_plan
     from alphafeat.precompute.config import default_predecoded_dir
 
-    pre = default_predecoded_dir(args.out) if args.out else None
+    pre = args.predecoded_dir or (default_predecoded_dir(args.out) if args.out else None)
     if pre is not None and args.rebuild_predecoded and pre.is_dir():
         shutil.rmtree(pre)
     plan = make_plan(_inputs(args), root=args.root, roll_rule=args.roll_rule, roll_days=args.roll_days,
-                     on_error=args.on_error, jobs=args.jobs, survey_dir=pre)
+                     on_error=args.on_error, jobs=args.jobs, survey_dir=pre, schema=args.schema)
     sched = plan.schedule
+    schemas = {(s.session, s.instrument_id): s.schema for s in plan.segments}
     out = stdout_console()
     t = Table(title=f"front month of {args.root} per session ({args.roll_rule} rule)")
-    for col in ("session", "instrument_id", "raw_symbol", "expiration", "reason"):
+    for col in ("session", "instrument_id", "raw_symbol", "schema", "expiration", "reason"):
         t.add_column(col)
     for c in sched:
-        t.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol,
-                  c.expiration.isoformat() if c.expiration else "", c.reason)
+        t.add_row(c.session.isoformat(), str(c.instrument_id), c.raw_symbol, schemas.get((c.session, c.instrument_id),
+                  ""), c.expiration.isoformat() if c.expiration else "", c.reason)  # fmt: skip
     out.print(t)
     for note in plan.notes:
         out.print(f"note: {note}", soft_wrap=True)
@@ -318,11 +333,11 @@ def _features(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1, default=str))
         return 0
     table = Table(title="alphafeat features (default parameters; groups: the --features groups holding each)")
-    for col in ("name", "unit", "formula", "source", "parameters", "min_depth", "groups"):
+    for col in ("name", "unit", "formula", "source", "parameters", "min_depth", "crossed rows", "groups"):
         table.add_column(col, overflow="fold", no_wrap=col == "name")
     for r in rows:
         params_ = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
-        table.add_row(r["name"], r["unit"], r["formula"], r["source"], params_, str(r["min_depth"]),
+        table.add_row(r["name"], r["unit"], r["formula"], r["source"], params_, str(r["min_depth"]), r["crossed"],
                       ", ".join(r["groups"]))
     stdout_console().print(table)
     return 0
@@ -343,7 +358,7 @@ def _roll_schedule_options(r: argparse.ArgumentParser) -> None:
 
     add_options(r, PrecomputeConfig, only=("inputs", "root"))
     r.add_argument("--out", default=None, type=_PATH,
-                   help="cache directory whose parent's .predecoded keeps plan scans (default: keep none)")
+                   help="cache directory whose .predecoded folder keeps plan scans (default: keep none)")
     add_options(r, PrecomputeConfig, only=READ_OPTIONS)
 
 
@@ -400,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: ../shared/data/real/esh4-glbx-mdp3-20231225.mbo.dbn.zst)")
     s.set_defaults(func=_synth, prog=s.prog)
 
-    f = add_command(sub, "features", "print the feature registry (name, unit, formula, source, parameters)",
+    f = add_command(sub, "features", "print the feature registry (name, unit, formula, source, parameters, "
+                    "value on crossed-book rows such as the pre-open)",
                     parents=common)
     f.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     f.set_defaults(func=_features, prog=f.prog)
@@ -409,6 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--plots", default=None, type=_PATH, help="where to write PNG plots (default: CACHE/_plots)")
     i.add_argument("--no-plots", action="store_true", help="tables only")
     i.set_defaults(func=_inspect, prog=i.prog)
+    c = add_command(sub, "clean", "remove a cache and its kept books (the predecoded folder its manifest names)",
+                    parents=common)
+    c.add_argument("cache", type=_PATH, help="cache directory written by precompute (refused without its manifest)")
+    c.add_argument("--keep-predecoded", action="store_true",
+                   help="keep a predecoded folder outside the cache (--predecoded-dir shared by other caches)")
+    c.set_defaults(func=_clean, prog=c.prog)
     return ap
 
 

@@ -6,6 +6,11 @@
 * ``label_balance.png`` — share of up / down / NaN per label column,
 * ``mid_rolls.png`` — the mid price over time, one colour per contract, with a dashed line
   where the kept contract changes (a roll) and a dotted one at each session start.
+
+Rows whose book is crossed (``book_crossed``: the pre-open auction) or not yet complete
+(``book_complete`` False: an MBO stream that started without a snapshot) are counted and left
+out of the two plots of feature values and the mid: an auction book's spread is negative (down
+to -94 ticks in the real ESH4 pre-open) and would squash the spread's histogram.
 """
 
 from __future__ import annotations
@@ -39,12 +44,21 @@ class CacheReport:
         share is ``1 - sum``.
     plots : list of Path
         PNG files written.
+    crossed : int
+        Rows with a crossed book (``book_crossed``), left out of the plots.
+    incomplete : int
+        Rows whose book is not yet complete (``book_complete`` False), left out of the plots.
+    plotted : int
+        Rows in the feature and mid plots (neither crossed nor incomplete).
     """
 
     rows: list[tuple[str, str, int]] = field(default_factory=list)
     nan_rate: dict[str, float] = field(default_factory=dict)
     label_balance: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     plots: list[Path] = field(default_factory=list)
+    crossed: int = 0
+    incomplete: int = 0
+    plotted: int = 0
 
 
 def _feature_columns(manifest: dict) -> list[str]:
@@ -81,12 +95,30 @@ def inspect_cache(path: str | os.PathLike[str], plots_dir: str | os.PathLike[str
             y = table.column(name).to_numpy(zero_copy_only=False)
             hi, lo = (1.0, 0.0) if name.startswith("label_") else (1.0, -1.0)
             rep.label_balance[name] = (float(np.mean(y == hi)), float(np.mean(y == lo)), float(np.mean(np.isnan(y))))
+    keep = _plotted_rows(table, rep)
     if plots_dir is not None:
-        rep.plots = _plots(table, manifest, rep, Path(plots_dir))
+        rep.plots = _plots(table, manifest, rep, Path(plots_dir), keep)
     return rep
 
 
-def _plots(table: pa.Table, manifest: dict, rep: CacheReport, out: Path) -> list[Path]:
+def _plotted_rows(table: pa.Table, rep: CacheReport) -> np.ndarray:
+    """bool (rows,): neither crossed nor incomplete; sets ``rep``'s three counts."""
+    n = table.num_rows
+
+    def flag(name: str, default: bool) -> np.ndarray:
+        if name not in table.schema.names:
+            return np.full(n, default)
+        return table.column(name).to_numpy(zero_copy_only=False).astype(bool)
+
+    crossed, complete = flag("book_crossed", False), flag("book_complete", True)
+    rep.crossed, rep.incomplete = int(crossed.sum()), int((~complete).sum())
+    keep = complete & ~crossed
+    rep.plotted = int(keep.sum())
+    return keep
+
+
+def _plots(table: pa.Table, manifest: dict, rep: CacheReport, out: Path, keep: np.ndarray) -> list[Path]:
+    """The three PNGs; the feature and mid plots show the rows ``keep`` only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,7 +132,7 @@ def _plots(table: pa.Table, manifest: dict, rep: CacheReport, out: Path) -> list
     nrow = max(1, -(-len(feats) // ncol))
     fig, axes = plt.subplots(nrow, ncol, figsize=(3 * ncol, 2.2 * nrow))
     for ax, name in zip(np.ravel(axes), feats):
-        x = table.column(name).to_numpy(zero_copy_only=False)
+        x = table.column(name).to_numpy(zero_copy_only=False)[keep]
         x = x[np.isfinite(x)]
         if x.size:
             lo, hi = np.percentile(x, [1, 99])
@@ -109,7 +141,7 @@ def _plots(table: pa.Table, manifest: dict, rep: CacheReport, out: Path) -> list
         ax.tick_params(labelsize=6)
     for ax in np.ravel(axes)[len(feats):]:
         ax.axis("off")
-    fig.suptitle("feature distributions (1st-99th percentile)")
+    fig.suptitle(f"feature distributions (1st-99th percentile); {_left_out(rep)}")
     fig.tight_layout()
     paths.append(out / "feature_distributions.png")
     fig.savefig(paths[-1], dpi=80)
@@ -133,10 +165,10 @@ def _plots(table: pa.Table, manifest: dict, rep: CacheReport, out: Path) -> list
     fig.savefig(paths[-1], dpi=80)
     plt.close(fig)
 
-    ts = table.column("ts_recv").cast(pa.int64()).to_numpy()
-    mid = table.column("mid").to_numpy(zero_copy_only=False)
-    sym = np.array(table.column("raw_symbol").cast(pa.string()).to_pylist())
-    sess = np.array(table.column("session").to_pylist())
+    ts = table.column("ts_recv").cast(pa.int64()).to_numpy()[keep]
+    mid = table.column("mid").to_numpy(zero_copy_only=False)[keep]
+    sym = np.array(table.column("raw_symbol").cast(pa.string()).to_pylist())[keep]
+    sess = np.array(table.column("session").to_pylist())[keep]
     t = ts.astype("datetime64[ns]")
     fig, ax = plt.subplots(figsize=(10, 4))
     for s in dict.fromkeys(sym):
@@ -145,12 +177,12 @@ def _plots(table: pa.Table, manifest: dict, rep: CacheReport, out: Path) -> list
     starts = np.flatnonzero(np.r_[True, sess[1:] != sess[:-1]])
     for k in starts[1:]:
         ax.axvline(t[k], color="gray", ls=":", lw=0.8)
-    rolls = [k for k in starts[1:] if sym[k] != sym[k - 1]]
+    rolls = [k for k in starts[1:] if sym[k] != sym[k - 1]] if np.isfinite(mid).any() else []
     for k in rolls:
         ax.axvline(t[k], color="black", ls="--", lw=1.2)
         ax.annotate(f"roll -> {sym[k]}", (t[k], np.nanmax(mid)), fontsize=7, rotation=90, va="top")
     ax.set_ylabel("mid (index points)")
-    ax.set_title("mid price; dotted: session start, dashed: roll")
+    ax.set_title(f"mid price; dotted: session start, dashed: roll; {_left_out(rep)}", fontsize=9)
     ax.legend(markerscale=8, fontsize=7)
     fig.autofmt_xdate()
     fig.tight_layout()
@@ -159,3 +191,8 @@ def _plots(table: pa.Table, manifest: dict, rep: CacheReport, out: Path) -> list
     plt.close(fig)
     log.info("wrote %s", ", ".join(str(p) for p in paths))
     return paths
+
+
+def _left_out(rep: CacheReport) -> str:
+    """What the plots leave out, in words."""
+    return f"left out: {rep.crossed:,} crossed-book rows, {rep.incomplete:,} incomplete-book rows"

@@ -15,7 +15,7 @@ Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size, m
 inode (:func:`_identity`), so a rerun plans without decoding; the plan itself is kept in
 ``<predecoded dir>/plan/`` (:func:`plan_key`: every input file's identity, the plan options
 and a hash of the planning code), so a rerun over the same files plans without opening them
-(nor loading databento, which the symbology needs: ~0.3 s). Front-month selection itself is
+(nor building the symbology). Front-month selection itself is
 :func:`alphafeat.instruments.front_month_schedule` (no look-ahead: a session's choice uses the
 previous session's volume); this module is its only caller (``precompute``,
 ``roll-schedule`` and ``bench/`` all plan through :func:`make_plan`).
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -55,11 +54,13 @@ from alphafeat.instruments import (
     session_dates,
     session_end_ns,
 )
+from alphafeat.sources import BOOK_RANK, force_schema, foreign_files, richest
 from alphafeat.types import UNDEF_TIMESTAMP
 from alphafeat.validation import (
     ModeKind,
     OnError,
     RollRule,
+    validate_book_schema,
     validate_enum,
     validate_instrument_mode,
     validate_int,
@@ -79,7 +80,7 @@ SURVEY_VERSION = 2
 #: Version of the plans kept on disk (:func:`plan_key`); bump to invalidate them.
 PLAN_VERSION = 1
 #: The modules whose code decides a plan: their source is hashed into :func:`plan_key`.
-_PLAN_CODE = ("plan.py", "instruments.py", "dbn.py", "types.py", "validation.py", "errors.py")
+_PLAN_CODE = ("plan.py", "sources.py", "instruments.py", "dbn.py", "types.py", "validation.py", "errors.py")
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ class Segment:
     root : str
         Product root of the partition path (``ES``).
     schema : str
-        Book schema of the files (``mbo``, ``mbp-10`` or ``mbp-1``).
+        Book schema of the files (``mbo``, ``mbp-10`` or ``mbp-1``): the richest holding the
+        instrument in the session (:mod:`alphafeat.sources`), or the one ``--schema`` forced.
     book_files, trade_files : tuple of str
         Resolved paths of the files whose time range overlaps the session, in start order.
     relpath : str
@@ -126,7 +128,8 @@ class Plan:
     Attributes
     ----------
     schema : str
-        The book schema of the run.
+        The richest book schema of the run's segments (each segment names its own:
+        :attr:`Segment.schema`).
     files : list of DBNFile
         Headers of the files used (book, then trades, then definition files).
     schedule : list of Choice
@@ -308,7 +311,7 @@ def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
     """Key of a kept plan: each input file's :func:`_identity` (a touched, rewritten or replaced
     file, or one added to or taken from an input folder, gives another key), the plan
     ``options``, :data:`PLAN_VERSION`, a hash of the planning code (:data:`_PLAN_CODE`) and the
-    identity of the installed databento and databento_dbn (their symbology decides the symbols).
+    identity of the installed databento_dbn (its metadata decides the symbols).
 
     Raises
     ------
@@ -322,7 +325,7 @@ def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
     for name in _PLAN_CODE:
         code.update((here / name).read_bytes())
     libs = []
-    for mod in ("databento", "databento_dbn"):
+    for mod in ("databento_dbn",):
         spec = importlib.util.find_spec(mod)
         origin = spec.origin if spec is not None else None
         libs.append([origin, os.stat(origin).st_mtime_ns if origin else None])
@@ -404,9 +407,6 @@ def _classify(headers: list[DBNFile]) -> tuple[list[DBNFile], list[DBNFile], lis
         raise InputError(
             first.path, f"schema {first.schema!r} is not book data; give at least one mbo, mbp-10 or mbp-1 file"
         )
-    schemas = sorted({f.schema for f in book})
-    if len(schemas) > 1:
-        raise InputError(book[0].path, f"mixed book schemas {schemas}; give one kind of book data per run")
     key = lambda f: (int(f.metadata.start), str(f.path))  # noqa: E731
     return sorted(book, key=key), sorted(trades, key=key), defs
 
@@ -489,26 +489,6 @@ def spawning_workers() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
-def _import_meanwhile(module: str) -> threading.Thread:
-    """Import ``module`` on a thread of its own while this process waits for the scans on its
-    workers (databento's symbology, which :meth:`Symbology.build` needs next, loads all of
-    ``databento``: time otherwise spent after the scans; docs/performance.md). joblib
-    is imported first, on this thread, so that the two threads' imports share no module being
-    loaded. Join it before using the module; an import error shows there again."""
-    import joblib  # noqa: F401  (see above)
-
-    t = threading.Thread(target=_try_import, args=(module,), name=f"import {module}", daemon=True)
-    t.start()
-    return t
-
-
-def _try_import(module: str) -> None:
-    try:
-        importlib.import_module(module)
-    except ImportError:  # raised again, with its message, where the module is used
-        pass
-
-
 def _scan_jobs(jobs: int, tasks: list[tuple[DBNFile, bool]], book: list[DBNFile]) -> int:
     """Processes for the scans of ``tasks``: ``jobs`` when some read a book file (large) or the
     book files span more than one session (the map then runs on worker processes too, and joblib
@@ -588,14 +568,17 @@ def make_plan(
     on_error: str = "raise",
     jobs: int = 1,
     survey_dir: str | os.PathLike[str] | None = None,
+    schema: str | None = None,
 ) -> Plan:
     """The schedule and the segments of a run over DBN files (module docstring).
 
     Parameters
     ----------
     inputs : sequence of path
-        DBN files or directories (:func:`discover`); one book schema, optional trades and
-        definition files.
+        DBN files or directories (:func:`discover`): book files of one or more schemas,
+        optional trades and definition files (:mod:`alphafeat.sources`: per session the
+        richest book schema; in front-month mode files of other roots or venues left out with
+        a note).
     mode : InstrumentMode
         ``front-month`` (default), ``id=N`` or ``all``.
     root : str
@@ -610,6 +593,8 @@ def make_plan(
         joblib processes for the scans (-1: all cores).
     survey_dir : path, optional
         Where scans and plans are kept between runs (module docstring); None keeps none.
+    schema : {"mbo", "mbp-10", "mbp-1"}, optional
+        Use the book files of this schema only (``--schema``); None: the richest per session.
 
     Returns
     -------
@@ -629,26 +614,28 @@ def make_plan(
     roll_rule = validate_enum(roll_rule, RollRule, "--roll-rule").value
     on_error = validate_enum(on_error, OnError, "--on-error").value
     jobs = validate_jobs(jobs)
+    schema = validate_book_schema(schema)
     # absolute, links kept as given (errors name the path the user gave); a path given twice is read once
     files = list(dict.fromkeys(Path(os.path.abspath(p)) for p in discover(inputs)))
     store = None if survey_dir is None else str(Path(survey_dir) / "survey")
     kept = None
     if survey_dir is not None:
         try:
-            kept = Path(survey_dir) / "plan" / f"{plan_key(files, [mode, root, roll_rule, roll_days, on_error])}.json"
+            key = plan_key(files, [mode, root, roll_rule, roll_days, on_error, schema])
+            kept = Path(survey_dir) / "plan" / f"{key}.json"
         except OSError:  # a file that cannot be stat'ed: the plan names it
             kept = None
         plan = None if kept is None else _thawed(_load_kept(kept))
         if plan is not None:
             return plan
-    plan = _make_plan(files, mode, root, roll_rule, roll_days, on_error, jobs, store)
+    plan = _make_plan(files, mode, root, roll_rule, roll_days, on_error, jobs, store, schema)
     if kept is not None and not plan.skipped:  # a plan that left out a file is made again each time
         _keep(kept, _frozen(plan), "plan")
     return plan
 
 
 def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: str, roll_days: int, on_error: str,
-               jobs: int, store: str | None) -> Plan:  # fmt: skip
+               jobs: int, store: str | None, forced: str | None) -> Plan:  # fmt: skip
     """The body of :func:`make_plan` (options checked, files discovered, no kept plan)."""
     skipped: list[tuple[Path, str]] = []
     headers = _headers(files, on_error, skipped)
@@ -657,20 +644,23 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
     headers = [f if f.schema else dataclasses.replace(f, schema=infer_schema(f, surveys[f.path]["rtypes"]))
                for f in headers if f.schema or f.path in surveys]  # fmt: skip
     book, trades, defs = _classify(headers)
+    book, notes = force_schema(book, forced)
+    if mode.kind == "front-month":  # files of other roots or venues are left out, named
+        kept, foreign = foreign_files(book + trades + defs, root)
+        notes += foreign
+        used = {f.path for f in kept}
+        book, trades, defs = ([f for f in group if f.path in used] for group in (book, trades, defs))
     continuous = _check_symbology(book, surveys)
     _check_overlaps(book)
     _check_overlaps(trades)
-    schema = book[0].schema
+    schema = richest(f.schema for f in book)
     no_maps = [f for f in book if not f.metadata.mappings or _file_range(f)[1] is None]
     need_volume = mode.kind == "front-month" and roll_rule == "volume" and not trades and not continuous
     scan_book = book if (need_volume or mode.kind != "front-month") else no_maps
     tasks = [(f, True) for f in trades + defs] + [(f, False) for f in scan_book]
     tasks = [t for t in tasks if t[0].path not in surveys]
     n_scan = _scan_jobs(jobs, tasks, book)
-    loading = _import_meanwhile("databento.common.symbology") if n_scan > 1 and len(tasks) > 1 else None
     surveys.update(_run_surveys(tasks, n_scan, store, on_error, skipped))
-    if loading is not None:
-        loading.join()
     dropped = {p for p, _ in skipped}
     book = [f for f in book if f.path not in dropped]
     trades = [f for f in trades if f.path not in dropped]
@@ -689,7 +679,8 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
     if mode.kind == "id":
         present = {k: v for k, v in present.items() if k[1] == mode.instrument_id}
     if not present:
-        raise SelectionError(_no_match(mode, schema, book, groups))
+        raise SelectionError(_no_match(mode, "/".join(sorted({f.schema for f in book}, key=BOOK_RANK.index)), book,
+                                       groups))  # fmt: skip
     if mode.kind == "front-month":
         cand: dict[dt.date, dict[int, str]] = {}
         for (day, iid), sym in present.items():
@@ -707,21 +698,14 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
                         for d in sorted(cand)
                         for i, s in sorted(cand[d].items(), key=lambda x: (_first_seen(book, groups, d, x[0]), x[0]))]
         else:
-            volume: dict[tuple[dt.date, int], float] = {}
-            vol_files = trades if trades else book
-            epoch = dt.date(1970, 1, 1)
-            for f in vol_files:
-                vol_groups = _groups_of(surveys[f.path], f.schema) if f.path in surveys else {}
-                for (d, iid), (_, v, _) in vol_groups.items():
-                    key = (epoch + dt.timedelta(days=int(d)), int(iid))
-                    volume[key] = volume.get(key, 0.0) + v
+            volume = _volume(trades if trades else book, surveys)
             schedule = front_month_schedule(cand, volume, symbology, root, roll_days, rule=roll_rule)
     else:
         order = (lambda x: (x[0][0], _first_seen(book, groups, *x[0]), x[0][1])) if continuous else None  # noqa: E731
         schedule = [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items(), key=order)]
     cont_root = CONTINUOUS_RE.fullmatch(continuous).group("root") if continuous and continuous != "continuous" else root
-    segments = _segments(schedule, mode, cont_root if continuous else None, root, schema, book, trades, groups)
-    notes = []
+    segments = _segments(schedule, mode, cont_root if continuous else None, root, book, trades, groups)
+    schema = richest(s.schema for s in segments) if segments else schema
     if scan_book:
         why = "no symbol mappings or end time in the metadata"
         if need_volume:
@@ -737,6 +721,24 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
     if continuous:
         notes += _continuous_notes(continuous, schedule)
     return Plan(schema, book + trades + defs, schedule, segments, skipped, notes, len(scan_book), continuous)
+
+
+def _volume(files: list[DBNFile], surveys: dict[Path, dict]) -> dict[tuple[dt.date, int], float]:
+    """Traded contracts per (session, instrument) from the scans of ``files`` (trades files, or
+    book files without them): of book files, those of the richest schema holding the pair (two
+    schemas of one session would count its trades twice)."""
+    by: dict[tuple[dt.date, int], tuple[int, float]] = {}  # (schema rank, volume)
+    epoch = dt.date(1970, 1, 1)
+    for f in files:
+        rank = BOOK_RANK.index(f.schema) if f.schema in BOOK_RANK else -1
+        for (d, iid), (_, v, _) in (_groups_of(surveys[f.path], f.schema) if f.path in surveys else {}).items():
+            key = (epoch + dt.timedelta(days=int(d)), int(iid))
+            r, have = by.get(key, (rank, 0.0))
+            if rank < r:
+                r, have = rank, 0.0
+            if rank == r:
+                by[key] = (r, have + v)
+    return {k: v for k, (_, v) in by.items()}
 
 
 def _continuous_notes(continuous: str, schedule: list[Choice]) -> list[str]:
@@ -778,11 +780,11 @@ def _no_match(mode: InstrumentMode, schema: str, book: list[DBNFile], groups: di
     return f"--instrument-mode {mode}: {what} {schema} records in {names}; instrument ids present: {have}"
 
 
-def _segments(schedule: list[Choice], mode: InstrumentMode, cont_root: str | None, root: str, schema: str,
-              book: list[DBNFile],
-              trades: list[DBNFile], groups: dict[Path, dict]) -> list[Segment]:  # fmt: skip
-    """One segment per schedule entry; two entries whose symbols would share a partition path
-    (e.g. ids without a known contract) get the instrument id in its name."""
+def _segments(schedule: list[Choice], mode: InstrumentMode, cont_root: str | None, root: str,
+              book: list[DBNFile], trades: list[DBNFile], groups: dict[Path, dict]) -> list[Segment]:  # fmt: skip
+    """One segment per schedule entry, from the book files of the richest schema holding its
+    instrument in its session; two entries whose symbols would share a partition path (e.g.
+    ids without a known contract) get the instrument id in its name."""
     rel = {}
     for c in schedule:
         sroot = root if mode.kind == "front-month" else root_of(c.raw_symbol)
@@ -798,9 +800,11 @@ def _segments(schedule: list[Choice], mode: InstrumentMode, cont_root: str | Non
         sroot, safe = rel[c]
         if seen[(c.session, sroot, safe)] > 1:
             safe = f"{safe}-id{c.instrument_id}"
+        held = [f for f in book if _overlaps(f, groups.get(f.path), c.session, c.instrument_id)]
+        schema = richest(f.schema for f in held) if held else richest(f.schema for f in book)
         segments.append(Segment(
             c.session, c.instrument_id, c.raw_symbol, sroot, schema,
-            tuple(str(f.path) for f in book if _overlaps(f, groups.get(f.path), c.session, c.instrument_id)),
+            tuple(str(f.path) for f in held if f.schema == schema),
             tuple(str(f.path) for f in trades if _overlaps(f, None, c.session)),
             f"root={sroot}/session={c.session.isoformat()}/{safe}.arrow",
         ))  # fmt: skip

@@ -68,6 +68,10 @@ SynthSchema = _enum("SynthSchema", "Schemas alphafeat synth writes.", "mbo", "mb
 ModeKind = _enum("ModeKind", "--instrument-mode: every instrument, one id, or the front month of --root.",
                  "all", "id", "front-month")  # fmt: skip
 SampleKind = _enum("SampleKind", "A row per book snapshot, or per volume bar.", "snapshot", "volume")
+BookSchema = _enum("BookSchema", "--schema: the book schema a run uses (default: the richest per session).",
+                   "mbo", "mbp-10", "mbp-1")
+Preopen = _enum("Preopen", "--preopen: the crossed-book rows of an auction (the pre-open) are written, or not.",
+                "keep", "drop")
 BarrierKind = _enum("BarrierKind", "Triple-barrier width: K ticks, or K realised volatilities.", "ticks", "vol")
 
 
@@ -348,3 +352,17 @@ def validate_scheduler(value: object, option: str = "--scheduler") -> str | None
     if not (isinstance(value, str) and re.fullmatch(r"(\w+://)?[^\s/:]+(:\d+)?/?", value)):
         raise UsageError(option, "expected a scheduler address such as tcp://host:8786", value)
     return value
+
+
+def validate_book_schema(value: object, option: str = "--schema") -> str | None:
+    """The forced book schema: ``mbo``, ``mbp-10`` or ``mbp-1``; None (or ``auto``): the
+    richest per session (:mod:`alphafeat.sources`)."""
+    if value is None or value == "auto":
+        return None
+    return validate_enum(value, BookSchema, option).value
+
+
+def validate_preopen(value: object, option: str = "--preopen") -> str:
+    """What precompute does with the crossed-book rows of an auction: ``keep`` (written, flagged
+    in ``book_crossed``) or ``drop`` (not written)."""
+    return validate_enum(value, Preopen, option).value

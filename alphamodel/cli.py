@@ -124,6 +124,46 @@ def print_summary(s: dict) -> None:
                     "auc.png, model.safetensors, config.json written")
 
 
+def _backtest_table(s: dict) -> None:
+    """The terminal table of a backtest summary: strategy x fill mode x cost, mean +- SD over folds."""
+    fills = s["config"].get("fills", ["taker"])
+    t = Table(title=f"alphamodel backtest -> {s['out']}  ({len(s['folds'])} folds, mean +- SD across folds; cost in "
+                    f"ticks per contract per side, 1 tick = {s['tick_value_usd']:g} USD)")
+    cols = ["strategy", "fill", "cost", "Sharpe (ann.)", "DSR", "win rate", "trades/sess", "turnover/sess", "max DD",
+            "PnL ticks"]
+    if fills != ["taker"]:
+        cols += ["fill rate", "rows to fill", "markout +1/+10/+100"]
+    for col in cols:
+        t.add_column(col, justify="right")
+
+    def f(row: dict, m: str, d: int = 2) -> str:
+        a, b = row.get(m + "_mean"), row.get(m + "_sd")
+        if a is None:
+            return "n/a"
+        return f"{a:.{d}f}" + (f" +- {b:.{d}f}" if b is not None else "")
+
+    def g(row: dict, m: str, d: int = 2) -> str:
+        a = row.get(f"fill_{m}_mean")
+        return "n/a" if a is None else f"{a:.{d}f}"
+
+    for r in s["aggregate"]:
+        fill = r.get("fill", "taker")
+        cells = [r["strategy"], fill + (" (bound)" if fill == "mid" else ""), f"{r['cost_ticks']:g}", f(r, "sharpe"),
+                 f(r, "deflated_sharpe"), f(r, "win_rate"), f(r, "trades_per_session", 1), f(r, "turnover", 1),
+                 f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1)]
+        if fills != ["taker"]:
+            cells += [g(r, "fill_rate"), g(r, "ttf_rows", 1),
+                      "/".join(g(r, f"markout_{k}") for k in (1, 10, 100))]
+        t.add_row(*cells)
+    Console(width=max(Console().width, 150 if fills == ["taker"] else 210)).print(t)
+    console.print(s["notes"]["fills"], soft_wrap=True, markup=False)
+    c = s["config"]
+    if c.get("fee_maker") or c.get("fee_taker"):
+        tv = s["tick_value_usd"]
+        console.print(f"fees: maker {c['fee_maker']:g} USD = {c['fee_maker'] / tv:.4g} ticks, taker {c['fee_taker']:g} "
+                      f"USD = {c['fee_taker'] / tv:.4g} ticks per contract per side", markup=False, soft_wrap=True)
+
+
 def _backtest(args: argparse.Namespace) -> int:
     _need_torch()
     from alphamodel.backtest import backtest
@@ -149,21 +189,7 @@ def _backtest(args: argparse.Namespace) -> int:
         console.print(f"embedded default sample: {n} sessions -> {k} walk-forward folds "
                       f"(expanding window, at least 2; the first session only trains)")
     s = backtest(cache, out, args.model, cfg, progress=not args.quiet)
-    t = Table(title=f"alphamodel backtest -> {s['out']}  ({len(s['folds'])} folds, mean +- SD across folds)")
-    for col in ("strategy", "cost", "Sharpe (ann.)", "DSR", "win rate", "trades/sess", "turnover/sess", "max DD",
-                "PnL ticks"):
-        t.add_column(col, justify="right")
-
-    def f(row: dict, m: str, d: int = 2) -> str:
-        a, b = row[m + "_mean"], row[m + "_sd"]
-        if a is None:
-            return "n/a"
-        return f"{a:.{d}f}" + (f" +- {b:.{d}f}" if b is not None else "")
-
-    for r in s["aggregate"]:
-        t.add_row(r["strategy"], f"{r['cost_ticks']:g}", f(r, "sharpe"), f(r, "deflated_sharpe"), f(r, "win_rate"),
-                  f(r, "trades_per_session", 1), f(r, "turnover", 1), f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1))
-    Console(width=max(Console().width, 150)).print(t)
+    _backtest_table(s)
     if any(r[m + "_mean"] is None for r in s["aggregate"] for m in ("sharpe", "deflated_sharpe")):
         console.print(f"n/a: Sharpe is the {s['notes']['sharpe']}; DSR is {s['notes']['deflated_sharpe']}",
                       soft_wrap=True)

@@ -53,6 +53,7 @@ def main() -> None:
                 feature_set="all",
                 dtype="float64",
                 jobs=args.jobs,
+                predecoded_dir=work / ".predecoded",  # one folder for the warm and the timed cache
             )
 
         precompute(cfg(work / f"{dev}-warm"))  # compiles or loads the kernels, fills the predecoded cache

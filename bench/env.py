@@ -18,7 +18,12 @@ table and one JSON line.
 through ``torch.compile``
 (``env-c``, ``frozen-c``; compile time excluded by the warm-up).
 
+``--fill taker,mid,passive`` times the same paths in
+:class:`alphamodel.backtest.execution.ExecEnv` of each fill mode instead (paths ``env:passive``
+...; the book's sizes and traded volumes random, ``--queue``, ``--timeout`` as the backtest's).
+
     python bench/env.py [--device cpu|cuda] [--n 1,64,1024,8192] [--steps 200] [--threads 1] [--compile]
+                        [--fill taker,passive] [--queue riskaverse] [--timeout 100]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from alphamodel.backtest.env import VecEnv
+from alphamodel.backtest.execution import Book, ExecEnv, FillModel
 from alphamodel.backtest.market import market_from_arrays
 from alphamodel.rl.c51 import C51Net, greedy, support
 
@@ -43,11 +49,21 @@ def _market(sessions: int, rows: int, device: str, seed: int = 0):
     return market_from_arrays(bids, [b + 0.25 for b in bids], 0.25, 12.5, device)
 
 
+def _book(market, seed: int = 1) -> Book:
+    """The market's rows with random touch sizes (1..30) and traded volumes (0..10 a side)."""
+    g = torch.Generator(device=market.device).manual_seed(seed)
+    T, dev = market.mid.numel(), market.device
+    size = lambda hi: torch.randint(0, hi, (T,), device=dev, generator=g).float()  # noqa: E731
+    ts = torch.cumsum(torch.randint(1, 5_000_000, (T,), device=dev, generator=g), 0)
+    return Book(market.mid - market.half_spread, market.mid + market.half_spread, size(30) + 1, size(30) + 1,
+                size(10), size(10), ts, market.end, market.mid, market.half_spread)
+
+
 def _run(path: str, n: int, market, stride: int, steps: int, warmup: int, dim: int, device: str,
-         compile: bool = False) -> float:
+         compile: bool = False, fill: FillModel | None = None, book: Book | None = None) -> float:
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(0)
-    env = VecEnv(market, n, stride, compile=compile)
+    env = VecEnv(market, n, stride, compile=compile) if fill is None else ExecEnv(book, n, stride, fill, compile)
     T = market.mid.numel()
     all_ = torch.ones(n, dtype=torch.bool, device=dev)
     env.reset(all_, torch.randint(0, T - 1, (n,), device=dev, generator=g), torch.rand(n, device=dev, generator=g))
@@ -96,16 +112,23 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=64, help="embedding width of the frozen path")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (paths env-c, frozen-c)")
+    ap.add_argument("--fill", default=None, help="fill modes through ExecEnv (taker,mid,passive); default VecEnv")
+    ap.add_argument("--queue", default="riskaverse")
+    ap.add_argument("--timeout", type=int, default=100)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     market = _market(a.sessions, a.rows, a.device)
+    book = _book(market)
+    fills = [None] if a.fill is None else [FillModel(m, a.queue, 0, a.timeout).checked() for m in a.fill.split(",")]
     res = []
     for n in (int(x) for x in a.n.split(",")):
-        for path in ("env", "frozen"):
-            for comp in ((False, True) if a.compile else (False,)):
-                res.append({"path": path + ("-c" if comp else ""), "n": n, "env_steps_per_s": _run(
-                    path, n, market, a.stride, a.steps, a.warmup, a.dim, a.device, comp)})
+        for fill in fills:
+            for path in ("env", "frozen"):
+                for comp in ((False, True) if a.compile else (False,)):
+                    name = path + ("-c" if comp else "") + ("" if fill is None else f":{fill.mode}")
+                    res.append({"path": name, "n": n, "env_steps_per_s": _run(
+                        path, n, market, a.stride, a.steps, a.warmup, a.dim, a.device, comp, fill, book)})
     t = Table(title=f"env-steps/s on {a.device} (stride {a.stride}, {torch.get_num_threads()} threads)")
     for c in ("path", "N", "env-steps/s", "rows/s (x stride)"):
         t.add_column(c, justify="right")

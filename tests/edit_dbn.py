@@ -36,10 +36,10 @@ def records(paths: list[Path], rtype: int) -> tuple[databento_dbn.Metadata, np.n
 
 def write(path: Path, recs: np.ndarray | bytes, *, schema: databento_dbn.Schema | None, start: int,
           end: int | None, stype_in: databento_dbn.SType | None, symbols: list[str],
-          mappings: list | None = None) -> Path:  # fmt: skip
+          mappings: list | None = None, dataset: str = "GLBX.MDP3") -> Path:  # fmt: skip
     """A zstd DBN v3 file with this metadata and these record bytes."""
     meta = databento_dbn.Metadata(
-        dataset="GLBX.MDP3", schema=schema, start=start, stype_in=stype_in,
+        dataset=dataset, schema=schema, start=start, stype_in=stype_in,
         stype_out=databento_dbn.SType.INSTRUMENT_ID, symbols=symbols, partial=[], not_found=[],
         mappings=mappings or [], end=end, limit=None, ts_out=False, version=3,
     ).encode()  # fmt: skip
@@ -119,3 +119,16 @@ def _rewrite(path: Path, meta: databento_dbn.Metadata, recs: np.ndarray, start: 
             for k, v in (meta.mappings or {}).items()]  # fmt: skip
     return write(path, recs, schema=meta.schema, start=start or int(meta.start), end=int(meta.end),
                  stype_in=meta.stype_in, symbols=list(meta.symbols), mappings=maps)  # fmt: skip
+
+
+def rename(path: Path, src: Path, rtype: int, symbol: str, instrument_id: int, dataset: str = "GLBX.MDP3") -> Path:
+    """``src``'s records of ``rtype`` as those of another instrument: every record's id set to
+    ``instrument_id``, the metadata's symbols and mapping naming ``symbol`` (e.g. the real
+    ESU4 file as an NQU4 one), the venue ``dataset``; schema and time range kept."""
+    meta, recs = records([src], rtype)
+    recs = recs.copy()
+    recs["instrument_id"] = instrument_id
+    ivs = [SimpleNamespace(**{**iv, "symbol": str(instrument_id)}) for v in (meta.mappings or {}).values() for iv in v]
+    return write(path, recs, schema=meta.schema, start=int(meta.start), end=int(meta.end), stype_in=meta.stype_in,
+                 symbols=[symbol], mappings=[SimpleNamespace(raw_symbol=symbol, intervals=ivs[:1])],
+                 dataset=dataset)  # fmt: skip

@@ -26,7 +26,7 @@ DATA = PROJECT / "data"
 def _files(root: Path) -> dict[str, bytes]:
     """Every file's bytes; the manifest without its ``run`` record (that run's timings)."""
     out = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-           if p.is_file() and not p.name.startswith(".")}
+           if p.is_file() and not any(q.startswith(".") for q in p.relative_to(root).parts)}
     if "_alphafeat.json" in out:
         m = json.loads(out["_alphafeat.json"])
         assert set(m.pop("run")) >= {"seconds", "stage_seconds", "peak_rss", "bytes_per_row", "rows"}

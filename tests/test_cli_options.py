@@ -28,6 +28,7 @@ ROLL = ("alphafeat", ["roll-schedule", "--input", DATA])
 SYNTH = ("alphafeat", ["synth", "--start", "2024-01-02", "--out", "{tmp}/synth"])
 FEATURES = ("alphafeat", ["features"])
 INSPECT = ("alphafeat", ["inspect", "{tmp}/nocache"])
+CLEAN = ("alphafeat", ["clean", "{tmp}/nocache"])
 TRAIN = ("alphamodel", ["train", "-q", "--cache", "{tmp}/nocache", "--out", "{tmp}/out"])
 BACKTEST = ("alphamodel", ["backtest", "-q", "--cache", "{tmp}/nocache", "--out", "{tmp}/out"])
 EMBED = ("alphamodel", ["embed", "{tmp}/nocache", "--model", "{tmp}/nomodel"])
@@ -96,6 +97,11 @@ CASES = [
     (PRECOMPUTE, "--scheduler", ["--scheduler", "tcp://h:8786", "--dask-local", "2"], USAGE, ["--dask-local"]),
     (PRECOMPUTE, "--dask-local", ["--dask-local", "-1"], USAGE, ["'-1'"]),
     (PRECOMPUTE, "--predecoded", ["--predecoded", "maybe"], USAGE, ["maybe"]),
+    (PRECOMPUTE, "--predecoded-dir", ["--predecoded-dir", ""], USAGE, ["--predecoded-dir"]),
+    (PRECOMPUTE, "--predecoded-dir", ["--predecoded-dir", "{file}"], DATA_ERROR, ["notes.txt", "is a file"]),
+    (PRECOMPUTE, "--schema", ["--schema", "tbbo"], USAGE, ["tbbo", "mbo, mbp-10 or mbp-1"]),
+    (PRECOMPUTE, "--schema", ["--schema", "mbo"], DATA_ERROR, ["--schema mbo: no mbo book file"]),
+    (PRECOMPUTE, "--preopen", ["--preopen", "skip"], USAGE, ["skip", "keep or drop"]),
     (PRECOMPUTE, "--quiet", ["--quiet=yes"], USAGE, ["yes"]),
     (PRECOMPUTE, "--roll-rule", ["--roll-rule", "oi"], USAGE, ["oi"]),
     (PRECOMPUTE, "--roll-days", ["--roll-days", "-1"], USAGE, ["'-1'"]),
@@ -113,6 +119,8 @@ CASES = [
     (ROLL, "--roll-days", ["--roll-days", "x"], USAGE, ["'x'"]),
     (ROLL, "--on-error", ["--on-error", "warn"], USAGE, ["warn"]),
     (ROLL, "--rebuild-predecoded", ["--rebuild-predecoded=no"], USAGE, ["no"]),
+    (ROLL, "--schema", ["--schema", "trades"], USAGE, ["trades"]),
+    (ROLL, "--predecoded-dir", ["--predecoded-dir", ""], USAGE, ["--predecoded-dir"]),
     (ROLL, "--jobs", ["--jobs", "0"], USAGE, ["'0'"]),
     (ROLL, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
     (SYNTH, "--default", ["--default=yes"], USAGE, ["yes"]),
@@ -141,6 +149,10 @@ CASES = [
     (INSPECT, "--plots", ["--plots", ""], USAGE, ["--plots"]),
     (INSPECT, "--no-plots", ["--no-plots=1"], USAGE, ["'1'"]),
     (INSPECT, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
+    (CLEAN, "cache", [], DATA_ERROR, ["nocache", "no such folder"]),
+    (("alphafeat", ["clean", "{tmp}"]), "cache", [], DATA_ERROR, ["not an alphafeat cache", "nothing removed"]),
+    (CLEAN, "--keep-predecoded", ["--keep-predecoded=1"], USAGE, ["'1'"]),
+    (CLEAN, "--verbose", ["--verbose=2"], USAGE, ["'2'"]),
     (("alphafeat", ["--verbose=2", "features"]), "--verbose", [], USAGE, ["'2'"]),
     (("alphafeat", ["precompile"]), "command", [], USAGE, ["precompile"]),
     (TRAIN, "--cache", [], DATA_ERROR, ["nocache", "no such cache directory"]),
@@ -199,6 +211,15 @@ CASES = [
     (BACKTEST, "--no-kelly", ["--no-kelly=1"], USAGE, ["'1'"]),
     (BACKTEST, "--device", ["--device", "gpu"], USAGE, ["gpu", "auto, cpu or cuda"]),
     (BACKTEST, "--seed", ["--seed", "-1"], USAGE, ["'-1'"]),
+    (BACKTEST, "--fill", ["--fill", "maker"], USAGE, ["maker", "taker, mid, passive"]),
+    (BACKTEST, "--fill", ["--fill", "mid,mid"], USAGE, ["mid,mid", "distinct"]),
+    (BACKTEST, "--queue", ["--queue", "fifo"], USAGE, ["fifo", "riskaverse, power:N, log"]),
+    (BACKTEST, "--queue", ["--queue", "power:0"], USAGE, ["power:0", "(0, 100]"]),
+    (BACKTEST, "--latency-ns", ["--latency-ns", "-1"], USAGE, ["'-1'", ">= 0"]),
+    (BACKTEST, "--timeout", ["--timeout", "0"], USAGE, ["'0'", ">= 1"]),
+    (BACKTEST, "--on-timeout", ["--on-timeout", "wait"], USAGE, ["wait", "cancel"]),
+    (BACKTEST, "--fee-maker", ["--fee-maker", "-1"], USAGE, ["'-1'", ">= 0"]),
+    (BACKTEST, "--fee-taker", ["--fee-taker", "101"], USAGE, ["'101'", "<= 100"]),
     (BACKTEST, "--quiet", ["--quiet=1"], USAGE, ["'1'"]),
     (BACKTEST, "--verbose", ["--verbose=1"], USAGE, ["'1'"]),
     (BACKTEST, "--config", ["--config", "{tmp}/nope.json"], DATA_ERROR, ["nope.json", "cannot read"]),

@@ -31,7 +31,7 @@ REAL_GPU = HAVE_DEVICE and not IN_SIM
 needs_device = pytest.mark.skipif(
     not HAVE_DEVICE, reason="no CUDA device (covered by test_cuda_kernels_under_simulator)"
 )
-N_INPROCESS = 14  # number of test_inprocess_* test items below (checked by the runner)
+N_INPROCESS = 15  # number of test_inprocess_* test items below (checked by the runner)
 
 
 def rows(full: int, sim: int) -> int:
@@ -207,6 +207,29 @@ def test_inprocess_no_look_ahead_and_tiny() -> None:
     assert list(f) == [s.name for s in feature_specs(FeatureParams())]
     assert math.isnan(f["tick_return"][0]) and f["trade_rate_1s"][0] == one.trade_count[0]
     assert_same(compute_features(one), f)
+
+
+@needs_device
+def test_inprocess_crossed_rows() -> None:
+    """A crossed run (a pre-open auction book): the GPU equals the CPU, and moving the crossed
+    rows' prices and sizes changes no feature of an uncrossed row (tests/test_preopen.py holds
+    the CPU paths on the real ESH4 pre-open)."""
+    from test_preopen import perturb_crossed
+
+    from alphafeat.features.inputs import crossed_rows
+
+    book = random_book(rows(200, 60), 29)
+    lo, hi = len(book) // 4, len(book) // 2
+    book.bid_px[lo:hi] = book.ask_px[lo:hi] + 0.25 * np.arange(1, 11)  # bid above ask, every level
+    cpu = compute_features(book)
+    gpu = compute_features(book, device="cuda")
+    assert_same(cpu, gpu)
+    x = crossed_rows(book.bid_px, book.ask_px)
+    assert x.sum() > (hi - lo) // 2 and np.isnan(gpu["mid"][x]).all() and np.isfinite(gpu["ema_mid_60s"][hi:]).all()
+    moved = compute_features(perturb_crossed(book, 3), device="cuda")
+    keep = ~x
+    for name in gpu:
+        np.testing.assert_array_equal(moved[name][keep], gpu[name][keep], err_msg=name)
 
 
 @needs_device

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow.dataset as pads
 import pytest
-from conftest import ESU4_MBP1, ESU4_TRADES, need
+from conftest import ESH4_MBO, ESU4_MBP1, ESU4_TRADES, need
 
 from alphafeat.cli import main
 from alphafeat.inspection import inspect_cache
@@ -44,3 +44,22 @@ def test_cli_inspect(cache, tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["inspect", str(tmp_path / "f")]) == 1
     assert "is a file, not a cache directory" in capsys.readouterr().err
+
+
+def test_crossed_and_incomplete_rows_counted_and_left_out_of_plots(tmp_path, monkeypatch):
+    """The real ESH4 hour: 891 crossed rows (the pre-open) counted, as pandas counts them, and
+    the mid plot draws exactly the other rows."""
+    from matplotlib.axes import Axes
+
+    cache = tmp_path / "cache"
+    precompute(PrecomputeConfig(inputs=[need(ESH4_MBO)], out=cache, device="cpu"))
+    drawn = []
+    plot = Axes.plot
+    monkeypatch.setattr(Axes, "plot", lambda self, x, *a, **k: drawn.append(len(x)) or plot(self, x, *a, **k))
+    rep = inspect_cache(cache, tmp_path / "plots")
+    df = pads.dataset(str(cache), format="ipc", partitioning="hive").to_table().to_pandas()
+    assert rep.crossed == df["book_crossed"].sum() == 891
+    assert rep.incomplete == (~df["book_complete"]).sum()
+    assert rep.plotted == (~df["book_crossed"] & df["book_complete"]).sum() == len(df) - 891 - rep.incomplete
+    assert sum(drawn) == rep.plotted
+    assert main(["inspect", str(cache), "--no-plots"]) == 0

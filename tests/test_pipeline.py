@@ -165,9 +165,17 @@ def test_refuses_to_overwrite_foreign_directory(tmp_path, capsys):
 def test_bad_out_fails_first_in_one_line(tmp_path, capsys, case):
     # a wrong --out (or the predecoded folder beside it) is found before the inputs are
     # decoded: one line naming it, nothing written
-    f = tmp_path / ("notes.txt" if case != "predecoded is a file" else ".predecoded")
+    if case == "predecoded is a file":  # --predecoded-dir naming a file
+        f = tmp_path / "books"
+        f.write_text("mine")
+        assert _run("--input", str(need(ESU4_MBP1)), "--out", str(tmp_path / "cache"), "--predecoded-dir", str(f)) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and str(f) in err and "is a file, not a folder" in err
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f.name]
+        return
+    f = tmp_path / "notes.txt"
     f.write_text("mine")
-    out = {"out is a file": f, "out below a file": f / "cache"}.get(case, tmp_path / "cache")
+    out = {"out is a file": f, "out below a file": f / "cache"}[case]
     assert _run("--input", str(need(ESU4_MBP1)), "--out", str(out), "--device", "cpu") == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1

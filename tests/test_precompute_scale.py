@@ -272,7 +272,7 @@ def test_kept_books_rerun_with_other_features(data, tmp_path):
     out = tmp_path / "kept" / "cache"
     s1 = precompute(_cfg([data], out, keep_books="keep", horizons=(30,)))
     assert s1.books_predecoded == 0 and s1.records > 0
-    books = [d for d in (tmp_path / "kept" / ".predecoded" / "book").iterdir() if (d / "book.json").is_file()]
+    books = [d for d in (out / ".predecoded" / "book").iterdir() if (d / "book.json").is_file()]
     assert len(books) == len(s1.schedule) == 3
     s2 = precompute(_cfg([data], out, keep_books="keep", horizons=(100, 300), feature_set="default,flow"))
     assert s2.books_predecoded == len(s2.schedule) == 3
@@ -280,7 +280,7 @@ def test_kept_books_rerun_with_other_features(data, tmp_path):
     fresh = tmp_path / "fresh" / "cache"
     s3 = precompute(_cfg([data], fresh, keep_books="none", horizons=(100, 300), feature_set="default,flow"))
     assert s3.books_predecoded == 0 and s3.rows == s2.rows
-    assert not (tmp_path / "fresh" / ".predecoded" / "book").exists()
+    assert not (fresh / ".predecoded" / "book").exists()
     for p in _partitions(fresh):
         got, ref = _read(out / p.relative_to(fresh)), _read(p)
         assert "label_h100" in got.column_names and "label_h30" not in got.column_names

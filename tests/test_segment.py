@@ -249,7 +249,7 @@ def test_builder_empty_and_out_of_session():
     assert b.add(recs) == 0  # nothing of that session
     out = b.finish(bk.trades_from_records(_records(_trades_file(DAYS[0]), ESH4, TRADES)))
     assert len(out) == 0 and out.trade_count.shape == (0,)
-    assert b.records == len(recs)
+    assert b.records == 0 and b.read == len(recs)  # read, none of that session
 
 
 # --------------------------------------------------------------------------------------

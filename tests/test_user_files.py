@@ -65,11 +65,12 @@ def _one_line_error(code: int, err: str, want: int = 1) -> str:
 
 
 def _tree(out: Path) -> dict[str, bytes]:
-    """Every file under ``out`` (names and bytes) but the lock."""
+    """Every file under ``out`` (names and bytes) but the lock and the predecoded folder (plan
+    scans and kept books: a cache of the inputs, not of the cache's data)."""
     if not out.exists():
         return {}
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
-            and p.name != cache.LOCK}  # fmt: skip
+            and p.name != cache.LOCK and cache.PREDECODED_NAME not in p.relative_to(out).parts}  # fmt: skip
 
 
 def _rows(out: Path) -> dict[str, pa.Table]:
@@ -129,16 +130,16 @@ def test_continuous_mixed_with_raw_symbol_files_is_refused(gen, tmp_path, capsys
 
 
 def test_summary_names_the_predecoded_folder(gen, tmp_path, capsys):
-    """The summary says where the plan's scans (and kept books) went: ``<parent of --out>/.predecoded``,
-    which is there."""
+    """The summary says where the plan's scans (and kept books) went: ``<out>/.predecoded``, inside
+    the cache, which is there; nothing is written beside the cache."""
     import re
 
     both = [str(gen["mbp-10"][0]), str(gen["trades"][0])]
     code, table, err = _cli(capsys, "precompute", "--input", *both, "--out", str(tmp_path / "a" / "c"))
     assert code == 0, err
-    where = tmp_path / "a" / ".predecoded"
+    where = tmp_path / "a" / "c" / ".predecoded"
     assert "predecoded folder" in table and str(where) in re.sub(r"[\s│]", "", table), table
-    assert where.is_dir()
+    assert where.is_dir() and [p.name for p in (tmp_path / "a").iterdir()] == ["c"]
 
 
 # ---------------------------------------------------------------- live recordings
@@ -341,3 +342,27 @@ def test_roll_schedule_without_input_uses_precompute_default(capsys, monkeypatch
     assert line.removeprefix("alphafeat roll-schedule: ") == line2.removeprefix("alphafeat precompute: ")
     assert line.startswith("alphafeat roll-schedule: error: ") and "default sample is missing" in line
 
+
+
+# ---------------------------------------------------------------- several book schemas of one period
+
+
+def test_mbo_and_mbp10_of_the_same_sessions(gen, tmp_path):
+    """A download holding MBO and MBP-10 of the same two sessions (no trades file: the volume
+    rule reads the books): every session from the MBO files, with the schedule of the MBO files
+    alone; ``schema="mbp-10"`` the MBP-10 files, with their own schedule; the run's rows and
+    record count are those of an MBO-only run."""
+    both = [*gen["mbo"], *gen["mbp-10"]]
+    plan, mbo = make_plan(both), make_plan(gen["mbo"])
+    assert {s.schema for s in plan.segments} == {"mbo"}
+    assert [s.book_files for s in plan.segments] == [s.book_files for s in mbo.segments]
+    assert plan.schedule == mbo.schedule and len(plan.schedule) >= 2
+    forced, mbp = make_plan(both, schema="mbp-10"), make_plan(gen["mbp-10"])
+    assert {s.schema for s in forced.segments} == {"mbp-10"} and forced.schedule == mbp.schedule
+    assert [s.book_files for s in forced.segments] == [s.book_files for s in mbp.segments]
+    s_both, out = _run(tmp_path, [*both, *gen["trades"]])
+    s_mbo, ref = _run(tmp_path, [*gen["mbo"], *gen["trades"]], out=tmp_path / "mbo")
+    assert s_both.rows == s_mbo.rows > 0 and s_both.records == s_mbo.records
+    for p in sorted(ref.rglob("*.arrow")):
+        a, b = _rows(out)[str(p.relative_to(ref))], _rows(ref)[str(p.relative_to(ref))]
+        np.testing.assert_array_equal(a.column("mid").to_numpy(), b.column("mid").to_numpy())

@@ -18,11 +18,13 @@ from alphafeat.validation import (
     Sample,
     SignalKind,
     validate_barrier,
+    validate_book_schema,
     validate_enum,
     validate_horizons,
     validate_instrument_mode,
     validate_int,
     validate_jobs,
+    validate_preopen,
     validate_sample,
     validate_schemas,
     validate_signal,
@@ -54,6 +56,8 @@ def test_good_values_are_typed():
     assert validate_schemas("mbo,trades") == ("mbo", "trades")
     assert validate_signal("0") == 0.0 and validate_signal(2) == 2.0
     assert validate_enum("history", SignalKind, "--signal-kind") is SignalKind.HISTORY
+    assert validate_book_schema("mbp-10") == "mbp-10" and validate_book_schema(None) is None
+    assert validate_book_schema("auto") is None and validate_preopen("drop") == "drop"
 
 
 @pytest.mark.parametrize(
@@ -67,6 +71,8 @@ def test_good_values_are_typed():
      (lambda: validate_barrier("ticks:0"), "--barrier", "'ticks:0'"),
      (lambda: validate_enum("gpu", Device, "--device"), "--device", "'gpu'"),
      (lambda: validate_schemas("mbp-1"), "--schemas", "'mbp-1'"),
+     (lambda: validate_book_schema("trades"), "--schema", "'trades'"),
+     (lambda: validate_preopen("skip"), "--preopen", "'skip'"),
      (lambda: validate_signal("-1"), "--signal", "'-1'"),
      (lambda: validate_enum("tape", SignalKind, "--signal-kind"), "--signal-kind", "'tape'")],
 )  # fmt: skip

@@ -36,6 +36,14 @@ Two-sided features
     ``mid``, ``spread_ticks``, ``microprice``, ``imbalance_l1`` and ``imbalance_l10`` are NaN
     when either best level (level 1) is empty; ``microprice`` and the imbalances are also NaN
     when their denominator (summed size) is 0.
+Crossed rows
+    A row whose best bid is above its best ask (an auction book that did not trade, e.g. the
+    pre-open) is given to every back end as an empty book: prices NaN, sizes 0
+    (:func:`alphafeat.features.inputs.prepare`). No feature of any row reads a crossed row's
+    prices or sizes: the price features are NaN there, the recurrences skip those rows as NaN
+    observations (EMAs hold, the forward-filled log mid holds) and the first uncrossed row after
+    them sees the book appear. Each feature's ``crossed`` entry (``alphafeat features``) says
+    what it does; ``tests/test_preopen.py`` holds it on the real ESH4 pre-open.
 Row 0
     Differenced features (``ofi_lNN``, ``log_dt``, ``tick_return``) are NaN at row 0: there is
     no previous snapshot in the segment. ``signed_volume`` is defined at row 0 (volume since

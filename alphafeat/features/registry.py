@@ -18,6 +18,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alphafeat.errors import UsageError
+from alphafeat.features.crossed import (
+    X_DEPTH,
+    X_EMA,
+    X_FD,
+    X_FLOW,
+    X_NAN,
+    X_OFI,
+    X_OFI_INT,
+    X_RET,
+    X_RV,
+    X_Z,
+    declared_crossed,
+)
+from alphafeat.features.weights import frac_diff_weights
 from alphafeat.types import LEVELS
 from alphafeat.validation import validate_float, validate_int
 
@@ -147,7 +161,10 @@ class FeatureSpec:
     ``formula`` (symbolic), ``parameters`` (FeatureParams fields it uses, with values),
     ``min_depth`` (book levels the input must carry for the column to be meaningful: the
     pipeline sets the column to NaN when ``BookArrays.depth < min_depth``), ``cpu`` and
-    ``cuda`` (the implementing functions).
+    ``cuda`` (the implementing functions), ``crossed`` (its value on and after crossed-book
+    rows, e.g. the pre-open auction: the kernels see those rows as an empty book,
+    :func:`alphafeat.features.inputs.prepare`; a text starting with
+    :data:`alphafeat.features.crossed.X_NAN` promises NaN on every crossed row).
     """
 
     name: str
@@ -161,6 +178,7 @@ class FeatureSpec:
     cuda: str = "alphafeat.cuda.kernels.rowwise_kernel"
     inputs: tuple[str, ...] = ()  #: book columns and features it reads
     state: str = ""  #: what it carries from row to row ("" for none: a function of rows i, i-1)
+    crossed: str = ""  #: its value on and after crossed-book rows (see the class docstring)
 
 
 #: Per-row inputs a declared :class:`Feature` may read (besides the row-wise features, by name):
@@ -209,6 +227,9 @@ class Feature:
     description: str = ""
     parameters: tuple[tuple[str, object], ...] = ()
     min_depth: int = 1
+    #: its value on and after crossed-book rows (``alphafeat features``); default: it reads
+    #: them as an empty book, or reads none (:func:`alphafeat.features.crossed.declared_crossed`)
+    crossed: str = ""
 
 
 #: Declared features (:func:`register`), in registration order.
@@ -296,30 +317,6 @@ def _validate(p: FeatureParams) -> None:
         _number(getattr(p, k), k, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
-def frac_diff_weights(d: float, threshold: float | None = None, size: int | None = None) -> np.ndarray:
-    """Weights of fractional differencing (López de Prado, AFML 2018, ch. 5).
-
-    ``w_0 = 1``, ``w_k = -w_{k-1} (d - k + 1) / k``. With ``threshold``: the weights with
-    ``|w_k| >= threshold`` up to the first that falls below (fixed-width window, AFML 5.5);
-    with ``size``: exactly ``size`` weights (expanding window). Returns float64 ``w_0 ..``.
-    """
-    if (threshold is None) == (size is None):
-        raise UsageError("threshold, size", "give exactly one of them")
-    w = [1.0]
-    k = 1
-    while True:
-        if size is not None and k >= size:
-            break
-        nxt = -w[-1] * (d - k + 1) / k
-        if threshold is not None and abs(nxt) < threshold:
-            break
-        w.append(nxt)
-        k += 1
-        if k > 10_000_000:
-            raise UsageError("fracdiff_threshold", "the window is over 10 million rows; raise the threshold")
-    return np.asarray(w, dtype=np.float64)
-
-
 @dataclass
 class Plan:
     """Integer plan executed by both back ends (built by :func:`make_plan`)."""
@@ -365,12 +362,13 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
         "alphafeat.cuda.kernels.scan_compose_kernel + scan_carry_kernel + scan_replay_kernel (MODE_REC) + post_kernel"
     )
 
-    def add(name, unit, desc, source, formula="", params=None, min_depth=1, inputs=(), state="") -> int:
-        """One column: its spec (``state``: what it carries, "" for a row-wise feature)."""
+    def add(name, unit, desc, source, formula="", params=None, min_depth=1, inputs=(), state="", crossed=X_NAN) -> int:
+        """One column: its spec (``state``: what it carries, "" for a row-wise feature;
+        ``crossed``: its value on and after crossed rows)."""
         impl = (scan_cpu, scan_cuda) if state else ("alphafeat.features.cpu._rowwise_block (njit)",
                                                     "alphafeat.cuda.kernels.rowwise_kernel")
         specs.append(FeatureSpec(name, unit, desc, source, formula, dict(params or {}), min_depth, *impl,
-                                 tuple(inputs), state))  # fmt: skip
+                                 tuple(inputs), state, crossed))  # fmt: skip
         return len(specs) - 1
 
     top = ("bid_px_00", "ask_px_00")
@@ -403,14 +401,14 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
             "row); empty bid = -inf, empty ask = +inf, empty size 0; NaN at row 0",
             "Cont, Kukanov & Stoikov (2014); per level: Xu, Gould & Howison (2019)",
             "e_m = 1{Pb>=Pb'}qb - 1{Pb<=Pb'}qb' - 1{Pa<=Pa'}qa + 1{Pa>=Pa'}qa'", min_depth=m,
-            inputs=tuple(f"{k}_{m - 1:02d}" for k in ("bid_px", "bid_sz", "ask_px", "ask_sz")))
+            inputs=tuple(f"{k}_{m - 1:02d}" for k in ("bid_px", "bid_sz", "ask_px", "ask_sz")), crossed=X_OFI)
     lay[L_SV] = add("signed_volume", "contracts",
                     "buy_volume - sell_volume since the previous snapshot (aggressor side)", "standard",
-                    "V_buy - V_sell", inputs=("buy_volume", "sell_volume"))
+                    "V_buy - V_sell", inputs=("buy_volume", "sell_volume"), crossed=X_FLOW)
     lay[L_LOGDT] = add("log_dt", "log seconds", "log(max(ts_recv[i] - ts_recv[i-1], 1 ns) in seconds); NaN at row 0",
-                       "standard", "log(max(dt, 1e-9))", inputs=("ts_recv",))
+                       "standard", "log(max(dt, 1e-9))", inputs=("ts_recv",), crossed=X_FLOW)
     lay[L_RET] = add("tick_return", "ticks", "(mid[i] - mid[i-1]) / tick_size; NaN at row 0 or if either mid is NaN",
-                     "standard", "(mid_i - mid_{i-1}) / tick", tk, inputs=("mid",))
+                     "standard", "(mid_i - mid_{i-1}) / tick", tk, inputs=("mid",), crossed=X_RET)
 
     # ---- recurrences: series table ------------------------------------------------------
     series: list[tuple[int, int, float, float]] = []
@@ -430,7 +428,7 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
         for tau in (t1, t2):
             c = add(f"{q}_{_tau_label(tau)}", unit, f"{desc}, tau = {tau:g} s; {skip}", zm,
                     "EMA_n = mu EMA_{n-1} + (nu - mu) z_{n-1} + (1 - nu) z_n, mu = exp(-dt/tau)", ema_p,
-                    inputs=(src,), state=zm_state)
+                    inputs=(src,), state=zm_state, crossed=X_EMA)
             post.append((P_MASKED, c, ser(K_ZM, code, tau), 0, 0, 0.0))
     rate_series = []
     for tau in (t1, t2):
@@ -438,7 +436,7 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
                 f"lambda <- lambda*exp(-dt/tau) + trade_count/tau, tau = {tau:g} s, lambda = 0 before row 0",
                 "exponentially decayed trade rate (Hawkes-type recursion, Ozaki 1979)",
                 "lambda_i = exp(-dt_i/tau) lambda_{i-1} + n_i/tau", {"ema_taus_s": (t1, t2)},
-                inputs=("trade_count",), state=decay_state)
+                inputs=("trade_count",), state=decay_state, crossed=X_FLOW)
         s = ser(K_DECAY, Z_COUNT, tau, 1.0 / tau)
         rate_series.append(s)
         post.append((P_PLAIN, c, s, 0, 0, 0.0))
@@ -451,7 +449,8 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
         "level weights (a PCA fit would look ahead); NaN at row 0 or on zero depth",
         "Cont, Cucuringu & Zhang (2023), integrated OFI; depth normalisation as in Cont et al. (2014)",
         "sum_m e_m / ((1/(4M)) sum_m (qb_m + qa_m + qb'_m + qa'_m))", {"ofi_levels": n_ofi}, min_depth=n_ofi,
-        inputs=(f"ofi_l01..ofi_l{n_ofi:02d}", f"bid_sz_00..{n_ofi - 1:02d}", f"ask_sz_00..{n_ofi - 1:02d}"))
+        inputs=(f"ofi_l01..ofi_l{n_ofi:02d}", f"bid_sz_00..{n_ofi - 1:02d}", f"ask_sz_00..{n_ofi - 1:02d}"),
+        crossed=X_OFI_INT)
     lay[L_LDB] = len(specs)
     for side, sname in (("bid", "bid"), ("ask", "ask")):
         if side == "ask":
@@ -459,7 +458,8 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
         for m in range(1, n_dep + 1):
             add(f"log_depth_{sname}_l{m:02d}", "log(1 + contracts)",
                 f"log(1 + {side}_sz[{m - 1}]); an empty level counts 0 contracts", "standard (log depth)",
-                "log1p(q_m)", min_depth=m, inputs=(f"{side}_px_{m - 1:02d}", f"{side}_sz_{m - 1:02d}"))
+                "log1p(q_m)", min_depth=m, inputs=(f"{side}_px_{m - 1:02d}", f"{side}_sz_{m - 1:02d}"),
+                crossed=X_DEPTH)
     lay[L_IMBW] = add(
         "imbalance_weighted", "dimensionless [-1, 1]",
         f"sum_m w_m (Qb_m - Qa_m) / sum_m w_m (Qb_m + Qa_m), w_m = exp(-{p.depth_weight_decay:g} (m-1)), "
@@ -478,9 +478,9 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
     lay[L_AGGR] = add("aggressor_imbalance", "dimensionless [-1, 1]",
                       "(buy_volume - sell_volume) / (buy_volume + sell_volume) in the interval; 0 without trades",
                       "standard (trade-sign imbalance)", "(Vb - Vs)/(Vb + Vs)",
-                      inputs=("buy_volume", "sell_volume"))
+                      inputs=("buy_volume", "sell_volume"), crossed=X_FLOW)
     lay[L_LTC] = add("log1p_trade_count", "log(1 + trades)", "log(1 + trade_count) in the interval",
-                     "standard", "log1p(n)", inputs=("trade_count",))
+                     "standard", "log1p(n)", inputs=("trade_count",), crossed=X_FLOW)
 
     # ---- new recurrences ---------------------------------------------------------------------
     hp = {"hawkes_mu": p.hawkes_mu, "hawkes_alpha": p.hawkes_alpha, "hawkes_beta": p.hawkes_beta}
@@ -491,7 +491,7 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
                 f"{side}_volume > 0 (one aggressive order per book update)",
                 "Hawkes (1971); exponential-kernel recursion Ozaki (1979)",
                 "lambda(t_i+) = mu + alpha sum_{t_j <= t_i} exp(-beta (t_i - t_j))", hp,
-                inputs=(f"{side}_volume",), state=decay_state)
+                inputs=(f"{side}_volume",), state=decay_state, crossed=X_FLOW)
         post.append((P_HAWKES, c, ser(K_DECAY, code, 1.0 / p.hawkes_beta, 1.0), 0, 0, 0.0))
     s_prop = ser(K_DECAY, Z_SV, float(p.propagator_tau_s), 1.0)
     c_prop = add("propagator_flow", "contracts",
@@ -499,7 +499,7 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
                  f"tau = {p.propagator_tau_s:g} s",
                  "Bouchaud, Gefen, Potters & Wyart (2004) propagator; exponential kernel (Obizhaeva & Wang 2013)",
                  "sum_j exp(-(t_i - t_j)/tau) eps_j v_j", {"propagator_tau_s": p.propagator_tau_s},
-                 inputs=("signed_volume",), state=decay_state)
+                 inputs=("signed_volume",), state=decay_state, crossed=X_FLOW)
     post.append((P_PLAIN, c_prop, s_prop, 0, 0, 0.0))
     vp = {"vol_taus_s": (tf, tm, ts_), "tick_size": tick}
     s_rv = {}
@@ -508,7 +508,8 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
         c = add(f"realized_vol_{_tau_label(tau)}", "ticks/sqrt(s)",
                 f"sqrt(v), v_i = exp(-dt/tau) v_(i-1) + tick_return_i^2 / tau, tau = {tau:g} s (NaN return -> 0)",
                 "realised volatility (Andersen & Bollerslev 1998), exponentially weighted in time",
-                "sqrt(sum_j exp(-(t_i - t_j)/tau) r_j^2 / tau)", vp, inputs=("tick_return",), state=decay_state)
+                "sqrt(sum_j exp(-(t_i - t_j)/tau) r_j^2 / tau)", vp, inputs=("tick_return",), state=decay_state,
+                crossed=X_RV)
         post.append((P_SQRT, c, s_rv[tau], 0, 0, 0.0))
     s_dev = {tau: ser(K_DEV, Z_MID, tau) for tau in (tf, tm, ts_)}
     for tau in (tm, ts_):
@@ -516,23 +517,25 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
                 f"(mid - EMA_tau(mid)) / tick / sqrt(v_tau * tau), tau = {tau:g} s: deviation from the irregular "
                 "EMA over the realised volatility of that horizon; NaN before the first mid or on zero volatility",
                 zm + "; z-score as in Avellaneda & Lee (2010)", "(mid - EMA_tau) / (tick sqrt(v_tau tau))",
-                {**vp, **ema_p}, inputs=("mid", "tick_return"), state=f"{zm_state}; {decay_state} of r^2")
+                {**vp, **ema_p}, inputs=("mid", "tick_return"), state=f"{zm_state}; {decay_state} of r^2",
+                crossed=X_Z)
         post.append((P_ZSCORE, c, s_dev[tau], s_rv[tau], 0, tau))
     c = add("trend", "dimensionless",
             f"(EMA_fast(mid) - EMA_slow(mid)) / tick / sqrt(v_slow * tau_slow), fast {tf:g} s, slow {ts_:g} s",
             "moving-average crossover over volatility (Moskowitz, Ooi & Pedersen 2012; Baz et al. 2015)",
             "(EMA_f - EMA_s) / (tick sqrt(v_s tau_s))", {**vp, **ema_p}, inputs=("mid", "tick_return"),
-            state=f"two {zm_state}; {decay_state} of r^2")
+            state=f"two {zm_state}; {decay_state} of r^2", crossed=X_Z)
     post.append((P_TREND, c, s_dev[ts_], s_dev[tf], s_rv[ts_], ts_))
     for tau in (t1, t2):
         c = add(f"ema_log_spread_{_tau_label(tau)}", "log ticks",
                 f"EMA of log(spread_ticks) (spread <= 0 skipped), tau = {tau:g} s; {skip}", zm,
-                "EMA_ZM(log spread)", ema_p, inputs=("spread_ticks",), state=zm_state)
+                "EMA_ZM(log spread)", ema_p, inputs=("spread_ticks",), state=zm_state, crossed=X_EMA)
         post.append((P_MASKED, c, ser(K_ZM, Z_LOGSPREAD, tau), 0, 0, 0.0))
     for tau, s in zip((t1, t2), rate_series):
         c = add(f"log_trade_rate_{_tau_label(tau)}", "log(1 + trades/s)",
                 f"log(1 + trade_rate_{_tau_label(tau)})", "signed-log transform of the trade-rate EMA",
-                "log1p(lambda)", {"ema_taus_s": (t1, t2)}, inputs=("trade_count",), state=decay_state)
+                "log1p(lambda)", {"ema_taus_s": (t1, t2)}, inputs=("trade_count",), state=decay_state,
+                crossed=X_FLOW)
         post.append((P_LOG1P, c, s, 0, 0, 0.0))
     fd_w = frac_diff_weights(float(p.fracdiff_d), threshold=float(p.fracdiff_threshold))
     fd_col = add("fracdiff_log_mid", "log points",
@@ -542,17 +545,17 @@ def _build(p: FeatureParams, declared: tuple[Feature, ...] = ()) -> tuple[list[F
                  "López de Prado (2018), AFML ch. 5, fixed-width window fractional differentiation",
                  "sum_{k<W} w_k log(mid)_{i-k}", {"fracdiff_d": p.fracdiff_d, "fracdiff_threshold":
                                                   p.fracdiff_threshold, "window": int(fd_w.size)},
-                 inputs=("mid",), state=f"the {fd_w.size - 1} forward-filled log mids before the row")
+                 inputs=("mid",), state=f"the {fd_w.size - 1} forward-filled log mids before the row", crossed=X_FD)
     specs[fd_col] = dataclasses.replace(specs[fd_col],
                                         cpu="alphafeat.features.cpu._scan_block (njit, block-wise window sums)",
                                         cuda="alphafeat.cuda.kernels.fracdiff_kernel")
     slog_src = "signed log sign(x) log(1 + |x|)"
     lay[L_SLOG_OFI1] = add("slog_ofi_l01", "log contracts", "sign(ofi_l01) log(1 + |ofi_l01|)", slog_src,
-                           "sign(x) log1p(|x|)", inputs=("ofi_l01",))
+                           "sign(x) log1p(|x|)", inputs=("ofi_l01",), crossed=X_OFI)
     lay[L_SLOG_SV] = add("slog_signed_volume", "log contracts", "sign(signed_volume) log(1 + |signed_volume|)",
-                         slog_src, "sign(x) log1p(|x|)", inputs=("signed_volume",))
+                         slog_src, "sign(x) log1p(|x|)", inputs=("signed_volume",), crossed=X_FLOW)
     c = add("slog_propagator_flow", "log contracts", "sign(propagator_flow) log(1 + |propagator_flow|)",
-            slog_src, "sign(x) log1p(|x|)", inputs=("signed_volume",), state=decay_state)
+            slog_src, "sign(x) log1p(|x|)", inputs=("signed_volume",), state=decay_state, crossed=X_FLOW)
     post.append((P_SLOG, c, s_prop, 0, 0, 0.0))
     ext, ext_z = _declared_columns(declared, specs, add, post, ser)
     n_out = len(specs)
@@ -607,7 +610,7 @@ def _declared_columns(declared, specs, add, post, ser) -> tuple[tuple, list[int]
             raise UsageError(f"feature {f.name}", "Decay needs tau_s > 0 and a finite scale", st)
         state = "" if st is None else f"exponentially decayed sum (tau = {st.tau_s:g} s, scale {st.scale:g})"
         c = add(f.name, f.unit, f.description or f.formula, f.source, f.formula, dict(f.parameters), f.min_depth,
-                inputs=tuple(f.inputs), state=state)  # fmt: skip
+                inputs=tuple(f.inputs), state=state, crossed=f.crossed or declared_crossed(f.inputs))  # fmt: skip
         fn = f"{getattr(f.row, '__module__', '?')}.{getattr(f.row, '__qualname__', '?')}"
         specs[c] = dataclasses.replace(specs[c], cpu=f"{fn} (numba.njit in alphafeat.features._declared.row_kernel)"
                                        + (" + " + specs[c].cpu if st else ""),

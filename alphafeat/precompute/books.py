@@ -124,8 +124,9 @@ def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
     -------
     (BookArrays, records, notes)
         The rows (prices float64 index points, NaN where empty; sizes float64; counts
-        uint32; trade flow float64), the book records read, and notes (e.g. cancels of
-        unknown orders in MBO).
+        uint32; trade flow float64), the instrument's book records of the session
+        (``ts_recv`` in its bounds: each record counts in one session; an MBO rebuild also
+        reads those before it), and notes (e.g. cancels of unknown orders in MBO).
 
     Raises
     ------
@@ -157,8 +158,9 @@ def build_book(seg: Segment) -> tuple[BookArrays, int, list[str]]:
                      "(flags stripped?): a book row per group of records with one ts_recv")  # fmt: skip
     raw, stream_trades, n_unknown = bk.rebuild_mbo(recs, flags=flags)
     snapshot, complete = bk.book_complete_from(recs, raw.last_unknown)
-    n = len(recs)
-    del recs
+    ts = recs["ts_recv"]
+    n = int(np.count_nonzero((ts >= np.uint64(s0)) & (ts < np.uint64(s1))))
+    del recs, ts
     if n_unknown:
         notes.append(f"{seg.raw_symbol} {seg.session}: {n_unknown} cancels of unknown orders "
                      "(the first file starts without a snapshot)")

@@ -14,6 +14,8 @@ from enum import Enum
 from functools import partial
 from pathlib import Path
 
+from alphafeat.cache import PREDECODED_NAME
+from alphafeat.cores import usable_cores
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features import FeatureParams, cuda_available
 from alphafeat.labels import DEFAULT_HORIZONS
@@ -28,6 +30,7 @@ from alphafeat.validation import (
     Predecoded,
     RollRule,
     validate_barrier,
+    validate_book_schema,
     validate_bool,
     validate_enum,
     validate_horizons,
@@ -36,19 +39,23 @@ from alphafeat.validation import (
     validate_int,
     validate_jobs,
     validate_path,
+    validate_preopen,
     validate_root,
     validate_sample,
     validate_scheduler,
 )
 
-__all__ = ["DEFAULT_DATA_DIR", "PrecomputeConfig", "check_config", "default_predecoded_dir", "resolve_device"]
+__all__ = ["DEFAULT_DATA_DIR", "PrecomputeConfig", "check_config", "choose_device", "default_predecoded_dir",
+           "resolve_device"]
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
 
 def default_predecoded_dir(out: str | os.PathLike[str]) -> Path:
-    """``<parent of out>/.predecoded``: where books and plan scans are kept between runs."""
-    return Path(out).resolve().parent / ".predecoded"
+    """``<out>/.predecoded``: where books and plan scans are kept between runs by default, inside
+    the cache (``alphafeat clean`` or deleting the cache removes them; ``pyarrow.dataset`` and
+    the cache's readers skip names starting with ``.``)."""
+    return Path(out).resolve() / PREDECODED_NAME
 
 
 @dataclass
@@ -71,10 +78,11 @@ class PrecomputeConfig:
     root : str
         Product root for front-month selection (``ES``).
     device : str
-        ``cpu``, ``cuda`` or ``auto`` (the CPU: its streamed path, features continued block by
-        block beside the decode, was faster than ``cuda``, which builds each session's whole book
-        for one GPU call per segment, and took a third of its memory on a generated quarter;
-        ``bench/precompute.py``, figures in docs/performance.md).
+        ``cpu``, ``cuda`` or ``auto`` (:func:`choose_device`). ``cuda``: the segments run on
+        this process's threads, which decode and build their books block by block as the CPU
+        path does and push the blocks to one GPU owner per device
+        (:mod:`alphafeat.cuda.owner`: recurrences carried on the device, memory bounded by the
+        block); volume bars keep whole books.
     horizons : tuple of int
         Label horizons in snapshots.
     features : FeatureParams
@@ -116,8 +124,10 @@ class PrecomputeConfig:
     dask_local : int
         Start a Dask ``LocalCluster`` of this many single-threaded worker processes (0: no).
     predecoded_dir : Path or None
-        Where books and plan scans are kept (:mod:`alphafeat.precompute.books`); None:
-        ``<parent of out>/.predecoded``.
+        Where books and plan scans are kept (:mod:`alphafeat.precompute.books`;
+        ``--predecoded-dir``); None: ``<out>/.predecoded``, inside the cache. Two caches given
+        one folder share it (books are keyed by their files, instrument and session); the
+        manifest names it (``predecoded_dir``) for ``alphafeat clean``.
     keep_books : str
         ``auto`` (default: keep books rebuilt from MBO, whose rebuild is the costly part),
         ``keep`` (keep every book) or ``none`` (keep none, use none). A kept book lets a rerun
@@ -133,6 +143,15 @@ class PrecomputeConfig:
     sample : str
         ``"snapshot"`` (a row per book snapshot) or ``"volume:V"``: a row per volume bar of V
         contracts (AFML ch. 2; :func:`alphafeat.bars.volume_bars`).
+    schema : str or None
+        ``mbo``, ``mbp-10`` or ``mbp-1``: use the book files of that schema only (``--schema``);
+        None (default): per session the richest book schema holding it (MBO, then MBP-10, then
+        MBP-1; :mod:`alphafeat.sources`).
+    preopen : str
+        ``keep`` (default: crossed-book rows, the pre-open auction, are written, flagged in
+        ``book_crossed``, with NaN labels and NaN price features) or ``drop`` (they are not
+        written; the other rows' features and labels are those ``keep`` gives, a partition is
+        always recomputed, never relabelled).
     """
 
     inputs: list[Path] = opt(help="DBN files or directories", flag="--input", nargs="+", metavar="PATH",
@@ -141,8 +160,9 @@ class PrecomputeConfig:
     instrument_mode: InstrumentMode = opt(help="all | id=N | front-month", check=validate_instrument_mode,
                                           default_factory=lambda: InstrumentMode(ModeKind.FRONT_MONTH))
     root: str = opt("ES", help="product root for front-month", check=validate_root)
-    device: str = opt("auto", enum=Device, help="where features are computed; auto: the CPU, whose streamed path "
-                      "keeps memory bounded (the GPU path holds whole books and is slower with many workers: README)")
+    device: str = opt("auto", enum=Device, help="where features are computed; auto: the GPU only where its "
+                      "streamed path measured faster (so far: nowhere, the CPU), else the CPU; the summary says "
+                      "which and why")
     horizons: tuple[int, ...] = opt(DEFAULT_HORIZONS, help="label horizons in snapshots, comma-separated",
                                     check=validate_horizons)
     features: FeatureParams = field(default_factory=FeatureParams)
@@ -176,18 +196,25 @@ class PrecomputeConfig:
                                      "filesystem)")
     dask_local: int = opt(0, metavar="N", help="run segments on a Dask LocalCluster of N worker processes (0: none)",
                           check=partial(validate_int, lo=0, what="a number of Dask workers (0: no Dask)"))
-    predecoded_dir: Path | None = opt(None, cli=False, check=optional(validate_path),
-                                      help="where books and plan scans are kept (None: <parent of out>/.predecoded)")
+    predecoded_dir: Path | None = opt(None, flag="--predecoded-dir", metavar="DIR", check=optional(validate_path),
+                                      default_text="<out>/.predecoded, inside the cache",
+                                      help="where kept books and plan scans go (give two caches one folder to share "
+                                           "it)")
     keep_books: str = opt("auto", flag="--predecoded", enum=Predecoded,
-                          help="keep each segment's book in <out parent>/.predecoded so a rerun with other features, "
+                          help="keep each segment's book in the predecoded folder so a rerun with other features, "
                                "horizons or options skips decode and book (~360 bytes a row of disk): auto for "
                                "books rebuilt from MBO, keep for all, none")
-    rebuild_predecoded: bool = opt(False, check=validate_bool, help="clear the predecoded folder (<out parent>/"
-                                   ".predecoded: kept books and plan scans) first")
+    rebuild_predecoded: bool = opt(False, check=validate_bool,
+                                   help="clear the predecoded folder (kept books and plan scans) first")
     prune: bool = opt(False, check=validate_bool,
                       help="delete the cache's partitions of sessions not in this run (without it they are kept, "
                            "listed in the manifest as earlier_partitions)")
-
+    schema: str | None = opt(None, check=validate_book_schema, metavar="mbo|mbp-10|mbp-1",
+                             default_text="per session the richest the inputs hold: mbo, then mbp-10, then mbp-1",
+                             help="use the book files of this schema only")
+    preopen: str = opt("keep", check=validate_preopen, metavar="{keep,drop}",
+                       help="crossed-book rows (the pre-open auction): keep (flagged in book_crossed, NaN labels and "
+                            "price features) or drop (not written)")
 
 
 def resolve_device(device: str) -> str:
@@ -206,6 +233,38 @@ def resolve_device(device: str) -> str:
     if device == Device.CUDA and not cuda_available():
         raise AlphafeatError("--device cuda: no usable CUDA GPU (numba.cuda.is_available() is False)")
     return device
+
+
+#: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on, where the
+#: streamed GPU path measured faster than the CPU's; None: no case has measured faster yet
+#: (docs/performance-gpu-draft.md: on an H100 host, one session on 2 cores and 16 sessions on
+#: 16 cores were both slower on the GPU path), so ``auto`` stays on the CPU.
+AUTO_GPU_MIN_JOBS: int | None = None
+
+
+def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
+    """The device a run computes its features on, and why (the summary's ``device`` row).
+
+    ``cpu`` and ``cuda`` as asked (``cuda`` without a usable GPU: AlphafeatError). ``auto``:
+    the GPU where one is usable and the run maps its segments on this machine's threads with
+    at least :data:`AUTO_GPU_MIN_JOBS` workers (the case where it measured faster), else the
+    CPU (no GPU; too few workers or no case measured faster; a Dask cluster, whose workers
+    are other processes).
+    """
+    device = validate_enum(cfg.device, Device, "--device").value
+    if device != Device.AUTO:
+        return resolve_device(device), f"--device {device}"
+    # the GPU is probed last: numba.cuda's import and the driver's start cost ~0.2-0.4 s
+    if AUTO_GPU_MIN_JOBS is None:
+        return Device.CPU.value, "auto: the streamed GPU path has not measured faster than the CPU yet"
+    if cfg.scheduler or cfg.dask_local:
+        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
+    jobs = usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
+    if jobs < AUTO_GPU_MIN_JOBS:
+        return Device.CPU.value, f"auto: --jobs {jobs} (the GPU measured faster from {AUTO_GPU_MIN_JOBS} workers)"
+    if not cuda_available():
+        return Device.CPU.value, "auto: no usable CUDA GPU"
+    return Device.CUDA.value, f"auto: a CUDA GPU and --jobs {jobs} (measured faster than the CPU there)"
 
 
 def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:

@@ -42,6 +42,8 @@ class Job:
     #: rows per block of the streamed CPU path (:func:`alphafeat.precompute.books.stream_rows`; 0: its
     #: default; the values do not depend on it)
     block_rows: int = 0
+    #: crossed-book rows written (``keep``) or not (``drop``): :attr:`PrecomputeConfig.preopen`
+    preopen: str = "keep"
 
 
 def make_job(cfg: PrecomputeConfig, device: str) -> Job:
@@ -58,7 +60,7 @@ def job_of(cfg: PrecomputeConfig, device: str) -> Job:
         raise UsageError("--features", str(e)) from None
     bar_volume = validate_sample(cfg.sample).volume
     return Job(cfg.features, tuple(names), LEVELS if book else 1, cfg.dtype, cfg.compression, cfg.horizons,
-               cfg.horizons_s, cfg.barrier, cfg.barrier_horizon, bar_volume, device)  # fmt: skip
+               cfg.horizons_s, cfg.barrier, cfg.barrier_horizon, bar_volume, device, preopen=cfg.preopen)  # fmt: skip
 
 
 #: Most threads one segment's CPU features use: the recurrences (one thread, in row order) set the

@@ -63,7 +63,8 @@ def segment_metadata(common: dict, seg: Segment, schedule: list[dict], sources: 
 
     It holds what the partition was computed from and nothing later: the roll schedule up to
     its session and the source files that start before its session ends (a later file cannot
-    change an earlier session, so adding one leaves earlier partitions current).
+    change an earlier session, so adding one leaves earlier partitions current), and the book
+    schema its rows were built from (``book_schema``: a folder may hold several).
     """
     end = session_end_ns(seg.session)
     day = seg.session.isoformat()
@@ -71,6 +72,7 @@ def segment_metadata(common: dict, seg: Segment, schedule: list[dict], sources: 
         common,
         session=day,
         instrument_id=seg.instrument_id,
+        book_schema=seg.schema,
         schedule=[c for c in schedule if c["session"] <= day],
         sources=[e for start, e in sources if start < end],
     )
@@ -125,8 +127,28 @@ def first_few(items: list[str], k: int) -> str:
     return ", ".join(items[:k]) + (" ..." if len(items) > k else "")
 
 
-def _depth_of(f: object) -> int:
-    return 1 if f.schema == "mbp-1" else LEVELS
+def _depth_of(schema: str) -> int:
+    return 1 if schema == "mbp-1" else LEVELS
+
+
+def _schema_notes(cfg: PrecomputeConfig, job: Job, plan: Plan) -> list[str]:
+    """Which book schema each session used, when the run used more than one; which sessions'
+    input carries fewer levels than the depth features need."""
+    by: dict[str, list[str]] = {}
+    for s in plan.segments:
+        by.setdefault(s.schema, []).append(f"{s.session} {s.raw_symbol}")
+    notes = []
+    if len(by) > 1:
+        notes.append("book schema per session (the richest holding it; --schema forces one): "
+                     + "; ".join(f"{k}: {first_few(v, 4)}" for k, v in by.items()))  # fmt: skip
+    for schema, sessions in by.items():
+        depth = _depth_of(schema)
+        if depth < LEVELS:
+            limited = [n for n, need in min_depth(cfg.features).items() if depth < need and n in job.names]
+            where = "" if len(by) == 1 else f" ({first_few(sessions, 4)})"
+            notes.append(f"{schema} input{where} carries {depth} book level(s): depth features "
+                         f"{', '.join(limited) or '(none stored)'} are NaN and deeper book columns empty")
+    return notes
 
 
 def _selection(cfg: PrecomputeConfig) -> str:
@@ -163,18 +185,21 @@ def common_metadata(cfg: PrecomputeConfig, job: Job, plan: Plan) -> dict:
             "barrier_horizon": cfg.barrier_horizon,
             "roll_days": cfg.roll_days,
             "roll_rule": cfg.roll_rule,
-            "book_schema": plan.schema,
             "sample": cfg.sample,
+            "preopen": cfg.preopen,
         },
         "columns": column_specs(job),
     }
 
 
 def schedule_rows(plan: Plan) -> list[dict]:
-    """The plan's roll schedule as JSON rows (session, instrument, symbol, expiration, reason)."""
+    """The plan's roll schedule as JSON rows (session, instrument, symbol, expiration, reason,
+    and the book schema of its segment: ``mbo``, ``mbp-10`` or ``mbp-1``)."""
+    schemas = {(s.session, s.instrument_id): s.schema for s in plan.segments}
     return [
         {"session": c.session.isoformat(), "instrument_id": c.instrument_id, "raw_symbol": c.raw_symbol,
-         "expiration": c.expiration.isoformat() if c.expiration else None, "reason": c.reason}
+         "expiration": c.expiration.isoformat() if c.expiration else None, "reason": c.reason,
+         "schema": schemas.get((c.session, c.instrument_id))}
         for c in plan.schedule
     ]  # fmt: skip
 
@@ -235,14 +260,14 @@ def data_notes(cfg: PrecomputeConfig, job: Job, plan: Plan, skipped: list[str], 
         notes.append(f"--on-error skip: {len(skipped)} partition(s) of an earlier run for "
                      f"sessions whose input failed in this run {fate}: "
                      f"{', '.join(skipped[:5])}")  # fmt: skip
-    if n_crossed:
+    if n_crossed and cfg.preopen == "drop":
+        notes.append(f"--preopen drop: {n_crossed:,} snapshot{'s' if n_crossed > 1 else ''} with a crossed book "
+                     "(bid above ask, e.g. pre-open) not written")
+    elif n_crossed:
         notes.append(f"{n_crossed:,} snapshot{'s have' if n_crossed > 1 else ' has'} a crossed book "
-                     "(bid above ask, e.g. pre-open): flagged in book_crossed, with NaN labels")
-    depth = min((_depth_of(p) for p in plan.files if p.schema == plan.schema), default=LEVELS)
-    if depth < LEVELS:
-        limited = [n for n, need in min_depth(cfg.features).items() if depth < need and n in job.names]
-        notes.append(f"{plan.schema} input carries {depth} book level(s): depth features "
-                     f"{', '.join(limited) or '(none stored)'} are NaN and deeper book columns empty")
+                     "(bid above ask, e.g. pre-open): flagged in book_crossed, with NaN labels and NaN price "
+                     "features (--preopen drop leaves them out)")
+    notes += _schema_notes(cfg, job, plan)
     unit = "bars" if job.bar_volume else "snapshots"
     long = [h for h in cfg.horizons if h >= min_rows]
     if long:

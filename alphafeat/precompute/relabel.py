@@ -37,8 +37,10 @@ __all__ = ["added_features", "can_relabel", "relabel_changes", "relabel_table"]
 def can_relabel(job: Job) -> bool:
     """Whether labels can be recomputed from a partition's own columns: the mid from
     ``bid_px_00``/``ask_px_00``/``book_crossed`` (stored in float64, so bit-identical), and a
-    triple barrier only of fixed width (a ``vol`` barrier reads a feature the cache may not hold)."""
-    return job.book_levels >= 1 and (not job.barrier or validate_barrier(job.barrier).kind == "ticks")
+    triple barrier only of fixed width (a ``vol`` barrier reads a feature the cache may not hold);
+    not with ``preopen`` drop (the labels were computed over the dropped rows too)."""
+    return job.book_levels >= 1 and (not job.barrier or validate_barrier(job.barrier).kind == "ticks") and \
+        job.preopen == "keep"
 
 
 def relabel_changes(table: pa.Table, job: Job) -> tuple[str, ...]:

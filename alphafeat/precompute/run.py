@@ -27,20 +27,30 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from alphafeat.arena import release as release_buffers
-from alphafeat.cache import CacheWriter, check_folder, check_out, partition_metadata, staged_path
+from alphafeat.cache import (
+    LOCK,
+    PREDECODED_KEY,
+    PREDECODED_NAME,
+    CacheWriter,
+    check_folder,
+    check_out,
+    partition_metadata,
+    staged_path,
+)
 from alphafeat.cores import usable_cores
 from alphafeat.errors import DataError, InputError
 from alphafeat.instruments import Choice
 from alphafeat.plan import Plan, Segment, make_plan
-from alphafeat.precompute.books import peak_rss, stream_rows
-from alphafeat.precompute.config import PrecomputeConfig, check_config, default_predecoded_dir, resolve_device
+from alphafeat.precompute.books import BLOCK_ROWS, peak_rss, stream_rows
+from alphafeat.precompute.config import PrecomputeConfig, check_config, choose_device, default_predecoded_dir
 from alphafeat.precompute.job import IN_FLIGHT, Job, feature_threads, job_of, segments_at_once, set_in_flight
 from alphafeat.precompute.manifest import (
     common_metadata,
@@ -57,7 +67,6 @@ from alphafeat.precompute.manifest import (
 )
 from alphafeat.precompute.segment import SegmentResult
 from alphafeat.precompute.workers import SegmentFailure, first_use, map_segments
-from alphafeat.validation import Device
 
 __all__ = ["Summary", "precompute"]
 
@@ -83,6 +92,7 @@ class Summary:
     rows_computed: int = 0  #: rows of the partitions this run wrote (not those already current)
     seconds: float = 0.0
     device: str = "cpu"
+    device_reason: str = ""  #: why this device (:func:`alphafeat.precompute.config.choose_device`)
     out: Path | None = None
     schedule: list[Choice] = field(default_factory=list)
     partitions: list[Path] = field(default_factory=list)
@@ -94,6 +104,8 @@ class Summary:
     cache_bytes: int = 0
     books_predecoded: int = 0
     predecoded: Path | None = None
+    #: the book schema of each (session, instrument_id) of the schedule with a segment
+    schemas: dict[tuple, str] = field(default_factory=dict)
 
     @property
     def bytes_per_row(self) -> float:
@@ -197,10 +209,9 @@ def _start(cfg: PrecomputeConfig) -> tuple[PrecomputeConfig, Job, Summary]:
     checked (a wrong one fails now, not after the compute), the latter cleared with
     ``rebuild_predecoded``."""
     cfg = check_config(cfg)
-    # auto is the CPU here: see PrecomputeConfig.device
-    device = Device.CPU.value if cfg.device == Device.AUTO else resolve_device(cfg.device)
+    device, why = choose_device(cfg)
     job = job_of(cfg, device)
-    summary = Summary(device=device, out=Path(cfg.out))
+    summary = Summary(device=device, device_reason=why, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
     pre_dir = check_folder(cfg.predecoded_dir or default_predecoded_dir(cfg.out))
     summary.predecoded = pre_dir
@@ -215,7 +226,7 @@ def _plan(cfg: PrecomputeConfig, summary: Summary, task: Callable, advance: Call
     t_plan = task("plan (headers, definitions, trade volume)", 1)
     plan: Plan = make_plan(
         cfg.inputs, mode=cfg.instrument_mode, root=cfg.root, roll_rule=cfg.roll_rule, roll_days=cfg.roll_days,
-        on_error=cfg.on_error, jobs=cfg.jobs, survey_dir=summary.predecoded,
+        on_error=cfg.on_error, jobs=cfg.jobs, survey_dir=summary.predecoded, schema=cfg.schema,
     )  # fmt: skip
     advance(t_plan)
     summary.stage_seconds["plan"] = time.perf_counter() - t0
@@ -223,6 +234,7 @@ def _plan(cfg: PrecomputeConfig, summary: Summary, task: Callable, advance: Call
     summary.skipped += plan.skipped
     summary.notes += plan.notes
     summary.schedule = plan.schedule
+    summary.schemas = {(s.session, s.instrument_id): s.schema for s in plan.segments}
     return plan
 
 
@@ -259,24 +271,31 @@ def _sized(cfg: PrecomputeConfig, job: Job, staging: Path, segments: int) -> tup
     if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores
         set_in_flight(staging, at_once)
         in_flight = str(staging / IN_FLIGHT)
-    return dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(at_once), in_flight=in_flight), \
-        at_once  # fmt: skip
+    rows = BLOCK_ROWS if job.device == "cuda" else stream_rows(at_once)  # the GPU: fewer, larger pushes
+    return dataclasses.replace(job, feature_threads=threads, block_rows=rows, in_flight=in_flight), at_once
 
 
 def _run_map(cfg: PrecomputeConfig, fold: _Fold, calls: list[tuple], at_once: int, in_flight: bool,
              advance: Callable[[], None]) -> None:  # fmt: skip
     """Map ``calls`` (:func:`alphafeat.precompute.workers.map_one`'s arguments) over the
-    workers and fold each result as it comes back."""
+    workers and fold each result as it comes back; this process's GPU owners (``--device
+    cuda``) are stopped after, whatever happened."""
     by_rel = {c[0].relpath: c[0] for c in calls}
     staging = fold.writer.staging
-    for done, res in enumerate(map_segments(calls, cfg), 1):
-        if in_flight and len(calls) - done < at_once:  # fewer segments left than workers
-            set_in_flight(staging, len(calls) - done)
-        if isinstance(res, SegmentFailure):
-            fold.failure(res, cfg.on_error, cfg.prune)
-        else:
-            fold.result(res, by_rel[res.relpath])
-        advance()
+    try:
+        for done, res in enumerate(map_segments(calls, cfg), 1):
+            if in_flight and len(calls) - done < at_once:  # fewer segments left than workers
+                set_in_flight(staging, len(calls) - done)
+            if isinstance(res, SegmentFailure):
+                fold.failure(res, cfg.on_error, cfg.prune)
+            else:
+                fold.result(res, by_rel[res.relpath])
+            advance()
+    finally:
+        if calls and calls[0][3].device == "cuda":
+            from alphafeat.cuda.owner import release_shared
+
+            release_shared()  # their device memory goes back
 
 
 def _manifest(fold: _Fold, common: dict, schedule: list[dict], sources: list[tuple[int, dict]]) -> dict:
@@ -300,6 +319,7 @@ def _manifest(fold: _Fold, common: dict, schedule: list[dict], sources: list[tup
                 partitions=sorted(ours + others["earlier"]), earlier_partitions=others["earlier"],
                 replaced=others["replaced"], pruned=others["pruned"], book_complete_from=fold.complete,
                 skipped=[{"path": str(p), "problem": why} for p, why in s.skipped],
+                **{PREDECODED_KEY: _where(s.predecoded, fold.writer.out)},
                 run=stats if computed else earlier.get("run", stats))  # fmt: skip
 
 
@@ -332,11 +352,36 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
     """
     t0 = time.perf_counter()
     cfg, job, summary = _start(cfg)
+    with _removed_on_failure(Path(cfg.out)):
+        _run(cfg, job, summary, progress, t0)
+    summary.peak_rss = max(summary.peak_rss, peak_rss())
+    summary.seconds = time.perf_counter() - t0
+    release_buffers()  # the buffers this process kept for its segments (arena) go back
+    log.info("%s: %d rows in %d partitions, %d of them already current", cfg.out, summary.rows,
+             len(summary.partitions), summary.partitions_skipped)  # fmt: skip
+    return summary
+
+
+@contextmanager
+def _removed_on_failure(out: Path) -> Iterator[None]:
+    """``out`` removed when the block fails and this run made it and left in it only what it
+    makes before the commit (the predecoded folder's plan scans, the lock): a failed first run
+    leaves no cache folder behind."""
+    made = not out.exists()
+    try:
+        yield
+    except BaseException:
+        if made and out.is_dir() and all(p.name in (PREDECODED_NAME, LOCK) for p in out.iterdir()):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | None, t0: float) -> None:
+    """The body of :func:`precompute` (options checked): plan, map, commit into ``summary``."""
     task, advance = _tasks(progress)
     plan = _plan(cfg, summary, task, advance, t0)
     common = common_metadata(cfg, job, plan)
     schedule, sources = schedule_rows(plan), source_rows(plan)
-    keep = cfg.keep_books == "keep" or (cfg.keep_books == "auto" and plan.schema == "mbo")
     pre = None if cfg.keep_books == "none" else str(summary.predecoded)  # books kept earlier are used unless "none"
     if first_use():
         log.warning("first use in this environment: numba compiles the kernels once (~30-60 s)")
@@ -349,7 +394,8 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         metas = [segment_metadata(common, seg, schedule, sources) for seg in plan.segments]
         decided = _decide(plan, fold, metas, job, pre, lambda: advance(t_map))
         job_t, at_once = _sized(cfg, job, writer.staging, len(decided))
-        calls = [(seg, str(writer.staging), meta, job_t, pre, keep, relabel) for seg, meta, relabel in decided]
+        calls = [(seg, str(writer.staging), meta, job_t, pre, _keep(cfg, seg), relabel)
+                 for seg, meta, relabel in decided]
         _run_map(cfg, fold, calls, at_once, job_t.in_flight is not None, lambda: advance(t_map))
         if not summary.partitions:
             raise DataError("no book rows for the chosen instruments in the inputs; nothing to write", cfg.out)
@@ -358,12 +404,21 @@ def precompute(cfg: PrecomputeConfig, progress: object | None = None) -> Summary
         summary.notes += data_notes(cfg, job, plan, others["skipped"], fold.n_crossed, fold.min_rows)
         summary.seconds = time.perf_counter() - t0
         writer.commit(_manifest(fold, common, schedule, sources))
-    summary.peak_rss = max(summary.peak_rss, peak_rss())
-    summary.seconds = time.perf_counter() - t0
-    release_buffers()  # the buffers this process kept for its segments (arena) go back
-    log.info("%s: %d rows in %d partitions, %d of them already current", cfg.out, summary.rows,
-             len(summary.partitions), summary.partitions_skipped)  # fmt: skip
-    return summary
+
+
+def _where(pre: Path | None, out: Path) -> str | None:
+    """The manifest's ``predecoded_dir``: relative to the cache when inside it (the default,
+    ``.predecoded``: the manifest stays the same wherever the cache is moved), else absolute."""
+    if pre is None:
+        return None
+    pre, out = Path(pre).resolve(), Path(out).resolve()
+    return str(pre.relative_to(out)) if out in pre.parents else str(pre)
+
+
+def _keep(cfg: PrecomputeConfig, seg: Segment) -> bool:
+    """Whether the segment's book is kept in the predecoded folder: ``--predecoded keep``, or
+    ``auto`` and rebuilt from MBO (the costly part)."""
+    return cfg.keep_books == "keep" or (cfg.keep_books == "auto" and seg.schema == "mbo")
 
 
 def _work(call: tuple) -> int:

@@ -83,7 +83,9 @@ class SegmentResult:
     rows : int
         Rows written (0: no book data in the session; nothing written).
     records : int
-        Book records of the instrument read (0 when the book came from the predecoded folder).
+        The instrument's book records of the segment's session (``ts_recv`` in its bounds; each
+        record counts in one segment, whatever was read around it; 0 when the book came from
+        the predecoded folder).
     seconds : dict of str to float
         Time per stage: ``book`` (decode + book, or the predecoded load), ``features``,
         ``labels``, ``write``.
@@ -271,7 +273,7 @@ def _map_segment(
         if not os.path.exists(p):
             raise InputError(p, f"not visible from this worker ({os.uname().nodename}); inputs and --out must be "
                                 "on a filesystem every worker shares")  # fmt: skip
-    if job.device != "cpu" or job.bar_volume:
+    if job.bar_volume:  # whole books (CPU or GPU features); else blocks (CPU stream, or the GPU owner)
         b = _whole_book(seg, kept, res)
         if keep and kept is not None and not res.predecoded and len(b):
             save_book(b, kept)
@@ -310,11 +312,11 @@ def _map_segment(
         if not cols.rows:
             return
         cols.mark_complete(res.complete_from)
+        if res.complete_from >= 0:  # the stream started without a snapshot: when the book became trustworthy
+            k = res.complete_from  # (a row of the book: before --preopen drop leaves rows out)
+            res.complete_ts = int(cols.cols["ts_recv"][k]) if k < cols.rows else None
         table, res.crossed = cols.table(res.seconds)
         del cols
-        if res.complete_from >= 0:  # the stream started without a snapshot: when the book became trustworthy
-            k = res.complete_from
-            res.complete_ts = int(table.column("ts_recv")[k].value) if k < table.num_rows else None
     t1 = time.perf_counter()
     _stage(staging, seg, table, meta, job.compression)
     res.rows = table.num_rows

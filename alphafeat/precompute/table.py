@@ -12,11 +12,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from alphafeat.bars import volume_bars
 from alphafeat.errors import AlphafeatError
 from alphafeat.features import FeatureParams, compute_features, feature_specs
-from alphafeat.features.inputs import prepare
+from alphafeat.features.inputs import crossed_rows, prepare
 from alphafeat.labels import LabelStream, direction_labels_seconds
 from alphafeat.plan import Segment
 from alphafeat.precompute.job import MAX_FEATURE_THREADS, Job, live_threads
@@ -87,15 +88,16 @@ def barrier_widths(mid: np.ndarray, ret2: np.ndarray | None, barrier: Barrier, j
 
 
 def crossed(b: BookArrays) -> np.ndarray:
-    """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open)."""
-    with np.errstate(invalid="ignore"):
-        return b.bid_px[:, 0] > b.ask_px[:, 0]
+    """bool (n,): the best bid is above the best ask (a crossed book, e.g. in the pre-open): the
+    rows the features see as an empty book (:func:`alphafeat.features.inputs.crossed_rows`)."""
+    return crossed_rows(b.bid_px, b.ask_px)
 
 
 def book_mid(b: BookArrays) -> np.ndarray:
     """The mid price, float64 (n,), as the ``mid`` feature computes it: ``0.5 * (bid + ask)``
-    of the best levels, NaN where either is empty (the same operations, so bit-identical)."""
-    return _mid(b.bid_px[:, 0], b.ask_px[:, 0])
+    of the best levels, NaN where either is empty or the book is crossed (the features see a
+    crossed row as an empty book; the same operations, so bit-identical): :func:`label_mid`."""
+    return label_mid(b.bid_px[:, 0], b.ask_px[:, 0], crossed(b))
 
 
 def _mid(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:
@@ -215,9 +217,12 @@ class SegmentColumns:
 
     def _stream_features(self, b: BookArrays, lo: int, k0: int) -> None:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
-        row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
-
+        row ``k0``, piece by piece (each piece after the block's first led by its halo row); on
+        ``cuda``, from the process's GPU owner."""
         wanted = (*self.job.names, "ema_ret2_60s")
+        if self.job.device == "cuda":
+            self._gpu_features(prepare(b, self.job.features), lo, k0, wanted, b.depth)
+            return
         if self.stream is None:  # only what the stored features need
             self.stream = pruned_stream(self.job, self.index, wanted)
 
@@ -227,6 +232,25 @@ class SegmentColumns:
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
         self.stream.push_block(prepare(b, self.job.features), lo, take, live_threads(self.job))
+
+    def _gpu_features(self, cols: dict[str, np.ndarray], lo: int, k0: int, wanted: tuple[str, ...],
+                      depth: int) -> None:  # fmt: skip
+        """The features of the block's new rows (``cols`` from row ``lo``) from this process's GPU
+        owner (:func:`alphafeat.cuda.owner.shared`: recurrences carried on the device from
+        block to block), in pieces of at most its block rows, each led by its halo row."""
+        if self.stream is None:
+            from alphafeat.cuda.owner import shared
+            from alphafeat.features.registry import make_plan
+
+            # only the rows stored come back from the device
+            self.stream = shared().open(make_plan(self.job.features), self.seg.relpath,
+                                        [self.index[name] for name in wanted])  # fmt: skip
+        n, step = int(cols["ts_recv"].shape[0]), self.stream.owner.block_rows
+        for i0 in range(lo, n, step):
+            i1 = min(i0 + step, n)
+            a = i0 - 1 if i0 > 0 else 0
+            out = self.stream.push({k: v[a:i1] for k, v in cols.items()}, i0 > 0)
+            self._store_features({name: out[j] for j, name in enumerate(wanted)}, depth, k0 + i0 - lo, k0 + i1 - lo)
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
@@ -281,7 +305,8 @@ class SegmentColumns:
 
     def table(self, seconds: dict[str, float]) -> tuple[pa.Table, int]:
         """The Arrow table of the rows added, labels included (their time in ``seconds``);
-        returns ``(table, crossed rows)``."""
+        returns ``(table, crossed rows)``. With ``job.preopen`` drop the crossed rows are left
+        out of the table after the labels (so the other rows' labels are those of ``keep``)."""
         n = self.rows
         c = {k: v[:n] for k, v in self.cols.items()}
         self._wait(0)
@@ -304,7 +329,10 @@ class SegmentColumns:
                 cols[k] = from_numpy(c[k])
         del c
         cols.update(label_arrays(labels))
-        return pa.table(cols), self.crossed
+        table = pa.table(cols)
+        if self.job.preopen == "drop" and self.crossed:
+            table = table.filter(pc.invert(table.column("book_crossed")))
+        return table, self.crossed
 
 
 def _label_stream(job: Job, capacity: int) -> LabelStream:

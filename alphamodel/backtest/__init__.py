@@ -2,8 +2,10 @@
 (:func:`~alphamodel.backtest.run.backtest`, :class:`~alphamodel.backtest.config.BacktestConfig`).
 
 Modules, each importing only those before it: :mod:`~alphamodel.backtest.config`,
-:mod:`~alphamodel.backtest.market` (the cache's columns), :mod:`~alphamodel.backtest.env` (the
-vectorised environment), :mod:`~alphamodel.backtest.metrics` (Sharpe, PSR/DSR, Kelly),
+:mod:`~alphamodel.backtest.queue` (queue-position models), :mod:`~alphamodel.backtest.execution`
+(fill models: taker, mid, passive; fees; fill statistics), :mod:`~alphamodel.backtest.market`
+(the cache's columns), :mod:`~alphamodel.backtest.env` (the taker-only vectorised environment),
+:mod:`~alphamodel.backtest.metrics` (Sharpe, PSR/DSR, Kelly),
 :mod:`~alphamodel.backtest.strategies`, :mod:`~alphamodel.backtest.walkforward` (folds, one
 fold's run), :mod:`~alphamodel.backtest.report`, :mod:`~alphamodel.backtest.run`.
 

@@ -4,17 +4,21 @@ constants its results are named by."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from alphafeat import errors as af
 from alphafeat.options import opt, optional
-from alphafeat.validation import Device, validate_bool, validate_costs
+from alphafeat.validation import Device, split_list, validate_bool, validate_costs
+from alphamodel.errors import UsageError
 from alphamodel.rl.config import C51Config
 from alphamodel.rules import SIZE, build, check_fields, float_rule, int_rule
 
-__all__ = ["DEFAULT_COSTS", "MAX_COST_TICKS", "NOT_TRIALS", "ORACLE_MARGINS", "ORACLE_NAMES",
-           "RESULT_COLUMNS", "TICK_VALUE", "BacktestConfig"]
+__all__ = ["DEFAULT_COSTS", "FILL_MODES", "MAX_COST_TICKS", "MAX_FEE_USD", "NOT_TRIALS",
+           "ON_TIMEOUT", "ORACLE_MARGINS", "ORACLE_NAMES", "QUEUE_KINDS", "RESULT_COLUMNS", "TICK_VALUE",
+           "BacktestConfig", "parse_queue", "validate_fills", "validate_queue"]
 
 #: Highest fee level of a backtest, ticks per contract per side.
 MAX_COST_TICKS = 10.0
@@ -32,6 +36,61 @@ TICK_VALUE = {"ES": 12.5, "MES": 1.25, "NQ": 5.0, "MNQ": 0.5}
 ORACLE_MARGINS = (0.0, 0.2)
 ORACLE_NAMES = tuple("oracle" if m == 0 else f"oracle-m{m:g}" for m in ORACLE_MARGINS)
 NOT_TRIALS = ("hindsight", *ORACLE_NAMES)
+#: Execution models (:mod:`alphamodel.backtest.execution`): ``mid`` is an upper bound.
+FILL_MODES = ("taker", "mid", "passive")
+#: Queue models of ``passive`` (:mod:`alphamodel.backtest.queue`).
+QUEUE_KINDS = ("riskaverse", "power:N", "log", "through")
+#: What an unfilled passive order does at its timeout.
+ON_TIMEOUT = ("cancel", "cross")
+#: Highest exchange fee per contract per side, USD.
+MAX_FEE_USD = 100.0
+
+
+def parse_queue(spec: Any, option: str = "--queue") -> tuple[str, float]:
+    """``'riskaverse'`` / ``'power:N'`` / ``'log'`` / ``'through'`` -> ``(kind, N)`` (N = 0
+    unless power; N a number in (0, 100]).
+
+    Raises
+    ------
+    alphamodel.errors.UsageError
+        An unknown model or a bad exponent, naming ``option``.
+    """
+    s = str(spec).strip().lower()
+    if s in ("riskaverse", "log", "through"):
+        return s, 0.0
+    if s.startswith("power:"):
+        try:
+            n = float(s.split(":", 1)[1])
+        except ValueError:
+            n = math.nan
+        if math.isfinite(n) and 0 < n <= 100:
+            return "power", n
+        raise UsageError(option, "the exponent of power:N must be a number in (0, 100], e.g. power:2", spec)
+    raise UsageError(option, f"unknown queue model (choose from {', '.join(QUEUE_KINDS)})", spec)
+
+
+def validate_fills(value: Any, option: str = "--fill") -> tuple[str, ...]:
+    """Fill modes, ``"taker,passive"`` or a sequence: distinct members of :data:`FILL_MODES`."""
+    try:
+        out = tuple(str(v).strip() for v in split_list(value, option))
+    except af.UsageError:
+        out = ()
+    if not out or len(set(out)) != len(out) or any(m not in FILL_MODES for m in out):
+        raise UsageError(option, f"expected distinct fill modes from {', '.join(FILL_MODES)}, comma-separated", value)
+    return out
+
+
+def validate_queue(value: Any, option: str = "--queue") -> str:
+    """A queue model (:func:`parse_queue`) in its canonical spelling (``power:2``)."""
+    kind, n = parse_queue(value, option)
+    return f"power:{n:g}" if kind == "power" else kind
+
+
+def _on_timeout(value: Any, option: str) -> str:
+    """What an unfilled passive order does at its timeout: one of :data:`ON_TIMEOUT`."""
+    if value not in ON_TIMEOUT:
+        raise UsageError(option, f"expected one of {', '.join(ON_TIMEOUT)}", value)
+    return value
 
 
 def _c51(value: Any, option: str) -> C51Config:
@@ -53,6 +112,10 @@ class BacktestConfig:
     threshold : probability margin of the logistic / direction-head rules. reward_scale :
     rewards are divided by it before the C51 support. encoder_epochs, encoder_steps : the
     per-fold encoder when no model is given. tick_value : USD per tick (None: from the root).
+    fills : execution models evaluated (``taker``, ``mid``, ``passive``; the policy is trained in
+    each). queue, latency_ns, timeout, on_timeout : the ``passive`` model
+    (:mod:`alphamodel.backtest.execution`). fee_maker, fee_taker : exchange fees, USD per
+    contract per side, paid by passive / taken fills on top of the cost level.
 
     Each key is checked by its field's check (:meth:`checked`, :meth:`from_dict`, and
     :func:`alphamodel.backtest.run.backtest` before anything is read).
@@ -92,6 +155,22 @@ class BacktestConfig:
     plots: bool = opt(True, check=validate_bool, cli=False, help="write the equity PNGs")
     c51: C51Config = opt(check=_c51, cli=False, default_factory=C51Config, default_text="the c51 keys' defaults",
                          help="C51's hyper-parameters, an object of the c51 keys")
+    fills: tuple[str, ...] = opt(("taker",), check=validate_fills, flag="--fill",
+                                 help="fill modes, comma-separated: taker (buy at the ask, sell at the bid), mid (at "
+                                      "the mid: an upper bound), passive (post-only at our best, queue, latency, "
+                                      "timeout); the policy is trained in each")
+    queue: str = opt("riskaverse", check=validate_queue,
+                     help="passive queue model: riskaverse, power:N, log (hftbacktest's), through")
+    latency_ns: int = opt(0, check=int_rule(0, "a whole number of ns"),
+                          help="passive: ns from a decision or cancel to its effect (0: the next row)")
+    timeout: int = opt(100, check=int_rule(1, "a number of rows"), help="passive: rows an order works before "
+                       "--on-timeout")
+    on_timeout: str = opt("cancel", check=_on_timeout, metavar="{cancel,cross}",
+                          help="passive: cancel, or cross (take at that row's touch, taker fee)")
+    fee_maker: float = opt(0.0, check=float_rule(0.0, MAX_FEE_USD),
+                           help="exchange fee of a passive fill, USD per contract per side, on top of the cost")
+    fee_taker: float = opt(0.0, check=float_rule(0.0, MAX_FEE_USD),
+                           help="exchange fee of a taken fill, USD per contract per side, on top of the cost")
 
     def checked(self) -> BacktestConfig:
         """A copy with every key checked and normalised (each by its field's check).

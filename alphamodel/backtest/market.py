@@ -18,10 +18,12 @@ import torch
 from alphafeat.cache import META_KEY
 from alphafeat.synth.planted import SIGNAL_SUFFIX, asof, planted_path, read_planted
 from alphamodel.backtest.config import ORACLE_MARGINS, ORACLE_NAMES, TICK_VALUE, BacktestConfig
+from alphamodel.backtest.execution import Book
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import CacheError, DataError
 
-__all__ = ["Market", "Rows", "column", "ffill_quotes", "load_market", "market_from_arrays", "planted_rows"]
+__all__ = ["PASSIVE_COLUMNS", "Market", "Rows", "column", "ffill_quotes", "load_market", "market_from_arrays",
+           "planted_rows"]
 
 
 @dataclass
@@ -30,7 +32,9 @@ class Market:
 
     mid, half_spread : (T,) float32 ticks. end : (T,) int64, the last row of each row's segment.
     seg_start, seg_end : (S,) int64 first / last row of each segment. tick : index points per
-    tick. tick_value : USD per tick per contract (ES 12.50).
+    tick. tick_value : USD per tick per contract (ES 12.50). book : the same rows with the touch's
+    prices, sizes and traded volume for the execution models (:class:`~alphamodel.backtest.execution.Book`;
+    None until :func:`load_market` sets it).
     """
 
     mid: torch.Tensor
@@ -40,6 +44,7 @@ class Market:
     seg_end: torch.Tensor
     tick: float = 0.25
     tick_value: float = 12.5
+    book: Book | None = None
 
     @property
     def device(self) -> torch.device:
@@ -142,6 +147,7 @@ def load_market(data: CacheData, cfg: BacktestConfig, device: torch.device) -> t
     if tick_value is None:
         raise DataError(f"no tick value known for root {root!r}; set tick_value in the config", data.root)
     market = market_from_arrays(bids, asks, data.tick, tick_value, device, [s.path for s in data.segments])
+    market.book = _book(data, cfg, market, bids, asks)
     cols0 = data.segments[0].table.column_names
     rv_name = next((c for c in ("realized_vol_60s", "realized_vol_10s", "realized_vol_600s") if c in cols0),
                    next((c for c in cols0 if c.startswith("realized_vol_")), None))
@@ -161,6 +167,42 @@ def load_market(data: CacheData, cfg: BacktestConfig, device: torch.device) -> t
     rows = Rows(np.repeat(np.arange(len(n)), n), np.concatenate([s.ts for s in data.segments]),
                  cat(rv_name), cat(ofi_name), cat("tb_label"))
     return market, rows, notes
+
+
+#: Cache columns the ``passive`` fill model reads beside the top of book: the touch's displayed
+#: sizes and the traded volume by aggressor side since the previous row (seller-initiated trades
+#: hit the bid, buyer-initiated ones the ask).
+PASSIVE_COLUMNS = ("bid_sz_00", "ask_sz_00", "sell_volume", "buy_volume")
+
+
+def _book(data: CacheData, cfg: BacktestConfig, market: Market, bids: list, asks: list) -> Book:
+    """The execution models' :class:`~alphamodel.backtest.execution.Book` of the market: prices in
+    ticks (quotes carried as :func:`ffill_quotes`), mid and half spread the market's; sizes and
+    volumes read only for ``passive`` (zeros otherwise).
+
+    Raises
+    ------
+    alphamodel.errors.CacheError
+        ``passive`` asked of a partition without :data:`PASSIVE_COLUMNS`.
+    """
+    dev = market.device
+    filled = [ffill_quotes(b, a) for b, a in zip(bids, asks)]
+    f32 = lambda x: torch.as_tensor(np.concatenate(x) if isinstance(x, list) else x, dtype=torch.float32,  # noqa: E731
+                                    device=dev)
+    n = [s.n for s in data.segments]
+    cols = {c: [np.zeros(k) for k in n] for c in PASSIVE_COLUMNS}
+    if "passive" in cfg.fills:
+        for k, seg in enumerate(data.segments):
+            missing = [c for c in PASSIVE_COLUMNS if c not in seg.table.column_names]
+            if missing:
+                raise CacheError(seg.path, f"missing column(s) {', '.join(missing)}: --fill passive needs the touch's "
+                                 "sizes and the traded volume by aggressor side per row (precompute writes them)")
+            for c in PASSIVE_COLUMNS:
+                cols[c][k] = np.nan_to_num(column(data, k, c))
+    ts = torch.as_tensor(np.concatenate([s.ts for s in data.segments]), dtype=torch.long, device=dev)
+    return Book(f32([b / data.tick for b, _ in filled]), f32([a / data.tick for _, a in filled]),
+                f32(cols["bid_sz_00"]), f32(cols["ask_sz_00"]), f32(cols["sell_volume"]), f32(cols["buy_volume"]),
+                ts, market.end, market.mid, market.half_spread)
 
 
 def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:

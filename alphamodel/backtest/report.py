@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from alphamodel.backtest.config import NOT_TRIALS, BacktestConfig
+from alphamodel.backtest.config import FILL_MODES, NOT_TRIALS, BacktestConfig
 
-__all__ = ["aggregate", "cfg_dict", "clean", "given_model_note", "plots", "standing_notes"]
+__all__ = ["FILL_STATS", "aggregate", "cfg_dict", "clean", "fills_note", "given_model_note", "plots", "standing_notes"]
 
 
 def clean(x):
@@ -52,7 +52,19 @@ def standing_notes(cfg: BacktestConfig, results: list[dict]) -> dict:
         "deflated_sharpe": "Bailey & Lopez de Prado 2014 over the strategies tried at the fold and cost "
                            f"(all but {', '.join(n for n in NOT_TRIALS if n in ran)})",
         "sizing": "Kelly (alphamodel.backtest.metrics)" if cfg.kelly else "unit size (--no-kelly)",
-        "embargo_sessions": cfg.embargo}
+        "embargo_sessions": cfg.embargo, "fills": fills_note(cfg)}
+
+
+def fills_note(cfg: BacktestConfig) -> str:
+    """What a fill pays in each mode of ``cfg`` (one line)."""
+    what = {"taker": "taker: buys at the ask, sells at the bid (half a spread per side) plus the cost",
+            "mid": "mid: at the mid plus the cost, an upper bound (no spread paid, no adverse selection)",
+            "passive": f"passive: post-only at our best after {cfg.latency_ns} ns, queue {cfg.queue}, partial fills, "
+                       f"after {cfg.timeout} rows {'taken at the touch' if cfg.on_timeout == 'cross' else 'cancelled'}"}
+    fees = (f"; exchange fees on top: maker {cfg.fee_maker:g} USD, taker {cfg.fee_taker:g} USD per contract per side"
+            if cfg.fee_maker or cfg.fee_taker else "")
+    return ("cost = ticks per contract per side paid by every fill; " + "; ".join(what[m] for m in cfg.fills)
+            + fees + "; every position closes at a session's end at the touch")
 
 
 def cfg_dict(cfg: BacktestConfig) -> dict:
@@ -62,16 +74,22 @@ def cfg_dict(cfg: BacktestConfig) -> dict:
     return d
 
 
+#: The fill statistics a result row carries (``fill_`` + name, :func:`~alphamodel.backtest.execution.fill_summary`).
+FILL_STATS = ("fill_rate", "ttf_rows", "ttf_s", "markout_1", "markout_10", "markout_100")
+
+
 def aggregate(results: list[dict]) -> list[dict]:
-    """Per strategy x cost: the mean and SD over the folds of each metric (non-finite values left out)."""
-    keys = sorted({(r["strategy"], r["cost_ticks"]) for r in results}, key=lambda x: (x[1], x[0]))
+    """Per strategy x fill mode x cost: the mean and SD over the folds of each metric (non-finite
+    values left out)."""
+    keys = sorted({(r["strategy"], r.get("fill", "taker"), r["cost_ticks"]) for r in results},
+                  key=lambda x: (FILL_MODES.index(x[1]), x[2], x[0]))
     out = []
-    for s, c in keys:
-        rs = [r for r in results if r["strategy"] == s and r["cost_ticks"] == c]
-        row = {"strategy": s, "cost_ticks": c, "folds": len(rs)}
+    for s, f, c in keys:
+        rs = [r for r in results if r["strategy"] == s and r.get("fill", "taker") == f and r["cost_ticks"] == c]
+        row = {"strategy": s, "fill": f, "cost_ticks": c, "folds": len(rs)}
         for m in ("sharpe", "deflated_sharpe", "win_rate", "trades_per_session", "turnover", "max_drawdown",
-                  "pnl_ticks"):
-            v = np.array([r[m] for r in rs], float)
+                  "pnl_ticks", *(f"fill_{x}" for x in FILL_STATS)):
+            v = np.array([r.get(m, math.nan) for r in rs], float)
             v = v[np.isfinite(v)]
             row[m + "_mean"] = float(v.mean()) if v.size else math.nan
             row[m + "_sd"] = float(v.std(ddof=1)) if v.size > 1 else math.nan
@@ -80,26 +98,28 @@ def aggregate(results: list[dict]) -> list[dict]:
 
 
 def plots(out: Path, curves: dict, cfg: BacktestConfig) -> list[str]:
-    """One equity PNG per fold x cost in ``out`` (``curves``: ``{(fold, cost, strategy): equity}``);
-    returns their names."""
+    """One equity PNG per fold x cost x fill mode in ``out`` (``curves``: ``{(fold, cost,
+    strategy, mode): equity}``; the first mode's files are ``equity_fold{f}_cost{c}.png``, the
+    others' end in ``_{mode}``); returns their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = []
-    for fold, cost in sorted({(k[0], k[1]) for k in curves}):
+    for fold, cost, mode in sorted({(k[0], k[1], k[3]) for k in curves}):
         fig, ax = plt.subplots(figsize=(7, 4))
-        for (f, c, s), eq in curves.items():
-            if f == fold and c == cost:
+        for (f, c, s, m), eq in curves.items():
+            if f == fold and c == cost and m == mode:
                 ax.plot(np.arange(1, len(eq) + 1), eq, label=s, lw=1.2 if s.startswith("c51") else 0.8,
                         ls=":" if s in NOT_TRIALS else "-")
         ax.set_xlabel(f"decision (every {cfg.stride} rows), test sessions end to end")
         ax.set_ylabel("equity, ticks per contract (marked to mid)")
-        ax.set_title(f"fold {fold}, cost {cost:g} tick/side")
+        bound = " (upper bound: no spread, no adverse selection)" if mode == "mid" else ""
+        ax.set_title(f"fold {fold}, cost {cost:g} tick/side, {mode} fills{bound}", fontsize=9)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        name = f"equity_fold{fold}_cost{cost:g}.png"
+        name = f"equity_fold{fold}_cost{cost:g}" + ("" if mode == cfg.fills[0] else f"_{mode}") + ".png"
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
         names.append(name)

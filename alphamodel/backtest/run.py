@@ -8,7 +8,8 @@ For each walk-forward fold over sessions
 (:func:`~alphamodel.backtest.walkforward.fold_sessions`: expanding window, purged with
 :func:`alphafeat.splits.purged_walk_forward` on the sessions' spans, an optional embargo of
 whole sessions before the test block) the policy is trained on the fold's past sessions only and
-evaluated on its test sessions in :class:`alphamodel.backtest.env.VecEnv`:
+evaluated on its test sessions, once per fill mode (``fills``: taker, mid, passive; trained in the
+mode it is evaluated in) in :class:`alphamodel.backtest.execution.ExecEnv`:
 
 1. encoder: ``--model DIR`` (one ``alphamodel train`` checkpoint for every fold; it must have
    been trained before the first test session for the walk-forward to be honest: the summary
@@ -41,7 +42,8 @@ evaluated on its test sessions in :class:`alphamodel.backtest.env.VecEnv`:
    :data:`~alphamodel.backtest.config.ORACLE_MARGINS`; not trials either) — all in the same
    environment, costs and stride.
 
-Per strategy x fold x cost: annualised Sharpe of the daily (per session) PnL, deflated Sharpe
+Per strategy x fill mode x fold x cost: the fill statistics (fill rate, time to fill, markouts),
+annualised Sharpe of the daily (per session) PnL, deflated Sharpe
 over the strategies tried at that fold and cost, PSR, win rate, trades and turnover per
 session, max drawdown, PnL (:mod:`alphamodel.backtest.metrics`).
 """

@@ -2,7 +2,7 @@
 the environments in the slice: the C51 policy (:func:`c51_targets`), rules on a direction per
 row (:func:`rule`: flat, long, OFI sign, the logistic baseline, the direction head, hindsight,
 the oracle), and :func:`evaluate`, which runs them all x costs x test sessions in one
-:class:`~alphamodel.backtest.env.VecEnv`."""
+:class:`~alphamodel.backtest.execution.ExecEnv` of a fill mode (:func:`fill_env`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,29 @@ import torch
 
 from alphamodel.backtest.config import BacktestConfig
 from alphamodel.backtest.env import VecEnv
+from alphamodel.backtest.execution import ExecEnv, FillModel, fill_summary
 from alphamodel.backtest.market import Market
 from alphamodel.backtest.metrics import kelly_size
 from alphamodel.data.cache import CacheData
 from alphamodel.rl.c51 import C51Net
 from alphamodel.supervised.baselines import baseline_inputs, fit_logistic
 
-__all__ = ["c51_targets", "evaluate", "logistic_scores", "rule", "threshold_dir"]
+__all__ = ["c51_targets", "evaluate", "fill_env", "fill_model", "logistic_scores", "rule", "threshold_dir"]
 
 
-def c51_targets(net: C51Net, obs, env: VecEnv, sl: slice, *, z: torch.Tensor, rv: torch.Tensor,
+def fill_model(cfg: BacktestConfig, mode: str) -> FillModel:
+    """The :class:`~alphamodel.backtest.execution.FillModel` of ``mode`` with ``cfg``'s passive keys."""
+    return FillModel(mode, cfg.queue, cfg.latency_ns, cfg.timeout, cfg.on_timeout).checked()
+
+
+def fill_env(market: Market, n: int, cfg: BacktestConfig, mode: str) -> ExecEnv:
+    """``n`` environments on ``market`` filled by ``mode`` (:class:`~alphamodel.backtest.execution.ExecEnv`;
+    the maker / taker fees of ``cfg``, USD, in ticks of the market)."""
+    return ExecEnv(market.book, n, cfg.stride, fill_model(cfg, mode), fee_maker=cfg.fee_maker / market.tick_value,
+                   fee_taker=cfg.fee_taker / market.tick_value)
+
+
+def c51_targets(net: C51Net, obs, env: VecEnv | ExecEnv, sl: slice, *, z: torch.Tensor, rv: torch.Tensor,
                 cfg: BacktestConfig, horizon_s: float, kelly: bool) -> torch.Tensor:
     """The C51 policy's target positions for the environments ``sl`` of ``env``: greedy on the
     means of ``net``'s distributions (rescaled by ``reward_scale``), unit size or Kelly-sized
@@ -40,15 +53,17 @@ def c51_targets(net: C51Net, obs, env: VecEnv, sl: slice, *, z: torch.Tensor, rv
     return torch.where(keep, pos, d * size)
 
 
-def evaluate(strategies: dict, market: Market, seg_ids: np.ndarray, costs: tuple[float, ...], cfg: BacktestConfig
-             ) -> dict:
-    """Run every strategy x cost x test session in one VecEnv; returns per (strategy, cost) the
-    daily PnL (sessions,), counts and the equity curve (sessions, steps)."""
+def evaluate(strategies: dict, market: Market, seg_ids: np.ndarray, costs: tuple[float, ...], cfg: BacktestConfig,
+             mode: str = "taker") -> dict:
+    """Run every strategy x cost x test session in one environment filled by ``mode``
+    (:func:`fill_env`); returns per (strategy, cost) the daily PnL (sessions,), counts, the
+    equity curve (sessions, steps) and the fill statistics (``fills``:
+    :func:`~alphamodel.backtest.execution.fill_summary`)."""
     dev = market.device
     names = list(strategies)
     S, C, J = len(names), len(costs), len(seg_ids)
     n = S * C * J
-    env = VecEnv(market, n, cfg.stride)
+    env = fill_env(market, n, cfg, mode)
     segs = torch.as_tensor(seg_ids, device=dev)
     starts = market.seg_start[segs].repeat(S * C)
     fees = torch.tensor(costs, dtype=torch.float32, device=dev).repeat_interleave(J).repeat(S)
@@ -72,14 +87,16 @@ def evaluate(strategies: dict, market: Market, seg_ids: np.ndarray, costs: tuple
     cur = curve.view(steps, S, C, J).cpu().numpy()
     for i, name in enumerate(names):
         for j, c in enumerate(costs):
+            a = (i * C + j) * J
             out[(name, c)] = {"daily": pnl[i, j], "entries": ent[i, j], "turnover": turn[i, j], "closed": clo[i, j],
-                              "wins": wins[i, j], "curve": cur[:, i, j, :].T}
+                              "wins": wins[i, j], "curve": cur[:, i, j, :].T,
+                              "fills": fill_summary(env.state, mode, slice(a, a + J))}
     return out
 
 
 def rule(direction: torch.Tensor):
     """A strategy that holds ``direction[t]`` (-1 / 0 / +1, (T,)) at each decision row t."""
-    def f(env: VecEnv, sl: slice) -> torch.Tensor:
+    def f(env: VecEnv | ExecEnv, sl: slice) -> torch.Tensor:
         return direction[env.t[sl]]
     return f
 

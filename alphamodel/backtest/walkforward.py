@@ -20,10 +20,9 @@ import torch
 from alphafeat.cache import MANIFEST
 from alphafeat.splits import purged_walk_forward
 from alphamodel.backtest.config import NOT_TRIALS, ORACLE_MARGINS, ORACLE_NAMES, BacktestConfig
-from alphamodel.backtest.env import VecEnv
 from alphamodel.backtest.market import Market, Rows, planted_rows
 from alphamodel.backtest.metrics import max_drawdown, sharpe, sharpe_stats
-from alphamodel.backtest.strategies import c51_targets, evaluate, logistic_scores, rule, threshold_dir
+from alphamodel.backtest.strategies import c51_targets, evaluate, fill_env, logistic_scores, rule, threshold_dir
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import DataError
 from alphamodel.nn.model import ModelConfig
@@ -137,9 +136,10 @@ def aux_report(learner: Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, te_
 
 
 def fine_tune(learner: Learner, model, norm, data: CacheData, window: int, mu: torch.Tensor, sd: torch.Tensor,
-              market: Market, pool: torch.Tensor, cfg: BacktestConfig, gen: torch.Generator, bar, task) -> tuple:
-    """Continue the frozen policy's training with the C51 loss flowing into a copy of the encoder;
-    returns the fine-tuned policy network, its inputs (:class:`~alphamodel.rl.learner.EncoderObs`)
+              market: Market, pool: torch.Tensor, cfg: BacktestConfig, gen: torch.Generator, bar, task,
+              mode: str = "taker") -> tuple:
+    """Continue the frozen policy's training (filled by ``mode``) with the C51 loss flowing into a
+    copy of the encoder; returns the fine-tuned policy network, its inputs (:class:`~alphamodel.rl.learner.EncoderObs`)
     and a report (the encoder's total absolute change, whether its gradients stayed finite)."""
     enc = copy.deepcopy(model).train()
     for m in enc.modules():
@@ -152,7 +152,7 @@ def fine_tune(learner: Learner, model, norm, data: CacheData, window: int, mu: t
                             {"params": enc.parameters(), "lr": cfg.c51.lr * 0.2}])
     ft = Learner(net, copy.deepcopy(net), obs, learner.z, opt, learner.tb_class, cfg.c51, learner.aux_w,
                  target_obs=copy.deepcopy(obs))
-    train_policy(ft, VecEnv(market, min(cfg.envs, 16), cfg.stride), pool, cfg.finetune_steps, gen,
+    train_policy(ft, fill_env(market, min(cfg.envs, 16), cfg, mode), pool, cfg.finetune_steps, gen,
                  fee_max=cfg.fee_max, reward_scale=cfg.reward_scale, bar=bar, task=task)
     grads_finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in enc.parameters())
     change = float(sum((p.detach() - before[n]).abs().sum() for n, p in enc.named_parameters()))
@@ -224,6 +224,7 @@ class FoldInputs:
     phead: np.ndarray
     tr_rows: np.ndarray
     te_rows: np.ndarray
+    logistic: np.ndarray | None = None
 
 
 def fold_inputs(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray) -> FoldInputs:
@@ -267,9 +268,11 @@ def horizon_seconds(run: Run, ts: np.ndarray, tr_s: np.ndarray) -> float:
     return float(np.mean(dts)) * run.cfg.c51.n_step if dts else 1.0
 
 
-def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int) -> tuple[Learner, Obs, int]:
-    """The C51 policy of fold ``k`` trained on the frozen embeddings of its training rows (``pool``:
-    the rows an episode may start at), its inputs, and its task on the progress bar ``bar``."""
+def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int, mode: str = "taker"
+                ) -> tuple[Learner, Obs, int]:
+    """The C51 policy of fold ``k`` trained, filled by ``mode``, on the frozen embeddings of its
+    training rows (``pool``: the rows an episode may start at), its inputs, and its task on the
+    progress bar ``bar``."""
     cfg, c, device = run.cfg, run.cfg.c51, run.device
     obs = Obs(fi.emb, cfg.fee_max)
     torch.manual_seed(cfg.seed + k)
@@ -278,16 +281,17 @@ def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_fol
     learner = Learner(net, copy.deepcopy(net), obs, run.z, torch.optim.Adam(net.parameters(), lr=c.lr), run.tb, c,
                       aux_w)
     n_steps = cfg.policy_steps + (cfg.finetune_steps if cfg.fine_tune else 0)
-    task = bar.add_task(f"fold {k} ({k + 1} of {n_folds}) c51", total=n_steps)
-    train_policy(learner, VecEnv(run.market, cfg.envs, cfg.stride), pool, cfg.policy_steps, run.gen,
+    what = "" if cfg.fills == ("taker",) else f", {mode} fills"
+    task = bar.add_task(f"fold {k} ({k + 1} of {n_folds}) c51{what}", total=n_steps)
+    train_policy(learner, fill_env(run.market, cfg.envs, cfg, mode), pool, cfg.policy_steps, run.gen,
                  fee_max=cfg.fee_max, reward_scale=cfg.reward_scale, bar=bar, task=task)
     return learner, obs, task
 
 
 def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: torch.Tensor, horizon_s: float,
-                    bar, task) -> tuple[dict, dict | None]:
+                    bar, task, mode: str = "taker") -> tuple[dict, dict | None]:
     """Every strategy of a fold (the C51 policies, then the rules in the summary's order) and the
-    fine-tune path's report (None without ``fine_tune``)."""
+    fine-tune path's report (None without ``fine_tune``); the fine-tune trains in ``mode``."""
     cfg, device, data, T = run.cfg, run.device, run.data, run.data.n_rows
     pol = functools.partial(c51_targets, z=run.z, rv=run.rv, cfg=cfg, horizon_s=horizon_s)
     strategies = {"c51": functools.partial(pol, learner.net, obs, kelly=cfg.kelly)}
@@ -296,10 +300,12 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
     ft_info = None
     if cfg.fine_tune:
         ft_net, ft_obs, ft_info = fine_tune(learner, fi.model, fi.norm, data, fi.window, fi.mu, fi.sd, run.market,
-                                            pool, cfg, run.gen, bar, task)
+                                            pool, cfg, run.gen, bar, task, mode)
         strategies["c51-finetune"] = functools.partial(pol, ft_net, ft_obs, kelly=cfg.kelly)
-    lab = np.full(T, np.nan)
-    lab[fi.te_rows] = logistic_scores(data, fi.tr_rows, fi.te_rows, run.h_pick, cfg.seed)
+    if fi.logistic is None:  # one fit per fold, whatever the fill modes
+        fi.logistic = np.full(T, np.nan)
+        fi.logistic[fi.te_rows] = logistic_scores(data, fi.tr_rows, fi.te_rows, run.h_pick, cfg.seed)
+    lab = fi.logistic
     direction = lambda p: rule(torch.as_tensor(threshold_dir(p, cfg.threshold), dtype=torch.float32,  # noqa: E731
                                                device=device))
     strategies.update({
@@ -311,9 +317,11 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
     return strategies, ft_info
 
 
-def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict) -> tuple[list[dict], dict]:
-    """The result rows of fold ``k`` (strategy x cost; the deflated Sharpe over the strategies tried
-    at this fold and cost) and each one's equity curve over the test sessions end to end."""
+def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict, mode: str = "taker"
+                 ) -> tuple[list[dict], dict]:
+    """The result rows of fold ``k`` filled by ``mode`` (strategy x cost; the deflated Sharpe over
+    the strategies tried at this fold, cost and mode; the fill statistics) and each one's equity
+    curve over the test sessions end to end, keyed ``(fold, cost, strategy, mode)``."""
     results, curves = [], {}
     J = len(te_s)
     for cost in run.cfg.costs:
@@ -329,32 +337,43 @@ def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict)
                 "trades_per_session": float(r["entries"].sum() / J), "turnover": float(r["turnover"].sum() / J),
                 "max_drawdown": max_drawdown(eq), "pnl_ticks": float(r["daily"].sum()),
                 "pnl_usd": float(r["daily"].sum() * run.market.tick_value), "psr": st["psr"],
-                "sharpe_daily": st["sharpe_daily"], "autocorr1": st["autocorr1"], "sessions": J})
-            curves[(k, cost, s)] = eq
+                "sharpe_daily": st["sharpe_daily"], "autocorr1": st["autocorr1"], "sessions": J, "fill": mode,
+                **{f"fill_{m}": v for m, v in r["fills"].items()}})
+            curves[(k, cost, s, mode)] = eq
     return results, curves
 
 
 def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarray, bar, n_folds: int) -> dict:
-    """Fold ``k`` (training sessions ``tr_s``, test sessions ``te_s``) end to end; writes its policy
-    (``policy_fold{k}.safetensors``) to ``run.tmp``. Returns ``results``, ``curves``, ``aux``
-    (:func:`aux_report`), ``fold`` (the summary's record of it) and ``embedding_dim``."""
+    """Fold ``k`` (training sessions ``tr_s``, test sessions ``te_s``) end to end, one policy per
+    fill mode (trained in the mode it is evaluated in); writes its policies
+    (``policy_fold{k}.safetensors`` for the first mode, ``policy_fold{k}_{mode}.safetensors`` for
+    the others) to ``run.tmp``. Returns ``results``, ``curves``, ``aux`` (:func:`aux_report`, of
+    the first mode's policy), ``fold`` (the summary's record of it) and ``embedding_dim``."""
     data, device = run.data, run.device
     fi = fold_inputs(run, k, tr_s, te_s)
     horizon_s = horizon_seconds(run, ts, tr_s)
     pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
-    learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds)
-    strategies, ft_info = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task)
-    ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg)
-    results, curves = fold_results(run, k, te_s, strategies, ev)
-    aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k)
-    state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in learner.net.state_dict().items()}
-    state.update({"emb.mean": fi.mu.cpu(), "emb.std": fi.sd.cpu(), "support": run.z.cpu()})
-    save_tensors(state, run.tmp / f"policy_fold{k}.safetensors", "alphamodel-c51-1")
+    results, curves, losses, ft_infos, aux = [], {}, {}, {}, None
+    for mode in run.cfg.fills:
+        learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds, mode)
+        strategies, ft_infos[mode] = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task, mode)
+        ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg, mode)
+        res, cur = fold_results(run, k, te_s, strategies, ev, mode)
+        results += res
+        curves.update(cur)
+        losses[mode] = float(np.mean(learner.losses[-20:])) if learner.losses else None
+        if aux is None:
+            aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k)
+        state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in learner.net.state_dict().items()}
+        state.update({"emb.mean": fi.mu.cpu(), "emb.std": fi.sd.cpu(), "support": run.z.cpu()})
+        name = f"policy_fold{k}.safetensors" if mode == run.cfg.fills[0] else f"policy_fold{k}_{mode}.safetensors"
+        save_tensors(state, run.tmp / name, "alphamodel-c51-1")
+    first = run.cfg.fills[0]
     fold = {
         "fold": k, "train_sessions": [data.segments[s].session for s in tr_s],
         "test_sessions": [data.segments[s].session for s in te_s],
         "train_rows": [int(fi.tr_rows.min()), int(fi.tr_rows.max())],
         "test_rows": [int(fi.te_rows.min()), int(fi.te_rows.max())],
-        "policy_loss_last": float(np.mean(learner.losses[-20:])) if learner.losses else None,
-        "horizon_s": horizon_s, "fine_tune": ft_info}
+        "policy_loss_last": losses[first], "policy_loss_last_by_fill": losses,
+        "horizon_s": horizon_s, "fine_tune": ft_infos[first]}
     return {"results": results, "curves": curves, "aux": aux, "fold": fold, "embedding_dim": fi.emb.shape[1]}
