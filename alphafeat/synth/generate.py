@@ -15,7 +15,7 @@ import numpy as np
 
 from alphafeat.synth.calendar import SCALES, _level, _session_vol, contracts_for, session_bounds, trade_dates
 from alphafeat.synth.ceiling import AUC_HORIZONS, AUC_PATHS, AUC_STATES, auc_ceiling
-from alphafeat.synth.planted import planted_path, write_planted
+from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, planted_path, write_planted
 from alphafeat.synth.simulator import (
     P_BAD_TS,
     P_CROSSED_PREOPEN,
@@ -82,7 +82,9 @@ def _session_job(
     """Simulate and write one session (and its planted-signal sidecar with ``signal_file``);
     returns the paths and a summary (JSON-able)."""
     t0, t1 = session_bounds(day)
-    sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal)
+    drift = DRIFT_HORIZONS if signal_file else ()
+    sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal,
+                             drift, DRIFT_PATHS)
     stem = f"glbx-mdp3-{day:%Y%m%d}"
     counts: dict[str, int] = {}
     n_mbp = sum(r.mbp.shape[0] for r in sess.runs.values())
@@ -113,11 +115,15 @@ def _session_job(
     if signal_file and lead is not None and lead.planted is not None:
         lc = next(c for c in sess.contracts if c.symbol == sess.leader)
         side = str(planted_path(out, day.isoformat()))
+        dr = {k: lead.drift[:, i] for i, k in enumerate(DRIFT_HORIZONS)} if lead.drift is not None else None
         write_planted(Path(side), lead.planted[0], lead.planted[1], {
             "instrument_id": lc.instrument_id, "raw_symbol": lc.symbol, "session": day.isoformat(),
             "signal": signal.strength, "signal_kind": signal.kind,
             "formula": "p_up = 1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1) after each event, bridge excluded "
-                       f"(s_B={signal.book}, s_H={signal.history})"})
+                       f"(s_B={signal.book}, s_H={signal.history})",
+            "drift_horizons": list(DRIFT_HORIZONS), "drift_paths": DRIFT_PATHS, "drift_unit": "ticks",
+            "drift_reliability": [round(float(r), 6) for r in lead.drift_reliability]
+            if lead.drift_reliability is not None else None}, dr)
     counts = {schema: counts[schema] for schema in schemas}  # in the order of ``schemas``
     inst = {}
     c_ids = {c.symbol: c.instrument_id for c in sess.contracts}

@@ -893,6 +893,119 @@ def _step_lead(rng, p, st, fst, om, op):
 
 
 @numba.njit(cache=True)
+def _lead_drift(p, st, fst):
+    """Expected mid change (ticks) of the leader's next event given its state before it, no
+    bridge: what :func:`_step_lead` draws, averaged over its random choices. NaN on a locked
+    book (the next event unlocks it: a deterministic move, taken as realised on a path's first
+    step; later on a path it undoes a lock of random side, mean 0). At a two-tick or
+    wider spread an order opens inside it w.p. ``fill`` on the bid w.p. ``u`` (+1/2 tick) else on
+    the ask (-1/2); at one tick the mid moves w.p. ``p_move x vol``, up w.p. ``u``, over
+    ``1 + Geometric(1/3)`` ticks w.p. ``P_JUMP`` (mean ``1 + 3 P_JUMP`` ticks), the last tick
+    only half w.p. ``widen`` (a two-tick spread, closed by a later fill); locks are symmetric
+    (mean 0); nothing else moves the mid."""
+    if st[_ILOCK] != 0:
+        return np.nan
+    sig = _planted(p, st, fst[_FFLOW] * p[_PHDECAY])
+    e = min(max(sig, -1.0), 1.0)  # 2u - 1
+    gap = st[_IA] - st[_IB]
+    if gap > 1:
+        return fst[_FFILL] * 0.5 * e
+    if gap == 1:
+        return p[_PMOVE] * fst[_FVOL] * e * (1.0 + 3.0 * p[_PJUMP] - 0.5 * fst[_FWIDEN])
+    return 0.0
+
+
+@numba.njit(cache=True)
+def _drift_paths(rng, p, st0, fst0, st, fst, horizons, n_paths, out, dm, dp, acc):
+    """Monte-Carlo continuations of the leader's state ``st0``, ``fst0`` (after an event) under
+    the true model without the bridge, over ``horizons`` (events, increasing).
+
+    On path r, ``S`` = the sum of :func:`_lead_drift` over the next h events (expected steps,
+    not realised ones: Rao-Blackwell; the first is exact and the same on every path) and ``Z`` =
+    the sum of (realised - expected) steps, a control variate of mean 0 (a realised move is
+    followed by the queue imbalance it leaves, which pulls the expected steps after it back).
+    ``out[h]`` (float64 (H, 5)) receives the paths' mean S, mean Z and the sums of squares and
+    products about the means (SS, ZZ, SZ); :func:`drift_estimate` combines them. The
+    continuation keeps the time of day's fill, widening and volatility of the event; nothing is
+    written (``dm``, ``dp``: one-record scratch buffers; ``acc``: float64 (n_paths, H, 2))."""
+    nh = horizons.shape[0]
+    kmax = horizons[nh - 1]
+    ref_own = np.zeros(1)
+    ref = _borrow(ref_own)
+    for r in range(n_paths):
+        st[:] = st0
+        fst[:] = fst0
+        for x in range(_ET, _CMBP + 1):  # no event context, nothing written
+            st[x] = 0
+        fst[_FREM] = 0.0  # no bridge: the close the mid is bridged to is not known
+        s_sum = 0.0
+        z_sum = 0.0
+        h = 0
+        for j in range(1, kmax + 1):
+            c = _lead_drift(p, st, fst)
+            m0 = st[_IB] + st[_IA]
+            _step(rng, p, ref, 0, st, fst, dm, dp)
+            d = 0.5 * (st[_IB] + st[_IA] - m0)
+            if np.isnan(c):  # a locked book: its unlock is deterministic from the first state;
+                # later in the path it undoes a lock of random side (mean 0): left in Z
+                c = d if j == 1 else 0.0
+            s_sum += c
+            z_sum += d - c
+            while h < nh and horizons[h] == j:
+                acc[r, h, 0] = s_sum
+                acc[r, h, 1] = z_sum
+                h += 1
+    for h in range(nh):
+        ms = 0.0
+        mz = 0.0
+        for r in range(n_paths):
+            ms += acc[r, h, 0]
+            mz += acc[r, h, 1]
+        ms /= n_paths
+        mz /= n_paths
+        ss = 0.0
+        zz = 0.0
+        sz = 0.0
+        for r in range(n_paths):
+            a = acc[r, h, 0] - ms
+            b = acc[r, h, 1] - mz
+            ss += a * a
+            zz += b * b
+            sz += a * b
+        out[h, 0] = ms
+        out[h, 1] = mz
+        out[h, 2] = ss
+        out[h, 3] = zz
+        out[h, 4] = sz
+    ref_own[0] = 0.0  # the owner stays alive to here
+
+
+def drift_estimate(stats: np.ndarray, n_paths: int) -> tuple[np.ndarray, np.ndarray]:
+    """The expected mid change per event and horizon from :func:`_drift_paths`' statistics.
+
+    ``stats`` float64 (n, H, 5) (mean S, mean Z, SS, ZZ, SZ per event and horizon). Per horizon,
+    over the session's events: the control-variate coefficient ``beta = sum SZ / sum ZZ``, the
+    estimate ``x = mean S - beta mean Z`` (unbiased for any beta: E[Z] = 0) and its Monte-Carlo
+    noise variance per event ``(SS - 2 beta SZ + beta^2 ZZ) / (M (M - 1))``; the noise left
+    would flatten a regression of the realised change on ``x`` by the reliability
+    ``R = 1 - mean noise / var(x)`` (errors in variables), so ``R x`` is returned: the expected
+    change given the Monte-Carlo estimate, around the no-signal mean 0 (shrinkage; R uses the
+    session's states, never its prices). Returns (drift float64 (n, H) ticks, R float64 (H,))."""
+    n, nh, _ = stats.shape
+    out = np.zeros((n, nh))
+    rel = np.ones(nh)
+    for h in range(nh):
+        ms, mz, ss, zz, sz = (stats[:, h, i] for i in range(5))
+        beta = float(sz.sum() / zz.sum()) if zz.sum() > 0 else 0.0
+        x = ms - beta * mz
+        noise = float(np.mean(ss - 2 * beta * sz + beta * beta * zz)) / max(n_paths * (n_paths - 1), 1)
+        var = float(np.mean(x * x)) if n else 0.0
+        rel[h] = min(1.0, max(0.0, 1.0 - noise / var)) if var > 0 else 1.0
+        out[:, h] = rel[h] * x
+    return out, rel
+
+
+@numba.njit(cache=True)
 def _mark_last(st, c0, c1, om, op):
     """Set F_LAST on the last MBO and MBP-10 record written since counts ``c0``, ``c1``."""
     if st[_CMBO] > c0 and st[_WMBO] != 0:
@@ -933,6 +1046,10 @@ def _simulate(
     lat_out,
     pup_out,
     rc_out,
+    rng_drift_own,
+    drift_h,
+    drift_n,
+    drift_out,
 ):
     """Run one instrument's session: opening snapshot, optional crossed pre-open and its
     uncrossing trade, then one :func:`_step` per event time.
@@ -953,7 +1070,11 @@ def _simulate(
     ``lat_out`` (empty, or one per event) receives the mid (ticks) after each event, and then
     ``pup_out`` the planted up-move probability of the next mid move known after the event
     (:func:`_planted` on the book after it, the flow decayed once more as the next event does;
-    no bridge) and ``rc_out`` the event's ts_recv (ns).
+    no bridge) and ``rc_out`` the event's ts_recv (ns). With ``drift_h`` (int64 horizons in
+    events, increasing; empty: skipped) ``drift_out[e]`` (H, 5) receives the Monte-Carlo
+    statistics of the mid change (ticks) over the ``drift_h[h]`` events after event ``e``, no
+    bridge (:func:`_drift_paths`, ``drift_n`` paths drawn from ``rng_drift_own``, so the records
+    do not change; :func:`drift_estimate` turns them into the expected change).
     Returns (n_mbo, n_mbp), or (-1, -1) when a buffer is too small.
     """
     tick = np.int64(p[_PTICK])
@@ -969,6 +1090,15 @@ def _simulate(
     p = _borrow(p)
     ref = _borrow(ref)
     rng = _borrow(rng_own)
+    rng_d = _borrow(rng_drift_own)
+    d_st_own = np.zeros(_NST, np.int64)
+    d_fst_own = np.zeros(_NFST)
+    d_m_own = np.zeros((1, _MBO_W), np.int64)
+    d_p_own = np.zeros((1, _MBP_W), np.int64)
+    d_acc_own = np.zeros((max(drift_n, 1), drift_h.shape[0], 2))
+    d_st, d_fst, d_m, d_p = _borrow(d_st_own), _borrow(d_fst_own), _borrow(d_m_own), _borrow(d_p_own)
+    d_acc = _borrow(d_acc_own)
+    keep_drift = drift_h.shape[0] > 0
     st[_IB] = b0
     st[_IA] = b0 + 1
     st[_IOID] = oid0
@@ -1049,6 +1179,8 @@ def _simulate(
             lat_out[e] = 0.5 * (st[_IB] + st[_IA])
             pup_out[e] = 0.5 + 0.5 * min(max(_planted(p, st, fst[_FFLOW] * p[_PHDECAY]), -1.0), 1.0)
             rc_out[e] = rc
+        if keep_drift:
+            _drift_paths(rng_d, p, st, fst, d_st, d_fst, drift_h, drift_n, drift_out[e], d_m, d_p, d_acc)
         _mark_last(st, c0, c1, om, op)
         stats[0] += 1
         if code == 3:
@@ -1064,6 +1196,7 @@ def _simulate(
     # the local owners stay alive to here (the views do not hold them; the caller holds the
     # arguments)
     fst_own[_FFLOW] = fst[_FFLOW]
+    d_st_own[0] = d_fst_own[0] + d_m_own[0, 0] + d_p_own[0, 0] + d_acc_own[0, 0, 0]
     return st_own[_CMBO], st_own[_CMBP]
 
 
@@ -1188,6 +1321,11 @@ class _InstrumentRun:
     latent: np.ndarray | None = None  # leading outright: its mid (ticks), 1 s grid
     # leading outright, per book event: ts_recv (int64 ns) and the planted p_up after it (float64)
     planted: tuple[np.ndarray, np.ndarray] | None = None
+    # leading outright with _Market.drift: expected mid change (ticks) over each horizon (n, H),
+    # and the mid (ticks) after each event
+    drift: np.ndarray | None = None
+    mid: np.ndarray | None = None
+    drift_reliability: np.ndarray | None = None  # (H,), see drift_estimate
 
 
 @dataclass
@@ -1201,6 +1339,10 @@ class _Market:
     seg: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     vol: np.ndarray
     signal: Signal
+    # the leader's expected mid change over these horizons (events) after each event, and the
+    # Monte-Carlo paths behind it (none: not computed)
+    drift: tuple[int, ...] = ()
+    drift_paths: int = 0
 
 
 def _simulate_instrument(
@@ -1257,12 +1399,17 @@ def _simulate_instrument(
     rc_ev = np.zeros(0, np.int64)
     lead = ref is None
     p_move = 0.0
+    drift_h = np.zeros(0, np.int64)
+    drift_ev = np.zeros((0, 0, 5))
     if lead:
         p_move = min(P_MOVE_MAX, (vol * abs(lat0)) ** 2 / max(n, 1))
         ref = np.zeros(1)
         lat_ev = np.empty(n)
         pup_ev = np.empty(n)
         rc_ev = np.empty(n, np.int64)
+        if mk.drift:
+            drift_h = np.array(sorted(mk.drift), np.int64)
+            drift_ev = np.empty((n, drift_h.shape[0], 5))
     p = _params(c, mk.signal, FOLLOW_TICKS if follow else 0.0, p_move)
     seg_fw = np.stack(
         [np.minimum(FILL_MAX, FILL_PER_ACTIVITY * mults), np.minimum(0.9, P_WIDEN * widen), mk.vol], axis=1
@@ -1324,6 +1471,10 @@ def _simulate_instrument(
             lat_ev,
             pup_ev,
             rc_ev,
+            _rng(seed, day, c.instrument_id, 6),
+            drift_h,
+            mk.drift_paths,
+            drift_ev,
         )
         logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
         if nm >= 0:
@@ -1340,7 +1491,11 @@ def _simulate_instrument(
         mid0 = b0 + 0.5
         latent = np.where(i >= 0, lat_ev[np.maximum(i, 0)] if n else mid0, mid0)
     planted = (rc_ev, pup_ev) if lead else None
-    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted)
+    drift = rel = None
+    if lead and drift_h.shape[0]:
+        drift, rel = drift_estimate(drift_ev, mk.drift_paths)
+    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted, drift,
+                          lat_ev if drift is not None else None, rel)
 
 
 @dataclass
@@ -1372,13 +1527,18 @@ def _simulate_session(
     bufs: _Buffers | None = None,
     write_mbo: bool = True,
     signal: Signal = Signal(),  # noqa: B008 (frozen dataclass)
+    drift: tuple[int, ...] = (),
+    drift_paths: int = 0,
 ) -> _Session:
     """Simulate every instrument of session ``day``. ``n_samples`` states of the leading outright
     are saved for the Monte-Carlo AUC ceiling; ``bufs``: a buffer pool for the records; without
-    ``write_mbo`` MBO records are only counted; ``signal``: the planted predictability."""
+    ``write_mbo`` MBO records are only counted; ``signal``: the planted predictability;
+    ``drift`` (horizons in events) and ``drift_paths``: the leader's expected mid change after
+    each event (:func:`_drift_paths`; ``_InstrumentRun.drift``)."""
     t0, t1 = session_bounds(day)
     seg = activity_segments(day, seed)
-    mk = _Market(t0, t1, seg, volatility_multipliers(day, seed, seg[0].shape[0]), signal)
+    mk = _Market(t0, t1, seg, volatility_multipliers(day, seed, seg[0].shape[0]), signal, tuple(drift),
+                 drift_paths if drift else 0)
     cons = contracts_for(day, contracts)
     s_open, s_close = _index_level(day, seed, scale)
     vol = _session_vol(scale, _level(day))
