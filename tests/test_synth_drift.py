@@ -9,7 +9,7 @@ import pytest
 from alphafeat import synth
 from alphafeat.errors import InputError
 from alphafeat.synth import simulator as sim
-from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, read_drift, write_planted
+from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, asof_events, read_drift, write_planted
 
 
 def _sessions(days: list[datetime.date], scale: float, signal: synth.Signal) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -67,3 +67,17 @@ def test_old_sidecar_without_drift_says_so(tmp_path) -> None:
     write_planted(path, np.arange(3, dtype=np.int64), np.full(3, 0.5), {}, {10: np.ones(3), 1: np.zeros(3)})
     ts, dr = read_drift(path)
     assert sorted(dr) == [1, 10] and dr[10].tolist() == [1.0] * 3
+
+
+def test_asof_events_matches_rows_to_their_own_event() -> None:
+    ev = np.array([10, 20, 20, 20, 30], np.int64)
+    rows = np.array([5, 10, 20, 20, 20, 20, 25, 30], np.int64)
+    # three rows stamped 20 take the three events stamped 20 in order; a fourth gets the last
+    assert asof_events(rows, ev).tolist() == [-1, 0, 1, 2, 3, 3, 3, 4]
+    rng = np.random.default_rng(0)
+    ev = np.sort(rng.integers(0, 200, 500))
+    rows = np.sort(rng.integers(0, 200, 400))
+    j = asof_events(rows, ev)
+    ok = j >= 0
+    assert np.all(ev[j[ok]] <= rows[ok])  # never an event stamped after the row
+    assert np.all((ev <= rows[~ok][:, None]).sum(1) == 0) if (~ok).any() else True

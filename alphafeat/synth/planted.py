@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DRIFT_HORIZONS", "DRIFT_PATHS", "SIGNAL_SUFFIX", "asof", "drift_column", "planted_path", "read_drift",
-           "read_planted", "write_planted"]
+__all__ = ["DRIFT_HORIZONS", "DRIFT_PATHS", "SIGNAL_SUFFIX", "asof", "asof_events", "drift_column", "planted_path",
+           "read_drift", "read_planted", "write_planted"]
 
 #: Name suffix of a session's sidecar.
 SIGNAL_SUFFIX = "signal.arrow"
@@ -151,3 +151,24 @@ def asof(ts_rows: np.ndarray, ts_recv: np.ndarray, values: np.ndarray) -> np.nda
     i = np.searchsorted(ts_recv, ts_rows, side="right") - 1
     out = np.asarray(values, np.float64)[np.maximum(i, 0)] if len(values) else np.zeros(len(ts_rows))
     return np.where(i >= 0, out, np.nan)
+
+
+def asof_events(ts_rows: np.ndarray, ts_recv: np.ndarray) -> np.ndarray:
+    """Index of each row's own event: rows (int64 ns, non-decreasing, one per event of the
+    front month, as its cache's rows are) matched to events (``ts_recv`` non-decreasing) by
+    time and, among those sharing one ts_recv, by order: the j-th row stamped t gets the j-th
+    event stamped t (at most the last one stamped t); -1 before the first event. int64 (n,).
+
+    Several events often share a ts_recv (the feed's latency can bunch them); :func:`asof`
+    gives all their rows the last one's values, which for ``drift_K`` misaligns the horizon
+    (the realised change from the row would include moves the value already counts as past).
+    Never looks ahead: a row gets no event stamped after it."""
+    tr = np.asarray(ts_rows, np.int64)
+    te = np.asarray(ts_recv, np.int64)
+    lo = np.searchsorted(te, tr, side="left")
+    hi = np.searchsorted(te, tr, side="right") - 1
+    if tr.size == 0:
+        return hi
+    start = np.r_[0, np.flatnonzero(np.diff(tr) != 0) + 1]
+    rank = np.arange(tr.size) - np.repeat(start, np.diff(np.r_[start, tr.size]))
+    return np.where(hi >= 0, np.minimum(lo + rank, hi), -1)
