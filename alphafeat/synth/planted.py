@@ -21,9 +21,11 @@ the session's leading outright (the generator's front month), in event order:
   :func:`alphafeat.synth.simulator._drift_paths`): on each path the sum of the expected steps
   (:func:`alphafeat.synth.simulator._lead_drift`: what the next event moves the mid by on
   average: the move or fill probability x (2 u - 1) x the ticks a move covers), a realised-
-  minus-expected control variate, then scaled by the estimate's reliability (the share of its
-  variance that is not Monte-Carlo noise, :func:`alphafeat.synth.simulator.drift_estimate`), so
-  that regressing the realised change on it gives slope 1 (``tests/test_synth_drift.py``).
+  minus-expected control variate, then the best linear predictor of the true drift given every
+  horizon's estimate (:func:`alphafeat.synth.simulator.drift_estimate`: the Monte-Carlo noise
+  measured from the paths, so that regressing the realised change on it gives slope 1,
+  ``tests/test_synth_drift.py``; ``drift_reliability`` in the metadata: the share of the true
+  drift's variance it carries, about 0.95 at K = 10 and 0.75-0.8 at K = 200 on quiet sessions).
   One event of the front month is one row of its cache (each writes one MBP-10 record with
   F_LAST), so K events = K rows of the backtest's stride.
 

@@ -916,18 +916,19 @@ def _lead_drift(p, st, fst):
 
 
 @numba.njit(cache=True)
-def _drift_paths(rng, p, st0, fst0, st, fst, horizons, n_paths, out, dm, dp, acc):
+def _drift_paths(rng, p, st0, fst0, st, fst, horizons, n_paths, out, w, dm, dp, acc):
     """Monte-Carlo continuations of the leader's state ``st0``, ``fst0`` (after an event) under
-    the true model without the bridge, over ``horizons`` (events, increasing).
+    the true model without the bridge, over ``horizons`` (H events, increasing).
 
-    On path r, ``S`` = the sum of :func:`_lead_drift` over the next h events (expected steps,
-    not realised ones: Rao-Blackwell; the first is exact and the same on every path) and ``Z`` =
-    the sum of (realised - expected) steps, a control variate of mean 0 (a realised move is
-    followed by the queue imbalance it leaves, which pulls the expected steps after it back).
-    ``out[h]`` (float64 (H, 5)) receives the paths' mean S, mean Z and the sums of squares and
-    products about the means (SS, ZZ, SZ); :func:`drift_estimate` combines them. The
-    continuation keeps the time of day's fill, widening and volatility of the event; nothing is
-    written (``dm``, ``dp``: one-record scratch buffers; ``acc``: float64 (n_paths, H, 2))."""
+    On path r, ``S_h`` = the sum of :func:`_lead_drift` over the next ``horizons[h]`` events
+    (expected steps, not realised ones: Rao-Blackwell; the first is exact and the same on every
+    path) and ``Z_h`` = the sum of (realised - expected) steps, a control variate of mean 0 (a
+    realised move is followed by the queue imbalance it leaves, which pulls the expected steps
+    after it back). ``out`` (float64 (H, 2)) receives the paths' mean S and mean Z; ``w``
+    (float64 (2H, 2H)) accumulates the paths' sums of products of (S, Z) about their means
+    (pooled over events by :func:`drift_estimate`). The continuation keeps the time of day's
+    fill, widening and volatility of the event; nothing is written (``dm``, ``dp``: one-record
+    scratch buffers; ``acc``: float64 (n_paths, 2H))."""
     nh = horizons.shape[0]
     kmax = horizons[nh - 1]
     ref_own = np.zeros(1)
@@ -952,57 +953,71 @@ def _drift_paths(rng, p, st0, fst0, st, fst, horizons, n_paths, out, dm, dp, acc
             s_sum += c
             z_sum += d - c
             while h < nh and horizons[h] == j:
-                acc[r, h, 0] = s_sum
-                acc[r, h, 1] = z_sum
+                acc[r, h] = s_sum
+                acc[r, nh + h] = z_sum
                 h += 1
-    for h in range(nh):
-        ms = 0.0
-        mz = 0.0
+    m = 2 * nh
+    for a in range(m):
+        mean = 0.0
         for r in range(n_paths):
-            ms += acc[r, h, 0]
-            mz += acc[r, h, 1]
-        ms /= n_paths
-        mz /= n_paths
-        ss = 0.0
-        zz = 0.0
-        sz = 0.0
+            mean += acc[r, a]
+        mean /= n_paths
+        if a < nh:
+            out[a, 0] = mean
+        else:
+            out[a - nh, 1] = mean
         for r in range(n_paths):
-            a = acc[r, h, 0] - ms
-            b = acc[r, h, 1] - mz
-            ss += a * a
-            zz += b * b
-            sz += a * b
-        out[h, 0] = ms
-        out[h, 1] = mz
-        out[h, 2] = ss
-        out[h, 3] = zz
-        out[h, 4] = sz
+            acc[r, a] -= mean
+    for a in range(m):
+        for b in range(a, m):
+            t = 0.0
+            for r in range(n_paths):
+                t += acc[r, a] * acc[r, b]
+            w[a, b] += t
+            if b != a:
+                w[b, a] += t
     ref_own[0] = 0.0  # the owner stays alive to here
 
 
-def drift_estimate(stats: np.ndarray, n_paths: int) -> tuple[np.ndarray, np.ndarray]:
+def drift_estimate(means: np.ndarray, w: np.ndarray, n_paths: int) -> tuple[np.ndarray, np.ndarray]:
     """The expected mid change per event and horizon from :func:`_drift_paths`' statistics.
 
-    ``stats`` float64 (n, H, 5) (mean S, mean Z, SS, ZZ, SZ per event and horizon). Per horizon,
-    over the session's events: the control-variate coefficient ``beta = sum SZ / sum ZZ``, the
-    estimate ``x = mean S - beta mean Z`` (unbiased for any beta: E[Z] = 0) and its Monte-Carlo
-    noise variance per event ``(SS - 2 beta SZ + beta^2 ZZ) / (M (M - 1))``; the noise left
-    would flatten a regression of the realised change on ``x`` by the reliability
-    ``R = 1 - mean noise / var(x)`` (errors in variables), so ``R x`` is returned: the expected
-    change given the Monte-Carlo estimate, around the no-signal mean 0 (shrinkage; R uses the
-    session's states, never its prices). Returns (drift float64 (n, H) ticks, R float64 (H,))."""
-    n, nh, _ = stats.shape
-    out = np.zeros((n, nh))
-    rel = np.ones(nh)
-    for h in range(nh):
-        ms, mz, ss, zz, sz = (stats[:, h, i] for i in range(5))
-        beta = float(sz.sum() / zz.sum()) if zz.sum() > 0 else 0.0
-        x = ms - beta * mz
-        noise = float(np.mean(ss - 2 * beta * sz + beta * beta * zz)) / max(n_paths * (n_paths - 1), 1)
-        var = float(np.mean(x * x)) if n else 0.0
-        rel[h] = min(1.0, max(0.0, 1.0 - noise / var)) if var > 0 else 1.0
-        out[:, h] = rel[h] * x
-    return out, rel
+    ``means`` float64 (n, H, 2): the paths' mean S and Z per event and horizon; ``w`` float64
+    (2H, 2H): the within-event sums of products of (S, Z), pooled over the n events. With the
+    per-path covariance ``C = w / (n (M - 1))`` (M = ``n_paths``):
+
+    1. control variate per horizon: ``v_h = mean S_h - beta_h mean Z_h``, ``beta_h = C_SZ / C_ZZ``
+       (unbiased for any beta: E[Z] = 0); its Monte-Carlo noise covariance ``N = A C A' / M``;
+    2. the noise left would flatten a regression of the realised change on ``v`` (errors in
+       variables), so ``v`` is replaced by the best linear predictor of the true drift given all
+       horizons' estimates, ``E[x | v] = v Sigma^-1 (Sigma - N)`` (``Sigma = v'v / n``, the model's
+       mean being 0; the true drifts' covariance ``Sigma - N`` with negative eigenvalues
+       clipped): the long horizons borrow the short ones' precision, and a regression of the
+       realised change on it has slope 1. Only the session's states enter, never its prices.
+
+    Returns (drift float64 (n, H) ticks, reliability float64 (H,): the share of each horizon's
+    true-drift variance the estimate carries)."""
+    n, nh, _ = means.shape
+    if n == 0 or n_paths < 2:
+        return means[:, :, 0].copy(), np.ones(nh)
+    c = w / (n * (n_paths - 1))
+    idx = np.arange(nh)
+    czz = c[nh + idx, nh + idx]
+    beta = np.where(czz > 0, c[idx, nh + idx] / np.where(czz > 0, czz, 1.0), 0.0)
+    a = np.zeros((nh, 2 * nh))
+    a[idx, idx] = 1.0
+    a[idx, nh + idx] = -beta
+    v = means[:, :, 0] - beta * means[:, :, 1]
+    noise = a @ c @ a.T / n_paths
+    sigma = v.T @ v / n
+    lam, vec = np.linalg.eigh(sigma - noise)
+    sx = (vec * np.maximum(lam, 0.0)) @ vec.T
+    coef = np.linalg.pinv(sigma, rcond=1e-10, hermitian=True) @ sx
+    drift = v @ coef
+    expl = np.diag(sx @ coef)
+    true = np.diag(sx)
+    rel = np.where(true > 0, expl / np.where(true > 0, true, 1.0), 1.0)
+    return drift, np.clip(rel, 0.0, 1.0)
 
 
 @numba.njit(cache=True)
@@ -1050,6 +1065,7 @@ def _simulate(
     drift_h,
     drift_n,
     drift_out,
+    drift_w,
 ):
     """Run one instrument's session: opening snapshot, optional crossed pre-open and its
     uncrossing trade, then one :func:`_step` per event time.
@@ -1071,10 +1087,11 @@ def _simulate(
     ``pup_out`` the planted up-move probability of the next mid move known after the event
     (:func:`_planted` on the book after it, the flow decayed once more as the next event does;
     no bridge) and ``rc_out`` the event's ts_recv (ns). With ``drift_h`` (int64 horizons in
-    events, increasing; empty: skipped) ``drift_out[e]`` (H, 5) receives the Monte-Carlo
-    statistics of the mid change (ticks) over the ``drift_h[h]`` events after event ``e``, no
-    bridge (:func:`_drift_paths`, ``drift_n`` paths drawn from ``rng_drift_own``, so the records
-    do not change; :func:`drift_estimate` turns them into the expected change).
+    events, increasing; empty: skipped) ``drift_out[e]`` (H, 2) and ``drift_w`` (2H, 2H) receive
+    the Monte-Carlo statistics of the mid change (ticks) over the ``drift_h[h]`` events after
+    event ``e``, no bridge (:func:`_drift_paths`, ``drift_n`` paths drawn from
+    ``rng_drift_own``, so the records do not change; :func:`drift_estimate` turns them into the
+    expected change).
     Returns (n_mbo, n_mbp), or (-1, -1) when a buffer is too small.
     """
     tick = np.int64(p[_PTICK])
@@ -1095,7 +1112,7 @@ def _simulate(
     d_fst_own = np.zeros(_NFST)
     d_m_own = np.zeros((1, _MBO_W), np.int64)
     d_p_own = np.zeros((1, _MBP_W), np.int64)
-    d_acc_own = np.zeros((max(drift_n, 1), drift_h.shape[0], 2))
+    d_acc_own = np.zeros((max(drift_n, 1), 2 * drift_h.shape[0]))
     d_st, d_fst, d_m, d_p = _borrow(d_st_own), _borrow(d_fst_own), _borrow(d_m_own), _borrow(d_p_own)
     d_acc = _borrow(d_acc_own)
     keep_drift = drift_h.shape[0] > 0
@@ -1180,7 +1197,7 @@ def _simulate(
             pup_out[e] = 0.5 + 0.5 * min(max(_planted(p, st, fst[_FFLOW] * p[_PHDECAY]), -1.0), 1.0)
             rc_out[e] = rc
         if keep_drift:
-            _drift_paths(rng_d, p, st, fst, d_st, d_fst, drift_h, drift_n, drift_out[e], d_m, d_p, d_acc)
+            _drift_paths(rng_d, p, st, fst, d_st, d_fst, drift_h, drift_n, drift_out[e], drift_w, d_m, d_p, d_acc)
         _mark_last(st, c0, c1, om, op)
         stats[0] += 1
         if code == 3:
@@ -1196,7 +1213,7 @@ def _simulate(
     # the local owners stay alive to here (the views do not hold them; the caller holds the
     # arguments)
     fst_own[_FFLOW] = fst[_FFLOW]
-    d_st_own[0] = d_fst_own[0] + d_m_own[0, 0] + d_p_own[0, 0] + d_acc_own[0, 0, 0]
+    d_st_own[0] = d_fst_own[0] + d_m_own[0, 0] + d_p_own[0, 0] + d_acc_own[0, 0]
     return st_own[_CMBO], st_own[_CMBP]
 
 
@@ -1400,7 +1417,8 @@ def _simulate_instrument(
     lead = ref is None
     p_move = 0.0
     drift_h = np.zeros(0, np.int64)
-    drift_ev = np.zeros((0, 0, 5))
+    drift_ev = np.zeros((0, 0, 2))
+    drift_w = np.zeros((0, 0))
     if lead:
         p_move = min(P_MOVE_MAX, (vol * abs(lat0)) ** 2 / max(n, 1))
         ref = np.zeros(1)
@@ -1409,7 +1427,7 @@ def _simulate_instrument(
         rc_ev = np.empty(n, np.int64)
         if mk.drift:
             drift_h = np.array(sorted(mk.drift), np.int64)
-            drift_ev = np.empty((n, drift_h.shape[0], 5))
+            drift_ev = np.empty((n, drift_h.shape[0], 2))
     p = _params(c, mk.signal, FOLLOW_TICKS if follow else 0.0, p_move)
     seg_fw = np.stack(
         [np.minimum(FILL_MAX, FILL_PER_ACTIVITY * mults), np.minimum(0.9, P_WIDEN * widen), mk.vol], axis=1
@@ -1443,6 +1461,8 @@ def _simulate_instrument(
             mbo = bufs.get(("mbo", slot), MBO_DTYPE, cap_m)
             mbp = bufs.get(("mbp", slot), MBP10_DTYPE, cap_p)
         stats = np.zeros(8, np.int64)
+        if drift_h.shape[0]:
+            drift_w = np.zeros((2 * drift_h.shape[0], 2 * drift_h.shape[0]))
         tk = time.perf_counter()
         nm, npp = _simulate(
             _rng(seed, day, c.instrument_id, 2),
@@ -1475,6 +1495,7 @@ def _simulate_instrument(
             drift_h,
             mk.drift_paths,
             drift_ev,
+            drift_w,
         )
         logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
         if nm >= 0:
@@ -1493,7 +1514,7 @@ def _simulate_instrument(
     planted = (rc_ev, pup_ev) if lead else None
     drift = rel = None
     if lead and drift_h.shape[0]:
-        drift, rel = drift_estimate(drift_ev, mk.drift_paths)
+        drift, rel = drift_estimate(drift_ev, drift_w, mk.drift_paths)
     return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted, drift,
                           lat_ev if drift is not None else None, rel)
 
