@@ -13,6 +13,9 @@ how many sessions an interval would need to resolve an effect.
 * :func:`sessions_needed`: an interval's half-width shrinks as ``1 / sqrt(n)`` (the standard
   error of a mean of i.i.d. sessions), so the half-width ``h`` measured at ``n`` sessions falls
   below an effect ``e`` at about ``n (h / e)^2`` sessions.
+* :func:`head_verdict`: whether a K-class head learns: its balanced accuracy (mean per-class
+  recall; chance = 1/K whatever the class balance) with a percentile-bootstrap interval over
+  the decisions; it learns only when the interval's lower end is above 1/K.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import math
 
 import numpy as np
 
-__all__ = ["MIN_SHARPE_SESSIONS", "bootstrap_ci", "needed_note", "session_readout", "sessions_needed"]
+__all__ = ["MIN_SHARPE_SESSIONS", "balanced_accuracy_ci", "bootstrap_ci", "head_verdict", "needed_note",
+           "session_readout", "sessions_needed"]
 
 #: Fewest test sessions for a Sharpe ratio to be reported (see the module docstring).
 MIN_SHARPE_SESSIONS = 10
@@ -94,3 +98,51 @@ def session_readout(daily: np.ndarray, min_sessions: int = MIN_SHARPE_SESSIONS, 
                        f"error is about {math.sqrt(252 / max(n, 1)):.0f} annualised); PnL per session with its 95% "
                        "bootstrap interval instead")
     return out
+
+
+def _balanced(pred: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
+    """Balanced accuracy of each row of ``pred``, ``y`` (B, n) int: the mean over the classes
+    present in that row's ``y`` of the recall."""
+    rec = []
+    for c in range(k):
+        m = y == c
+        cnt = m.sum(-1)
+        hit = (m & (pred == c)).sum(-1)
+        rec.append(np.where(cnt > 0, hit / np.maximum(cnt, 1), np.nan))
+    return np.nanmean(np.stack(rec), axis=0)
+
+
+def balanced_accuracy_ci(pred: np.ndarray, y: np.ndarray, k: int = 3, level: float = LEVEL, n_boot: int = N_BOOT,
+                         seed: int = 0) -> tuple[float, float, float]:
+    """Balanced accuracy (mean per-class recall over the classes present) of predictions
+    ``pred`` for labels ``y`` (int arrays (n,), classes 0..k-1) and its percentile-bootstrap
+    interval (decisions resampled with replacement): ``(ba, lo, hi)``; NaNs with no decision."""
+    pred = np.asarray(pred, np.int64)
+    y = np.asarray(y, np.int64)
+    if y.size == 0:
+        return math.nan, math.nan, math.nan
+    ba = float(_balanced(pred[None], y[None], k)[0])
+    rng = np.random.default_rng(seed)
+    boot = np.concatenate([_balanced(pred[i], y[i], k)
+                           for i in (rng.integers(0, y.size, (min(200, n_boot - b), y.size))
+                                     for b in range(0, n_boot, 200))])
+    a = (1 - level) / 2
+    return ba, float(np.nanquantile(boot, a)), float(np.nanquantile(boot, 1 - a))
+
+
+def head_verdict(pred: np.ndarray, y: np.ndarray, k: int = 3, seed: int = 0) -> dict:
+    """Does a K-class head learn? ``{"balanced_accuracy", "interval", "chance", "decisions",
+    "learns", "note"}``: it learns when the 95% interval of its balanced accuracy
+    (:func:`balanced_accuracy_ci`) lies above chance ``1/k``."""
+    ba, lo, hi = balanced_accuracy_ci(pred, y, k, seed=seed)
+    chance = 1.0 / k
+    learns = bool(math.isfinite(lo) and lo > chance)
+    if not math.isfinite(ba):
+        note = "no test decision with a label: not measured"
+    elif learns:
+        note = f"learns: balanced accuracy {ba:.3f}, 95% interval [{lo:.3f}, {hi:.3f}] above chance {chance:.3f}"
+    else:
+        note = (f"does not learn: balanced accuracy {ba:.3f}, 95% interval [{lo:.3f}, {hi:.3f}] does not exclude "
+                f"chance {chance:.3f} from above")
+    return {"balanced_accuracy": ba, "interval": [lo, hi], "chance": chance, "decisions": int(np.size(y)),
+            "learns": learns, "note": note}

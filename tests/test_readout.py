@@ -6,7 +6,15 @@ import math
 import numpy as np
 import pytest
 
-from alphamodel.readout import MIN_SHARPE_SESSIONS, bootstrap_ci, needed_note, session_readout, sessions_needed
+from alphamodel.readout import (
+    MIN_SHARPE_SESSIONS,
+    balanced_accuracy_ci,
+    bootstrap_ci,
+    head_verdict,
+    needed_note,
+    session_readout,
+    sessions_needed,
+)
 from alphamodel.sharpe import sharpe_stats
 
 
@@ -53,3 +61,21 @@ def test_sharpe_only_with_enough_sessions(n):
         assert r["sharpe"] is None and not r["sharpe_reportable"] and "bootstrap" in r["note"]
     else:
         assert r["sharpe"] == pytest.approx(sharpe_stats(d)["sharpe"]) and r["psr"] is not None
+
+
+def test_balanced_accuracy_by_hand_and_verdicts():
+    y = np.array([0, 0, 1, 1, 2, 2, 2, 2])
+    pred = np.array([0, 1, 1, 1, 2, 2, 0, 0])  # recalls 1/2, 1, 1/2
+    ba, lo, hi = balanced_accuracy_ci(pred, y)
+    assert ba == pytest.approx(2 / 3) and lo <= ba <= hi
+    import torch
+
+    from alphamodel.c51 import balanced_accuracy
+    assert ba == pytest.approx(balanced_accuracy(torch.as_tensor(pred), torch.as_tensor(y)))
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 3000)
+    assert not head_verdict(np.ones(3000, np.int64), y)["learns"]  # always one class: 1/3
+    assert not head_verdict(rng.integers(0, 3, 3000), y)["learns"]  # guessing
+    good = np.where(rng.random(3000) < 0.5, y, rng.integers(0, 3, 3000))  # right half the time
+    v = head_verdict(good, y)
+    assert v["learns"] and v["interval"][0] > 1 / 3 and "learns" in v["note"]
