@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DEFAULT_BLOCKS", "PBOResult", "block_count", "pbo", "plot_logits"]
+__all__ = ["DEFAULT_BLOCKS", "PBOResult", "block_count", "pbo", "pbo_section", "plot_logits"]
 
 #: Blocks of the CSCV (the paper's S; its experiments use 16).
 DEFAULT_BLOCKS = 16
@@ -196,3 +196,29 @@ def plot_logits(result: PBOResult, path: str | Path, title: str = "") -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def pbo_section(trials: dict[str, np.ndarray], out_dir: str | Path | None = None, name: str = "pbo_logits.png",
+                title: str = "", blocks: int = DEFAULT_BLOCKS) -> dict:
+    """The ``pbo`` entry of a backtest summary: the PBO of ``trials`` (trial name -> PnL per
+    test session, float (T,), the same T sessions in time order for every trial; non-finite
+    values count as 0: no trade) with its logit histogram ``out_dir / name`` (when given).
+
+    Returns :meth:`PBOResult.summary` plus ``trial_names`` and ``plot`` (the PNG's name), or
+    ``{"pbo": None, "note": ...}`` when there are fewer than 2 trials or 4 sessions."""
+    names = sorted(trials)
+    if len(names) < 2:
+        return {"pbo": None, "note": f"{len(names)} trial(s): the PBO needs at least 2"}
+    lens = {len(trials[n]) for n in names}
+    if len(lens) != 1:
+        raise ValueError(f"trials cover different numbers of sessions: {sorted(lens)}")
+    m = np.nan_to_num(np.stack([np.asarray(trials[n], np.float64) for n in names], axis=1), nan=0.0,
+                      posinf=0.0, neginf=0.0)
+    if m.shape[0] < 4:
+        return {"pbo": None, "note": f"{m.shape[0]} test session(s): the PBO (CSCV) needs at least 4"}
+    res = pbo(m, blocks)
+    out = {**res.summary(), "trial_names": names}
+    if out_dir is not None:
+        plot_logits(res, Path(out_dir) / name, title)
+        out["plot"] = name
+    return out

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from alphamodel.overfit import block_count, pbo, plot_logits
+from alphamodel.overfit import block_count, pbo, pbo_section, plot_logits
 
 
 def _slow_pbo(m: np.ndarray, S: int) -> tuple[float, np.ndarray]:
@@ -94,3 +94,13 @@ def test_real_edge_gives_small_pbo(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     s = r.summary()
     assert s["pbo"] == r.pbo and len(s["logit_quartiles"]) == 3
+
+
+def test_pbo_section_for_a_summary(tmp_path):
+    rng = np.random.default_rng(4)
+    trials = {f"s{i}@0.25": rng.standard_normal(20) for i in range(4)}
+    sec = pbo_section(trials, tmp_path, "pbo.png", "mid")
+    assert sec["trial_names"] == sorted(trials) and sec["blocks"] == 10 and 0 <= sec["pbo"] <= 1
+    assert (tmp_path / "pbo.png").is_file() and sec["plot"] == "pbo.png"
+    assert pbo_section({"a": np.zeros(3), "b": np.ones(3)})["pbo"] is None
+    assert pbo_section({"a": np.zeros(9)})["pbo"] is None
