@@ -42,7 +42,7 @@ def reserve(tag: str, shape: tuple[int, ...], dtype: type | np.dtype) -> np.ndar
 
 def release() -> int:
     """Drop every kept buffer (memory goes back once no array refers to it); returns how many.
-    :func:`alphafeat.pipeline.precompute` calls it when it returns, so a notebook keeps none."""
+    :func:`alphafeat.precompute.precompute` calls it when it returns, so a notebook keeps none."""
     with _LOCK:
         n = len(_KEPT)
         _KEPT.clear()

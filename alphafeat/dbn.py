@@ -794,7 +794,7 @@ def read_dbn(
     """Read a whole DBN file: header and all (kept) records, per rtype, in memory.
 
     For files larger than memory use :class:`RecordScanner` or
-    :func:`alphafeat.segment.build_book` (one instrument of one session, chunk by chunk).
+    :func:`alphafeat.precompute.books.build_book` (one instrument of one session, chunk by chunk).
 
     Parameters
     ----------

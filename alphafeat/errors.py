@@ -34,6 +34,21 @@ class AlphafeatError(Exception):
 
     exit_code = 1
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its class, message and attributes (``path``, ``offset``, ``option``, ...),
+        so that an error a worker process raises reaches the parent as itself: the default
+        rebuilds it by calling the class with the message alone, which the subclasses'
+        signatures refuse."""
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[AlphafeatError], args: tuple, state: dict) -> AlphafeatError:
+    """An error of ``cls`` with ``args`` and attributes ``state``, without calling its ``__init__``."""
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
 
 def _show(value: object) -> str:
     """A value as an error line shows it: strings quoted, sequences comma-joined."""

@@ -94,7 +94,7 @@ def direction_labels(
     Notes
     -----
     Whole-segment numpy (no numba kernel to load: a relabelled partition's new horizons,
-    :func:`alphafeat.pipeline.relabel_table`); the same values, bit for bit, as the row kernel
+    :func:`alphafeat.precompute.relabel.relabel_table`); the same values, bit for bit, as the row kernel
     :func:`_direction_h` that :class:`LabelStream` runs (the same float64 difference and the
     same comparisons; ``tests/test_segment.py``).
     """

@@ -1,6 +1,6 @@
 """Plan: one cheap pass over the inputs that gives the front-month schedule and the segments.
 
-A *segment* is the unit of work, memory and resumption of :func:`alphafeat.pipeline.precompute`:
+A *segment* is the unit of work, memory and resumption of :func:`alphafeat.precompute.precompute`:
 one CME Globex trade session x one chosen instrument x the files that hold its records. The
 plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
 
@@ -30,11 +30,9 @@ import importlib
 import json
 import logging
 import os
-import pickle
 import re
 import signal
 import threading
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from alphafeat import kept as kept_data
 from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
 from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
@@ -270,28 +269,15 @@ def _groups_of(survey: dict, schema: str) -> dict[tuple[int, int], list]:
 
 
 def _load_kept(kept: Path) -> object | None:
-    """What :func:`_keep` kept at ``kept``, or None when there is none or it cannot be read."""
-    if kept.is_file():
-        try:
-            with open(kept, "rb") as fh:
-                return pickle.load(fh)
-        except (OSError, pickle.PickleError, EOFError, AttributeError, ImportError, TypeError, ValueError):
-            pass
-    return None
+    """What :func:`_keep` kept at ``kept``, or None when there is none or it cannot be read
+    (:func:`alphafeat.kept.load`: JSON data, never code)."""
+    return kept_data.load(kept, (Plan, Segment, DBNFile, Choice))
 
 
 def _keep(kept: Path, obj: object, what: str) -> None:
-    """Pickle ``obj`` to ``kept`` atomically (a temporary file renamed); a write refused (disk
+    """Keep ``obj`` at ``kept`` atomically (:func:`alphafeat.kept.dump`); a write refused (disk
     full, ...) is logged and costs only the next run the work again."""
-    tmp = kept.with_name(f".{kept.name}.{uuid.uuid4().hex[:8]}")
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
-            pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, kept)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        log.warning("%s: %s not kept (%s)", kept, what, e.strerror or e)
+    kept_data.dump(kept, obj, what)
 
 
 def _kept_scan(path: Path, store: str | None) -> tuple[Path | None, dict | None]:
@@ -299,14 +285,15 @@ def _kept_scan(path: Path, store: str | None) -> tuple[Path | None, dict | None]
     (None when there is none, or it cannot be read)."""
     if not store:
         return None, None
-    kept = Path(store) / f"{_survey_key(path)}.pkl"
-    return kept, _load_kept(kept)
+    kept = Path(store) / f"{_survey_key(path)}.json"
+    scan = _load_kept(kept)
+    return kept, scan if isinstance(scan, dict) and "by_rtype" in scan else None
 
 
 def _survey(path: str, trades_only: bool, kept: Path | None) -> dict:
     """One task: the scan of ``path``, kept at ``kept`` (its place in the store, found by
-    :func:`_run_surveys`, which reads the scans kept there; None: not kept). Errors are
-    returned (an InputError does not survive pickling)."""
+    :func:`_run_surveys`, which reads the scans kept there; None: not kept). A bad file's
+    InputError is returned (the other tasks go on), itself."""
     p = Path(path)
     try:
         res = _scan_file(p, trades_only)
@@ -314,7 +301,7 @@ def _survey(path: str, trades_only: bool, kept: Path | None) -> dict:
             _keep(kept, res, f"scan of {p}")
         return res
     except InputError as e:
-        return {"error": (e.path, e.problem, e.offset, e.record)}
+        return {"error": e}
 
 
 def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
@@ -344,7 +331,8 @@ def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
 
 
 def _frozen(plan: Plan) -> dict:
-    """``plan`` as picklable data (a header's ``databento_dbn.Metadata`` as its encoded bytes)."""
+    """``plan`` as data :func:`alphafeat.kept.encode` keeps (a header's ``databento_dbn.Metadata`` as its
+    encoded bytes)."""
     files = [dataclasses.replace(f, metadata=None) for f in plan.files]
     return {"plan": dataclasses.replace(plan, files=files), "metadata": [f.metadata.encode() for f in plan.files]}
 
@@ -473,8 +461,7 @@ def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None
     surveys: dict[Path, dict] = {}
     for (f, _), res in zip(tasks, results, strict=True):
         if "error" in res:
-            path, problem, offset, record = res["error"]
-            err = InputError(path, problem, offset=offset, record=record)
+            err = res["error"]
             if on_error != "skip":
                 raise err
             log.warning("skipping %s", err)
@@ -648,7 +635,7 @@ def make_plan(
     kept = None
     if survey_dir is not None:
         try:
-            kept = Path(survey_dir) / "plan" / f"{plan_key(files, [mode, root, roll_rule, roll_days, on_error])}.pkl"
+            kept = Path(survey_dir) / "plan" / f"{plan_key(files, [mode, root, roll_rule, roll_days, on_error])}.json"
         except OSError:  # a file that cannot be stat'ed: the plan names it
             kept = None
         plan = None if kept is None else _thawed(_load_kept(kept))

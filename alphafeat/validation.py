@@ -4,9 +4,10 @@ In the style of ``databento.common.validation``: each function takes the value (
 gives it, a string, or as the Python API does, a typed value) and the option's name, and
 returns the typed value or raises :class:`~alphafeat.errors.UsageError` whose one line names
 the option, the value and what is allowed. The CLI (as argparse ``type=``, through
-:func:`cli.option`), the Python API (:func:`alphafeat.pipeline.make_job`,
+:func:`cli.option`), the Python API (:func:`alphafeat.precompute.job.make_job`,
 :func:`alphafeat.plan.make_plan`, :func:`alphafeat.synth.generate`) and alphamodel's config
-loading (:mod:`alphamodel.config`) call the same functions.
+loading (:mod:`alphamodel.config`) call the same functions; alphamodel's own enums are in
+:mod:`alphamodel.enums`.
 
 The enums are ``StrEnum`` s: a member equals its string (``Device.CPU == "cpu"``) and is
 written to JSON as that string, so configs and manifests hold plain strings.
@@ -26,9 +27,9 @@ from typing import TypeVar
 from alphafeat.errors import UsageError
 
 __all__ = [
-    "Baseline", "Barrier", "BarrierKind", "CfcImpl", "Compression", "Context", "Device", "Dtype", "HorizonWeighting",
-    "InstrumentMode", "ModeKind", "OnError", "Predecoded", "RollRule", "Sample", "SampleKind", "Scale", "SignalKind",
-    "SsdImpl", "StrEnum", "SynthSchema", "validate_barrier", "validate_baselines", "validate_bool", "validate_costs",
+    "Barrier", "BarrierKind", "Compression", "Device", "Dtype", "InstrumentMode", "ModeKind", "OnError", "Predecoded",
+    "RollRule", "Sample", "SampleKind", "Scale", "SignalKind", "StrEnum", "SynthSchema", "allowed_values", "split_list",
+    "validate_barrier", "validate_bool", "validate_costs",
     "validate_date", "validate_enum", "validate_float", "validate_horizon", "validate_horizons", "validate_horizons_s",
     "validate_instrument_mode", "validate_int", "validate_jobs", "validate_path", "validate_root", "validate_sample",
     "validate_scheduler", "validate_schemas", "validate_signal",
@@ -64,23 +65,14 @@ Scale = _enum("Scale", "Activity level of alphafeat synth.", "quiet", "normal", 
 SignalKind = _enum("SignalKind", "Where alphafeat synth plants the leading outright's predictability: the "
                    "current book, the order flow of the last minutes, or both.", "book", "history", "both")
 SynthSchema = _enum("SynthSchema", "Schemas alphafeat synth writes.", "mbo", "mbp-10", "trades", "definition")
-HorizonWeighting = _enum("HorizonWeighting", "alphamodel's loss weight per horizon: min(1, K/h), or equal.",
-                         "window", "equal")  # fmt: skip
-Context = _enum("Context", "alphamodel's context: the state carried across a session's windows, or each window alone.",
-                "stateful", "window")  # fmt: skip
-CfcImpl = _enum("CfcImpl", "alphamodel's CfC scan: the fused chunked scan, the Triton kernels (CUDA), or the "
-                "reference loop over the cell.", "fused", "triton", "loop")  # fmt: skip
-SsdImpl = _enum("SsdImpl", "alphamodel's Mamba2 scan: the chunked scan in torch, or its output half as Triton "
-                "kernels (CUDA).", "chunked", "triton")  # fmt: skip
-Baseline = _enum("Baseline", "Baselines alphamodel train fits beside the model (alphamodel.baselines).",
-                 "base_rate", "logistic", "lightgbm", "mlp")  # fmt: skip
 ModeKind = _enum("ModeKind", "--instrument-mode: every instrument, one id, or the front month of --root.",
                  "all", "id", "front-month")  # fmt: skip
 SampleKind = _enum("SampleKind", "A row per book snapshot, or per volume bar.", "snapshot", "volume")
 BarrierKind = _enum("BarrierKind", "Triple-barrier width: K ticks, or K realised volatilities.", "ticks", "vol")
 
 
-def _allowed(enum: type[StrEnum]) -> str:
+def allowed_values(enum: type[StrEnum]) -> str:
+    """The members of ``enum`` as a message lists them: ``"a, b or c"``."""
     names = [str(m) for m in enum]
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
 
@@ -90,7 +82,7 @@ def validate_enum(value: object, enum: type[E], option: str) -> E:
     try:
         return enum(value)
     except ValueError:
-        raise UsageError(option, f"expected {_allowed(enum)}", value) from None
+        raise UsageError(option, f"expected {allowed_values(enum)}", value) from None
 
 
 def validate_int(value: object, option: str, *, lo: int | None = None, hi: int | None = None,
@@ -181,7 +173,9 @@ def validate_horizon(value: object, option: str = "horizon", *, integer: bool = 
     return validate_float(value, option, lo=0.0, lo_open=True)
 
 
-def _items(value: object, option: str) -> list:
+def split_list(value: object, option: str) -> list:
+    """The items of ``value``: a comma-separated string (stripped; ``""`` is none) or an iterable;
+    UsageError naming ``option`` for anything else."""
     if isinstance(value, str):
         return [v.strip() for v in value.split(",")] if value.strip() else []
     if isinstance(value, Iterable):
@@ -193,7 +187,7 @@ def validate_horizons(value: object, option: str = "--horizons") -> tuple[int, .
     """Label horizons in snapshots: ``"30,100"`` or a sequence; each a whole number >= 1, distinct,
     at least one. ``0``, negatives, fractions, words and repeats are refused."""
     expected = "expected distinct whole numbers of snapshots >= 1, comma-separated"
-    items = _items(value, option)
+    items = split_list(value, option)
     out = tuple(_as_int(h) for h in items)
     if not out or any(h is None or h < 1 for h in out) or len(set(out)) != len(out):
         raise UsageError(option, expected, value)
@@ -202,21 +196,9 @@ def validate_horizons(value: object, option: str = "--horizons") -> tuple[int, .
 
 def validate_horizons_s(value: object, option: str = "horizons_s") -> tuple[float, ...]:
     """Label horizons in seconds: each a number > 0, distinct (may be none)."""
-    out = tuple(validate_horizon(h, option, integer=False) for h in _items(value, option))
+    out = tuple(validate_horizon(h, option, integer=False) for h in split_list(value, option))
     if len(set(out)) != len(out):
         raise UsageError(option, "expected distinct numbers of seconds > 0", value)
-    return out
-
-
-def validate_baselines(value: object, option: str = "baselines") -> tuple[str, ...]:
-    """Baselines of ``alphamodel train`` (:class:`Baseline`): ``"logistic,mlp"`` or a sequence of
-    names, distinct; none is allowed (the model alone)."""
-    try:
-        out = tuple(str(validate_enum(b, Baseline, option)) for b in _items(value, option))
-    except UsageError:
-        out = None
-    if out is None or len(set(out)) != len(out):
-        raise UsageError(option, f"expected distinct names of {_allowed(Baseline)}, comma-separated", value)
     return out
 
 
@@ -225,7 +207,7 @@ def validate_costs(value: object, option: str = "--costs", *, hi: float = 10.0) 
     sequence; each a number in ``[0, hi]``, distinct, at least one."""
     expected = f"expected distinct numbers of ticks in [0, {hi:g}], comma-separated"
     try:
-        out = tuple(validate_float(c, option, lo=0.0, hi=hi) for c in _items(value, option))
+        out = tuple(validate_float(c, option, lo=0.0, hi=hi) for c in split_list(value, option))
     except UsageError:
         out = ()
     if not out or len(set(out)) != len(out):
@@ -332,13 +314,14 @@ def validate_date(value: object, option: str) -> dt.date:
 
 def validate_schemas(value: object, option: str = "--schemas") -> tuple[SynthSchema, ...]:
     """Synthetic schemas, comma-separated, at least one, each once: any of mbo, mbp-10, trades, definition."""
-    items = _items(value, option)
+    items = split_list(value, option)
     try:
         out = tuple(SynthSchema(s) for s in items)
     except ValueError:
         out = ()
     if not out or len(set(out)) != len(out):
-        raise UsageError(option, f"expected distinct schemas among {_allowed(SynthSchema)}, comma-separated", value)
+        raise UsageError(option, f"expected distinct schemas among {allowed_values(SynthSchema)}, comma-separated",
+                         value)
     return out
 
 

@@ -1,12 +1,22 @@
 """alphamodel: PyTorch models trained on alphafeat caches.
 
 A Mamba2 encoder (chunked SSD, Dao & Gu 2024) -> a CfC recurrent cell (Hasani et al. 2022)
--> multi-horizon direction heads, trained with purged walk-forward splits (AFML ch. 7).
+-> multi-horizon direction heads, trained with purged walk-forward splits (AFML ch. 7); a C51
+trading policy on the encoder's state, backtested walk-forward.
 
-Modules: :mod:`alphamodel.mamba2` (SSD scan, Mamba2 block), :mod:`alphamodel.cfc` (CfC cell),
-:mod:`alphamodel.model` (network, masked loss, carried state), :mod:`alphamodel.data`
-(memory-mapped windows), :mod:`alphamodel.metrics` (AUC), :mod:`alphamodel.evaluation`
-(walk-forward folds over sessions, session-bootstrap intervals), :mod:`alphamodel.baselines`
-(logistic, LightGBM, MLP, the generator's ceiling), :mod:`alphamodel.train` (``train``,
-``load_model``). Command line: ``alphamodel train``.
+Layers, each importing only those before it (``tests/test_layers.py`` holds them):
+
+1. :mod:`alphamodel.errors`, :mod:`alphamodel.enums`, :mod:`alphamodel.rules` (how configs check
+   their keys), :mod:`alphamodel.readout` (intervals, sessions a result needs, whether a head
+   learns);
+2. :mod:`alphamodel.ops` (Triton kernels and their checks);
+3. :mod:`alphamodel.nn` (Mamba2, CfC, input EMA, the model and its config, optimiser groups);
+4. :mod:`alphamodel.data` (the cache as windows and batches);
+5. :mod:`alphamodel.supervised` (train config, checkpoint, scoring, ``train``, evaluation,
+   baselines, embeddings);
+6. :mod:`alphamodel.rl` (C51, its learner);
+7. :mod:`alphamodel.backtest` (market, environment, strategies, walk-forward, metrics, report,
+   ``backtest``);
+8. :mod:`alphamodel.config` (the config-file reader). Command line: ``alphamodel train``,
+   ``alphamodel backtest``, ``alphamodel embed``.
 """

@@ -7,7 +7,9 @@ how many sessions an interval would need to resolve an effect.
   daily Sharpe), i.e. at least 5.0 at n = 10 and 7.1 at n = 5, and its denominator (the sample
   SD) has a relative standard error of ``1 / sqrt(2 (n - 1))``, 33 % at n = 5. Below 10 test
   sessions a fold's Sharpe is reported as not meaningful and PnL per session with its
-  bootstrap interval is given instead.
+  bootstrap interval is given instead (:func:`alphamodel.backtest.metrics.session_readout`).
+
+Only numpy and scipy: the lowest layer, for ``alphamodel train`` and ``backtest`` alike.
 * :func:`bootstrap_ci`: percentile bootstrap of the mean (Efron & Tibshirani 1993, ch. 13;
   :func:`scipy.stats.bootstrap`), seeded.
 * :func:`sessions_needed`: an interval's half-width shrinks as ``1 / sqrt(n)`` (the standard
@@ -25,7 +27,7 @@ import math
 import numpy as np
 
 __all__ = ["MIN_SHARPE_SESSIONS", "balanced_accuracy_ci", "bootstrap_ci", "head_verdict", "needed_note",
-           "session_readout", "sessions_needed"]
+           "sessions_needed"]
 
 #: Fewest test sessions for a Sharpe ratio to be reported (see the module docstring).
 MIN_SHARPE_SESSIONS = 10
@@ -74,30 +76,6 @@ def needed_note(n: int, lo: float, hi: float, unit: str, effect: float | None = 
                 "resolves it")
     state = "resolved" if need <= n else f"about {int(need)} sessions for it to {what} (1/sqrt(n) scaling)"
     return f"{n} sessions: 95% interval [{lo:.3g}, {hi:.3g}] {unit}; {state}"
-
-
-def session_readout(daily: np.ndarray, min_sessions: int = MIN_SHARPE_SESSIONS, seed: int = 0) -> dict:
-    """What a fold's per-session PnL ``daily`` (1-D float, one value per test session, any unit)
-    can report: always ``pnl_per_session`` (mean), its 95% bootstrap interval ``pnl_ci`` and
-    ``sessions_needed`` (for the interval to exclude 0); ``sharpe`` (annualised,
-    :func:`alphamodel.sharpe.sharpe_stats`) and ``psr`` only when there are at least
-    ``min_sessions`` sessions (``sharpe_reportable``), else None with the reason in ``note``."""
-    from alphamodel.sharpe import sharpe_stats
-
-    d = np.asarray(daily, np.float64)
-    n = int(d.size)
-    lo, hi = bootstrap_ci(d, seed=seed)
-    out = {"sessions": n, "pnl_per_session": float(d.mean()) if n else math.nan, "pnl_ci": [lo, hi],
-           "sessions_needed": sessions_needed(n, lo, hi), "sharpe_reportable": n >= min_sessions,
-           "sharpe": None, "psr": None, "note": ""}
-    if n >= min_sessions:
-        st = sharpe_stats(d)
-        out.update(sharpe=st["sharpe"], psr=st["psr"])
-    else:
-        out["note"] = (f"{n} test session(s) < {min_sessions}: a Sharpe ratio would not mean anything (its standard "
-                       f"error is about {math.sqrt(252 / max(n, 1)):.0f} annualised); PnL per session with its 95% "
-                       "bootstrap interval instead")
-    return out
 
 
 def _balanced(pred: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Walk-forward backtest table on generated markets: folds x costs, C51 beside baselines.
 
 Generates ``--sessions`` synthetic ES sessions (:func:`alphafeat.synth.generate`, seeded),
-builds their front-month cache (:func:`alphafeat.pipeline.precompute`), then runs
+builds their front-month cache (:func:`alphafeat.precompute.precompute`), then runs
 :func:`alphamodel.backtest.backtest` (an encoder trained per fold on its training sessions,
 the C51 policy, baselines, every cost level) and prints the aggregate table (mean +- SD
 across folds per strategy and cost), the per-fold Sharpe table and one JSON line with the
@@ -55,7 +55,7 @@ def main() -> None:
     cache = Path(a.cache) if a.cache else work / "cache"
     if not a.cache:
         from alphafeat import synth
-        from alphafeat.pipeline import PrecomputeConfig, precompute
+        from alphafeat.precompute import PrecomputeConfig, precompute
 
         t = time.perf_counter()
         synth.generate(work / "dbn", start=datetime.date(2024, 1, 8), sessions=a.sessions, seed=a.seed,

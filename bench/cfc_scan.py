@@ -1,6 +1,6 @@
 """The CfC scan alone, forward + backward: the fused chunked scan vs the Triton kernels.
 
-Times :class:`alphamodel.cfc.CfC` (input (B, T, d_in), states (B, T, n)) for each mode side by
+Times :class:`alphamodel.nn.cfc.CfC` (input (B, T, d_in), states (B, T, n)) for each mode side by
 side in one run, under bf16 autocast on CUDA (float32 on CPU), and checks each mode's states and
 input gradient against the first mode's (largest difference relative to the largest value).
 Prints a table and one JSON line.
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from alphamodel.cfc import CfC
+from alphamodel.nn.cfc import CfC
 
 
 def make(mode: str, args: argparse.Namespace, device: torch.device) -> CfC:

@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the CfC Triton kernels, compiled for a GPU without one.
 
-Compiles :mod:`alphamodel.cfc_triton`'s forward and backward kernels ahead of time for
+Compiles :mod:`alphamodel.ops.triton.cfc_triton`'s forward and backward kernels ahead of time for
 ``--arch`` (default 90, the H100/H200) at the model's sizes, for each launch
 ``BLOCKxWARPSxSTAGES`` of ``--launches``, and runs the ptxas that ships with Triton (``-v``) on the
 PTX for the register and spill counts. A launch whose shared memory exceeds the GPU's (228 KiB
@@ -25,7 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from alphamodel import cfc_triton
+from alphamodel.ops.triton import cfc_triton
 
 FWD = {"uw_ptr": "*W", "dt_ptr": "*fp32", "keep_ptr": "*u8", "x0_ptr": "*fp32", "wx_ptr": "*W", "wfgh_ptr": "*W",
        "bfgh_ptr": "*W", "it_ptr": "*fp32", "y_ptr": "*fp32", "z_ptr": "*W", "fgh_ptr": "*W", "B": "i32", "T": "i32"}
@@ -71,8 +71,8 @@ def main() -> None:
     rows = []
     for text in args.launches.split(","):
         launch = tuple(int(v) for v in text.split("x"))
-        for name, fn, types, extra in (("forward", cfc_triton._fwd_kernel, FWD, {"SAVE": True}),
-                                       ("backward", cfc_triton._bwd_kernel, BWD, {"NEED_DDT": False})):
+        for name, fn, types, extra in (("forward", cfc_triton.fwd_kernel, FWD, {"SAVE": True}),
+                                       ("backward", cfc_triton.bwd_kernel, BWD, {"NEED_DDT": False})):
             r = compile_one(fn, types, {**consts, **extra}, args.dtype, args.arch, launch)
             rows.append({"kernel": name, "launch": text, **r})
     print(f"CfC Triton kernels for sm_{args.arch}, n={args.n}, bb={args.bb}, {args.dtype} "

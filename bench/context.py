@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate import model_options, train_options  # noqa: E402
 
 from alphamodel.config import read_config  # noqa: E402
-from alphamodel.train import TrainConfig, train  # noqa: E402
+from alphamodel.supervised.config import TrainConfig  # noqa: E402
+from alphamodel.supervised.train import train  # noqa: E402
 
 
 def setting(name: str, base: TrainConfig, stateful_window: int) -> dict:

@@ -8,10 +8,10 @@ Stages, one core each (records/s = records in the file / wall seconds):
 * ``book cold``: what ``alphafeat precompute`` does for a segment without a kept book, over
   the segments of the file's plan (:func:`alphafeat.plan.make_plan`, calendar rule: from the
   metadata when it has mappings and an end time; the segments of the ``--ids`` instruments
-  when given): :func:`alphafeat.segment.build_book` (each segment decodes its instrument's
-  records of the file and builds its session's rows) and :func:`alphafeat.segment.save_book`
+  when given): :func:`alphafeat.precompute.books.build_book` (each segment decodes its instrument's
+  records of the file and builds its session's rows) and :func:`alphafeat.precompute.books.save_book`
   (the book kept as ``.npy``, as ``--predecoded keep`` does);
-* ``book warm``: those kept books read back (:func:`alphafeat.segment.load_book`, memory-mapped,
+* ``book warm``: those kept books read back (:func:`alphafeat.precompute.books.load_book`, memory-mapped,
   sizes widened) and made resident (one byte of every 4 KiB page of every column read): what a
   rerun with other features starts from -- the warm/cold ratio is taken on this row;
 * ``DBNStore.to_ndarray`` / ``DBNStore.to_df``: Databento's Python path;
@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alphafeat.dbn import RecordScanner  # noqa: E402
 from alphafeat.plan import make_plan  # noqa: E402
-from alphafeat.segment import build_book, kept_book, load_book, save_book  # noqa: E402
+from alphafeat.precompute.books import build_book, kept_book, load_book, save_book  # noqa: E402
 
 log = logging.getLogger("bench.decode")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from alphafeat.cache import compare
 from alphafeat.features import cuda_available
 from alphafeat.instruments import InstrumentMode
-from alphafeat.pipeline import PrecomputeConfig, precompute
+from alphafeat.precompute import PrecomputeConfig, precompute
 
 
 def main() -> None:

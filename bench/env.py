@@ -1,4 +1,4 @@
-"""Speed of the backtest environment (alphamodel.env.VecEnv): env-steps per second.
+"""Speed of the backtest environment (alphamodel.backtest.env.VecEnv): env-steps per second.
 
 One env-step = one decision of one environment (trade to a target, hold ``--stride`` rows,
 mark to mid, close at a session end). Two paths, N parallel environments each:
@@ -32,8 +32,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from alphamodel.c51 import C51Net, greedy, support
-from alphamodel.env import VecEnv, market_from_arrays
+from alphamodel.backtest.env import VecEnv
+from alphamodel.backtest.market import market_from_arrays
+from alphamodel.rl.c51 import C51Net, greedy, support
 
 
 def _market(sessions: int, rows: int, device: str, seed: int = 0):

@@ -32,9 +32,9 @@ from pathlib import Path
 from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError
 from alphafeat.validation import SignalKind
-from alphamodel.config import from_dict, read_config
-from alphamodel.model import ModelConfig
-from alphamodel.train import train
+from alphamodel.config import read_config
+from alphamodel.nn.model import ModelConfig
+from alphamodel.supervised.train import train
 from cli.alphamodel import print_summary
 
 
@@ -74,7 +74,7 @@ def model_options(mc: ModelConfig, sets: list[str]) -> ModelConfig:
     """``mc`` with each ``--set model.KEY=value`` laid over it (checked as a config file's)."""
     over = {kv.partition("=")[0][len("model."):]: parse_value(kv.partition("=")[2])
             for kv in sets if kv.startswith("model.")}
-    return from_dict(ModelConfig, {**dataclasses.asdict(mc), **over}, "model") if over else mc
+    return ModelConfig.from_dict({**dataclasses.asdict(mc), **over}) if over else mc
 
 
 def main() -> None:

@@ -1,11 +1,11 @@
 """One segment's CPU features on 1, 2, ... threads, side by side in one run.
 
 The streamed CPU path of ``alphafeat precompute`` computes a segment's features block by block
-(:class:`alphafeat.pipeline.SegmentColumns`, :meth:`alphafeat.features.cpu.FeatureStream.push_block`):
+(:class:`alphafeat.precompute.table.SegmentColumns`, :meth:`alphafeat.features.cpu.FeatureStream.push_block`):
 with ``feature_threads`` > 1 the row-wise features of the coming pieces run on pool threads and
 the recurrences on the calling thread, in row order. Here the book of the first session of
-``--input`` (the plan's first segment, :func:`alphafeat.segment.build_book`; built once,
-untimed) is fed to ``SegmentColumns.add`` in blocks of ``alphafeat.segment.BLOCK_ROWS`` rows
+``--input`` (the plan's first segment, :func:`alphafeat.precompute.books.build_book`; built once,
+untimed) is fed to ``SegmentColumns.add`` in blocks of ``alphafeat.precompute.books.BLOCK_ROWS`` rows
 (each after the first led by its halo row, sizes as float64: what the reader thread hands
 over), then ``mark_complete`` (which waits for the worker that stores the book columns and
 labels). Per thread count, after one untimed pass (buffers touched, numba loaded): wall
@@ -35,9 +35,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alphafeat.pipeline import PrecomputeConfig, SegmentColumns, make_job  # noqa: E402
 from alphafeat.plan import make_plan  # noqa: E402
-from alphafeat.segment import BLOCK_ROWS, build_book  # noqa: E402
+from alphafeat.precompute import PrecomputeConfig
+from alphafeat.precompute.books import BLOCK_ROWS, build_book  # noqa: E402
+from alphafeat.precompute.job import make_job
+from alphafeat.precompute.table import SegmentColumns  # noqa: E402
 from alphafeat.types import BookArrays  # noqa: E402
 
 _COLS = ("ts_event", "ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct",

@@ -9,7 +9,7 @@ numpy/pandas vectorised version of the same features. Prints a table and one JSO
 ``--rows`` / ``--input`` (everything in memory): a random-walk 10-level ES-like book of
 ``--rows`` snapshots, or the front-month book rows of each session of DBN files (the plan and
 segment books of ``alphafeat precompute``: :func:`alphafeat.plan.make_plan`,
-:func:`alphafeat.segment.build_book`; ``--roll-rule`` applies). Rows: CPU with ``--jobs`` threads over
+:func:`alphafeat.precompute.books.build_book`; ``--roll-rule`` applies). Rows: CPU with ``--jobs`` threads over
 exact chunks of each session (best of 2, after one untimed pass); CPU one core on up to
 0.5 M rows; CUDA float64 results from
 ordinary (pageable) input and float32 results, the sessions streamed
@@ -28,7 +28,7 @@ front-month rows), ``--batch`` sessions at a time:
   volume in the previous session; calendar rule for the first session). One segment per
   session: the chosen instrument and the files holding the session.
 - *build books -> scratch* (untimed in the rates, its time printed): ``--build-jobs`` joblib
-  processes, one per segment, :func:`alphafeat.segment.build_book`: the chosen instrument's
+  processes, one per segment, :func:`alphafeat.precompute.books.build_book`: the chosen instrument's
   records decoded (filtered while decoding), its book read (MBP, chunk by chunk) or rebuilt
   (MBO) with the trade flow of the trades files, cut to the CME session -- the same columns
   ``load_sessions`` gives -- and the 8
@@ -90,11 +90,11 @@ def load_sessions(inputs: list, root: str = "ES", jobs: int = 1, rule: str = "vo
     """Front-month book rows of every session of the DBN files (or directories) ``inputs``, as
     ``alphafeat precompute`` makes them: the plan (:func:`alphafeat.plan.make_plan`: roll
     schedule and one segment per session, ``jobs`` processes for its scans), then each
-    segment's book (:func:`alphafeat.segment.build_book`: the chosen instrument's records of
+    segment's book (:func:`alphafeat.precompute.books.build_book`: the chosen instrument's records of
     that session, MBP read or MBO rebuilt, trades from the trades files, else from the book
     stream)."""
     from alphafeat.plan import make_plan
-    from alphafeat.segment import build_book
+    from alphafeat.precompute.books import build_book
 
     plan = make_plan(inputs, root=root, roll_rule=rule, jobs=jobs)
     books = [b for b in (build_book(seg)[0] for seg in plan.segments) if len(b)]
@@ -129,12 +129,12 @@ def load_book(d: str | Path, mmap: bool = True) -> BookArrays:
 
 
 def _build_segment(seg, out: str, max_rows: int | None) -> dict:
-    """Worker: the book of one segment (:func:`alphafeat.segment.build_book`: only the chosen
+    """Worker: the book of one segment (:func:`alphafeat.precompute.books.build_book`: only the chosen
     instrument's records of the session's files decoded, MBP rows built chunk by chunk, MBO
     rebuilt; trades from the trades files, else from the book stream) saved as .npy under
     ``out`` (the first ``max_rows`` rows when given). Returns ``{"session", "rows", "dir",
     "build_s"}``."""
-    from alphafeat.segment import build_book
+    from alphafeat.precompute.books import build_book
 
     t0 = time.perf_counter()
     sub = Path(out) / f"{seg.session}-{seg.instrument_id}"

@@ -4,7 +4,7 @@ Each figure is the wall time of a fresh process (median, min and max of ``--repe
 interleaved), with Python writing bytecode as by default (``PYTHONDONTWRITEBYTECODE`` removed):
 
 * ``python``: the interpreter alone (``python -c pass``);
-* ``import``: ``import cli.alphafeat, alphafeat.pipeline`` (what a segment worker imports too);
+* ``import``: ``import cli.alphafeat, alphafeat.precompute`` (what a segment worker imports too);
 * ``cold``: ``alphafeat precompute -q --input INPUT`` into a fresh folder (nothing kept): on
   the embedded sample (3 sessions, 29 k rows) nearly all of it is fixed cost;
 * ``same``: a rerun with nothing changed (every partition current);
@@ -64,7 +64,7 @@ def cases(inp: Path, jobs: int, scratch: Path) -> dict[str, object]:
 
     got = {
         "python": lambda root, i: [py, "-c", "pass"],
-        "import": lambda root, i: [py, "-c", "import cli.alphafeat, alphafeat.pipeline"],
+        "import": lambda root, i: [py, "-c", "import cli.alphafeat, alphafeat.precompute"],
         "cold": precompute("cold"),
         "same": precompute("same", fresh=False),
     }

@@ -22,9 +22,9 @@ import time
 import numpy as np
 from scipy.signal import lfilter
 
-from alphamodel import baselines as bl
-from alphamodel.data import CacheData
-from alphamodel.evaluation import bootstrap_aucs, percentile_interval, session_groups, walk_forward_folds
+from alphamodel.data.cache import CacheData
+from alphamodel.supervised import baselines as bl
+from alphamodel.supervised.evaluation import bootstrap_aucs, percentile_interval, session_groups, walk_forward_folds
 
 
 def decayed_flow(data: CacheData, rows: float) -> np.ndarray:

@@ -8,10 +8,10 @@ Modes (``--modes``, comma-separated): ``loop`` / ``loop-compile`` — the CfC as
 over :class:`CfCCell` (before; ``-compile``: blocks and cell compiled, as on main), ``fused`` /
 ``fused-compile`` — the chunked CfC scan (after; ``-compile``: blocks and the scan's chunk body
 compiled), ``triton`` / ``triton-compile`` — the CfC scan as Triton kernels (CUDA;
-:mod:`alphamodel.cfc_triton`; ``-compile``: blocks and the CfC's forward around the kernels
+:mod:`alphamodel.ops.triton.cfc_triton`; ``-compile``: blocks and the CfC's forward around the kernels
 compiled; launch set by ``--cfc-block/--cfc-warps/--cfc-stages``); ``+ssd`` after the CfC's name
 (``triton+ssd-compilegraph``): the Mamba2 blocks' SSD scan as Triton kernels too
-(``ssd_impl="triton"``, :mod:`alphamodel.ssd_triton`; ``--ssd-warps`` warps per program); ``-graph`` /
+(``ssd_impl="triton"``, :mod:`alphamodel.ops.triton.ssd_triton`; ``--ssd-warps`` warps per program); ``-graph`` /
 ``-compilegraph`` (CUDA): one whole step (forward, backward, AdamW) captured in a CUDA graph
 and replayed (no per-kernel launch cost), eager or compiled. On CUDA:
 bf16 autocast, the SSD scan and CfC state in fp32 with TF32 matmuls.
@@ -30,9 +30,9 @@ import time
 
 import torch
 
-from alphamodel.cfc import check_triton
-from alphamodel.model import AlphaModel, ModelConfig, masked_bce_loss
-from alphamodel.train import compile_model
+from alphamodel.nn.cfc import check_triton
+from alphamodel.nn.model import AlphaModel, ModelConfig, masked_bce_loss
+from alphamodel.supervised.train import compile_model
 
 
 def run(mode: str, args: argparse.Namespace, device: torch.device) -> dict:
@@ -118,14 +118,15 @@ def loader(args: argparse.Namespace) -> dict:
 
     import numpy as np
 
-    from alphamodel.data import CacheData
-    from alphamodel.train import TrainConfig, _Streams
+    from alphamodel.data.cache import CacheData
+    from alphamodel.supervised.config import TrainConfig
+    from alphamodel.supervised.train import Streams
 
     data = CacheData.open(args.cache)
     rows = np.arange(data.n_rows, dtype=np.int64)
     norm = data.fit_normaliser(rows, max_rows=200_000)
     tc = TrainConfig(window=args.window, batch_size=args.batch)
-    streams = _Streams(data, rows, tc, np.random.default_rng(0), stateful=True)
+    streams = Streams(data, rows, tc, np.random.default_rng(0), stateful=True)
     data.batch(streams.next()[0], args.window, norm)
     pool = ThreadPoolExecutor(args.loader_threads)
     queue = [pool.submit(data.batch, streams.next()[0], args.window, norm) for _ in range(args.loader_threads + 1)]

@@ -54,7 +54,7 @@ def _count(lo: int, what: str = "a whole number", hi: int | None = None) -> obje
 
 def _inputs(args: argparse.Namespace) -> list[Path]:
     """``--input`` paths, or the embedded default sample (precompute and roll-schedule alike)."""
-    from alphafeat.pipeline import DEFAULT_DATA_DIR
+    from alphafeat.precompute import DEFAULT_DATA_DIR
 
     if args.input:
         return list(args.input)
@@ -65,7 +65,8 @@ def _inputs(args: argparse.Namespace) -> list[Path]:
 
 
 def _precompute(args: argparse.Namespace) -> int:
-    from alphafeat.pipeline import PrecomputeConfig, make_job, precompute
+    from alphafeat.precompute import PrecomputeConfig, precompute
+    from alphafeat.precompute.job import make_job
 
     cfg = PrecomputeConfig(
         inputs=_inputs(args), out=args.out, instrument_mode=args.instrument_mode, root=args.root, device=args.device,
@@ -138,7 +139,7 @@ def _synth(args: argparse.Namespace) -> int:
     import json
 
     from alphafeat import synth
-    from alphafeat.pipeline import DEFAULT_DATA_DIR
+    from alphafeat.precompute import DEFAULT_DATA_DIR
 
     if args.report:
         return _synth_report(args)
@@ -158,7 +159,7 @@ def _synth(args: argparse.Namespace) -> int:
                           "(sessions are weekdays)", soft_wrap=True)
         sessions: list[dict] = []
         created = not Path(out).exists()
-        from alphafeat.pipeline import not_compiled
+        from alphafeat.precompute.workers import not_compiled
         from alphafeat.synth.simulator import _simulate
 
         if not_compiled(_simulate):
@@ -196,7 +197,7 @@ def _synth_report(args: argparse.Namespace) -> int:
     import json
 
     from alphafeat import synth
-    from alphafeat.pipeline import DEFAULT_DATA_DIR
+    from alphafeat.precompute import DEFAULT_DATA_DIR
     from alphafeat.synth import report
     from alphafeat.synth.generate import write_json
 
@@ -292,8 +293,8 @@ def _read_options(p: argparse.ArgumentParser) -> None:
 def _roll_schedule(args: argparse.Namespace) -> int:
     import shutil
 
-    from alphafeat.pipeline import default_predecoded_dir
     from alphafeat.plan import make_plan
+    from alphafeat.precompute.config import default_predecoded_dir
 
     pre = default_predecoded_dir(args.out) if args.out else None
     if pre is not None and args.rebuild_predecoded and pre.is_dir():

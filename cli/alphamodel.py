@@ -23,15 +23,16 @@ from rich.console import Console
 from rich.table import Table
 
 from alphafeat.errors import AlphafeatError, InputError
-from alphafeat.validation import Context, Device, validate_costs, validate_enum, validate_int, validate_path
-from alphamodel.config import MAX_COST_TICKS
+from alphafeat.validation import Device, validate_costs, validate_enum, validate_int, validate_path
+from alphamodel.backtest.config import MAX_COST_TICKS
+from alphamodel.enums import Context
 from alphamodel.errors import AlphamodelError
 from cli import Parser, add_command, console, option, run, stdout_console, verbose_parent
 
 
 def _default_cache(out: Path, quiet: bool) -> Path:
     from alphafeat.cache import is_cache, read_manifest
-    from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
+    from alphafeat.precompute import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
 
     cache = out / "cache"
     if is_cache(cache):
@@ -66,7 +67,8 @@ def _train(args: argparse.Namespace) -> int:
     _need_torch()
     from alphamodel.config import read_config
     from alphamodel.errors import ConfigError, UsageError
-    from alphamodel.train import check_device, resolve_device, train
+    from alphamodel.supervised.checkpoint import check_device, resolve_device
+    from alphamodel.supervised.train import train
 
     tcfg = {k: getattr(args, k) for k in _TRAIN_OPTIONS if getattr(args, k) is not None}
     if args.compile:
@@ -146,9 +148,9 @@ def _backtest(args: argparse.Namespace) -> int:
     cfg = read_backtest_config(args.config, opts)  # ConfigError names the file and the key
     out = args.out
     if not args.cache and cfg.folds:  # refused before the embedded sample's cache is built
-        from alphafeat.pipeline import DEFAULT_DATA_DIR
         from alphafeat.plan import make_plan
-        from alphamodel.backtest import check_fold_count
+        from alphafeat.precompute import DEFAULT_DATA_DIR
+        from alphamodel.backtest.walkforward import check_fold_count
 
         if DEFAULT_DATA_DIR.is_dir():
             check_fold_count(len({seg.session for seg in make_plan([DEFAULT_DATA_DIR]).segments}), cfg.folds,
@@ -156,7 +158,7 @@ def _backtest(args: argparse.Namespace) -> int:
     cache = args.cache or _default_cache(out, args.quiet)
     if not args.quiet and not args.cache:
         from alphafeat.cache import read_manifest
-        from alphamodel.backtest import default_folds
+        from alphamodel.backtest.walkforward import default_folds
 
         n = len(read_manifest(cache)["partitions"])
         k = cfg.folds or default_folds(n, cfg.embargo)
@@ -210,7 +212,7 @@ def _say_replaced(out: Path, s: dict) -> None:
 
 def _embed(args: argparse.Namespace) -> int:
     _need_torch()
-    from alphamodel.embed import write_embeddings
+    from alphamodel.supervised.embed import write_embeddings
 
     path = write_embeddings(args.cache, args.model, args.out, args.device)
     stdout_console().print(f"embeddings written to {path}")

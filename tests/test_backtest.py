@@ -14,7 +14,10 @@ import torch
 from hand_cache import write_hand_cache
 
 from alphafeat.synth.planted import asof
-from alphamodel.c51 import (
+from alphamodel.backtest.env import VecEnv
+from alphamodel.backtest.market import market_from_arrays
+from alphamodel.backtest.metrics import expected_max_sharpe, kelly_size, max_drawdown, psr, sharpe, sharpe_stats
+from alphamodel.rl.c51 import (
     C51Net,
     NStep,
     aux_loss,
@@ -25,9 +28,6 @@ from alphamodel.c51 import (
     support,
     thompson,
 )
-from alphamodel.env import VecEnv, market_from_arrays
-from alphamodel.kelly import kelly_size
-from alphamodel.sharpe import expected_max_sharpe, max_drawdown, psr, sharpe, sharpe_stats
 from cli.alphamodel import main as cli_main
 
 
@@ -176,7 +176,7 @@ def test_annualised_sharpe_and_drawdown():
 
 # ---- folds ------------------------------------------------------------------------------------
 def test_folds_never_train_at_or_after_test_and_purge_overlaps():
-    from alphamodel.backtest import fold_sessions
+    from alphamodel.backtest.walkforward import fold_sessions
 
     starts = np.arange(8) * 100
     ends = starts + 90
@@ -193,9 +193,10 @@ def test_folds_never_train_at_or_after_test_and_purge_overlaps():
 
 # ---- fine-tune path: encoder weights change, gradients finite ----------------------------------
 def test_fine_tune_changes_the_encoder_with_finite_grads(tmp_path):
-    from alphamodel import backtest as bt
-    from alphamodel.data import CacheData
-    from alphamodel.model import AlphaModel, ModelConfig
+    from alphamodel.backtest.config import BacktestConfig
+    from alphamodel.data.cache import CacheData
+    from alphamodel.nn.model import AlphaModel, ModelConfig
+    from alphamodel.rl.learner import EncoderObs, Learner
 
     root = _hand_cache(tmp_path / "c", sessions=1, n=200)
     data = CacheData.open(root)
@@ -204,13 +205,13 @@ def test_fine_tune_changes_the_encoder_with_finite_grads(tmp_path):
     model = AlphaModel(ModelConfig(n_features=len(norm.names), n_horizons=2, d_model=16, n_layers=1, d_state=8,
                                    headdim=8, chunk_size=16, cfc_hidden=8, dropout=0.0))
     D = 8 + 16
-    obs = bt._EncoderObs(model, norm, data, 16, torch.zeros(D), torch.ones(D), 0.5)
+    obs = EncoderObs(model, norm, data, 16, torch.zeros(D), torch.ones(D), 0.5)
     net = C51Net(D + 2)
     opt = torch.optim.Adam([*net.parameters(), *model.parameters()], lr=1e-2)
-    cfg = bt.BacktestConfig()
+    cfg = BacktestConfig()
     z = support(51, -20, 20)
     tb = torch.zeros(data.n_rows, dtype=torch.long)
-    learner = bt._Learner(net, C51Net(D + 2), obs, z, opt, tb, cfg)
+    learner = Learner(net, C51Net(D + 2), obs, z, opt, tb, cfg.c51)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     k = 8
     batch = {"s_row": torch.arange(20, 20 + k), "s_pos": torch.zeros(k), "s_fee": torch.zeros(k),
@@ -279,8 +280,9 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
     novol = _hand_cache(tmp_path / "novol", drop=("realized_vol_60s",))
     assert "--no-kelly" in _one_error(capsys, ["backtest", "--cache", str(novol), "--out", str(out), "-q"])
     # a checkpoint whose weights do not fit its config, and one that reads features the cache lacks
-    from alphamodel.model import ModelConfig
-    from alphamodel.train import TrainConfig, train
+    from alphamodel.nn.model import ModelConfig
+    from alphamodel.supervised.config import TrainConfig
+    from alphamodel.supervised.train import train
 
     mdir = tmp_path / "m"
     train(good, mdir, ModelConfig(d_model=16, n_layers=1, d_state=8, headdim=8, chunk_size=16, cfc_hidden=8),
@@ -317,18 +319,18 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
 
 
 def test_given_model_note_names_the_folds_it_saw():
-    from alphamodel.backtest import _given_model_note
+    from alphamodel.backtest.report import given_model_note
 
     tests = [{"2024-03-05"}, {"2024-03-06", "2024-03-07"}]
-    assert "out of sample" in _given_model_note("m", ["2024-03-01", "2024-03-04"], tests)
-    inside = _given_model_note("m", ["2024-03-04", "2024-03-06"], tests)
+    assert "out of sample" in given_model_note("m", ["2024-03-01", "2024-03-04"], tests)
+    inside = given_model_note("m", ["2024-03-04", "2024-03-06"], tests)
     assert "fold(s) 1 (2024-03-06)" in inside and "in sample" in inside
-    assert "does not record its sessions" in _given_model_note("m", None, tests)
+    assert "does not record its sessions" in given_model_note("m", None, tests)
 
 
 # ---- the CLI end to end on the embedded default sample ----------------------------------------------
 def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
-    from alphafeat.pipeline import DEFAULT_DATA_DIR
+    from alphafeat.precompute import DEFAULT_DATA_DIR
 
     if not any(DEFAULT_DATA_DIR.glob("*.dbn.zst")):
         pytest.skip("the embedded default sample (data/) is absent")
@@ -372,8 +374,8 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
 def test_python_api_refuses_bad_values_with_the_error_family(tmp_path, capsys):
     from alphafeat.errors import UsageError
     from alphamodel.backtest import BacktestConfig, backtest
-    from alphamodel.c51 import C51Config
     from alphamodel.errors import DataError
+    from alphamodel.rl.config import C51Config
 
     out = tmp_path / "o"
     for cfg, key in ((BacktestConfig(stride=0), "stride"), (BacktestConfig(costs=(0.0, 11.0)), "costs"),
@@ -449,10 +451,10 @@ def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
     import datetime
 
     from alphafeat import synth
-    from alphafeat.pipeline import PrecomputeConfig, precompute
+    from alphafeat.precompute import PrecomputeConfig, precompute
     from alphafeat.synth.planted import planted_path, read_planted
-    from alphamodel.backtest import _column, planted_rows
-    from alphamodel.data import CacheData
+    from alphamodel.backtest.market import column, planted_rows
+    from alphamodel.data.cache import CacheData
 
     day = datetime.date(2024, 1, 9)
     synth.generate(tmp_path / "dbn", start=day, sessions=2, seed=2, report=False, signal_file=True)
@@ -465,7 +467,7 @@ def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
     for i in np.linspace(0, seg.n - 1, 50).astype(int):
         j = np.flatnonzero(ts <= seg.ts[i])
         assert p[i] == pu[j[-1]] if j.size else np.isnan(p[i])
-    mids = [(_column(data, k, "bid_px_00") + _column(data, k, "ask_px_00")) / 2 for k in range(len(data.segments))]
+    mids = [(column(data, k, "bid_px_00") + column(data, k, "ask_px_00")) / 2 for k in range(len(data.segments))]
     market = market_from_arrays(mids, mids, data.tick, 12.5, "cpu")  # zero spread: no crossing cost
     n = len(data.segments)
     direction = torch.as_tensor(np.sign(np.nan_to_num(p - 0.5)), dtype=torch.float32)

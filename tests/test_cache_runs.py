@@ -18,7 +18,7 @@ from conftest import PROJECT
 
 from alphafeat.cache import compare, read_manifest
 from alphafeat.instruments import InstrumentMode
-from alphafeat.pipeline import PrecomputeConfig, precompute
+from alphafeat.precompute import PrecomputeConfig, precompute
 
 DATA = PROJECT / "data"
 
@@ -171,7 +171,7 @@ def test_relabel_keeps_the_label_columns_of_unchanged_options(sample, tmp_path, 
     the same barrier, the horizons, in rows or seconds, the partition holds are kept as they
     are) and the files still equal a fresh run's byte for byte."""
     import alphafeat.labels as lb
-    import alphafeat.pipeline as pl
+    import alphafeat.precompute.relabel as pl
 
     days = sorted(p for p in sample.iterdir() if "20240308" not in p.name)
     out, fresh = tmp_path / "c", tmp_path / "fresh"
@@ -197,7 +197,7 @@ def test_column_array_and_from_numpy_equal_pyarrow() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from alphafeat.pipeline import _from_numpy, column_array
+    from alphafeat.precompute.table import column_array, from_numpy
 
     rng = np.random.default_rng(7)
     ts = pa.timestamp("ns", tz="UTC")
@@ -214,9 +214,9 @@ def test_column_array_and_from_numpy_equal_pyarrow() -> None:
         two = pa.concat_tables([table, table])
         assert np.array_equal(column_array(two, "f", np.float64), np.concatenate([f, f]))
         y = rng.random(n).astype(np.float32)
-        assert _from_numpy(y, pa.float32()).equals(pa.array(y))
+        assert from_numpy(y, pa.float32()).equals(pa.array(y))
         null = t % 3 == 0
-        assert _from_numpy(t, ts, null).equals(pa.array(t, ts, mask=null))
+        assert from_numpy(t, ts, null).equals(pa.array(t, ts, mask=null))
     g = pa.table({"f": pa.array([1.0, None, 3.0])})
     assert np.array_equal(column_array(g, "f", np.float64), [1.0, np.nan, 3.0], equal_nan=True)
 
@@ -250,7 +250,7 @@ def test_rerun_with_other_features_adds_them_from_the_kept_books(sample, tmp_pat
     columns and the features they hold, computes only the added features from the kept books
     (no input read), drops the ones no longer stored, and writes the bytes of a fresh run;
     without kept books it computes afresh."""
-    import alphafeat.pipeline as pl
+    import alphafeat.precompute.segment as pl
 
     days = sorted(p for p in sample.iterdir() if "20240308" not in p.name)
     out, fresh, bare = tmp_path / "c", tmp_path / "f" / "fresh", tmp_path / "b" / "bare"  # f, b: no kept books

@@ -1,4 +1,4 @@
-"""CfC ``impl="triton"`` (alphamodel.cfc_triton) against the reference loop: states and every
+"""CfC ``impl="triton"`` (alphamodel.ops.triton.cfc_triton) against the reference loop: states and every
 gradient (u, dt, x0, all parameters), with padding masks and a carried state.
 
 Without CUDA the kernels run in Triton's interpreter on CPU tensors: ``TRITON_INTERPRET=1`` must
@@ -20,10 +20,9 @@ import sys
 import pytest
 import torch
 
-from alphamodel.cfc import CfC
-from alphamodel.config import check_config
 from alphamodel.errors import UsageError
-from alphamodel.model import AlphaModel, ModelConfig
+from alphamodel.nn.cfc import CfC
+from alphamodel.nn.model import AlphaModel, ModelConfig
 
 CUDA = torch.cuda.is_available()
 if not CUDA and "triton" not in sys.modules:
@@ -39,8 +38,8 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (the compiled
 
 @pytest.fixture(scope="module")
 def kernels():
-    """alphamodel.cfc_triton; without a GPU, its kernels in Triton's interpreter."""
-    from alphamodel import cfc_triton
+    """alphamodel.ops.triton.cfc_triton; without a GPU, its kernels in Triton's interpreter."""
+    from alphamodel.ops.triton import cfc_triton
 
     if not CUDA and not cfc_triton.interpreted():
         pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set (no GPU to compile for)")
@@ -124,7 +123,7 @@ def test_triton_scan_sizes_and_missing_triton_are_usage_errors(kernels, monkeypa
         with pytest.raises(UsageError, match=f"^{name}: expected a power of two >= 16 with impl 'triton'"):
             CfC(**args)
     with pytest.raises(UsageError, match="model.cfc_hidden: expected a power of two >= 16"):
-        check_config(ModelConfig(n_features=3, cfc_hidden=24, cfc_impl="triton"), "model")
+        ModelConfig(n_features=3, cfc_hidden=24, cfc_impl="triton").checked()
     with pytest.raises(UsageError, match="^hidden_size: expected a power of two"):
         AlphaModel(ModelConfig(n_features=3, cfc_hidden=24, cfc_impl="triton"))
     tri = CfC(4, 16, impl="triton")
@@ -191,8 +190,10 @@ def test_triton_training_off_cuda_is_refused_and_a_saved_triton_model_loads_as_f
 
     import numpy as np
 
-    from alphamodel.data import Normaliser
-    from alphamodel.train import TrainConfig, _save, load_model, train
+    from alphamodel.data.cache import Normaliser
+    from alphamodel.supervised.checkpoint import load_model, save_model
+    from alphamodel.supervised.config import TrainConfig
+    from alphamodel.supervised.train import train
 
     cfg = ModelConfig(n_features=3, d_model=16, headdim=8, cfc_hidden=16, cfc_impl="triton")
     with pytest.raises(UsageError, match="^model.cfc_impl: 'triton' runs on CUDA"):
@@ -201,7 +202,7 @@ def test_triton_training_off_cuda_is_refused_and_a_saved_triton_model_loads_as_f
     model = AlphaModel(cfg)
     norm = Normaliser(["a", "b", "c"], np.zeros(3), np.ones(3), 5.0)
     (tmp_path / "m").mkdir()
-    _save(tmp_path / "m", model, norm, {"model": dataclasses.asdict(cfg), "normaliser": norm.to_dict()})
+    save_model(tmp_path / "m", model, norm, {"model": dataclasses.asdict(cfg), "normaliser": norm.to_dict()})
     loaded, _, meta = load_model(tmp_path / "m", "cpu")
     assert meta["model"]["cfc_impl"] == "triton" and loaded.cfc.impl == "fused"
     x, dt = torch.randn(2, 5, 3), torch.rand(2, 5) * 0.01

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from alphamodel.evaluation import bootstrap_auc, bootstrap_aucs, session_groups, walk_forward_folds
-from alphamodel.metrics import auc
+from alphamodel.supervised.evaluation import bootstrap_auc, bootstrap_aucs, session_groups, walk_forward_folds
+from alphamodel.supervised.metrics import auc
 
 
 def test_bootstrap_interval_covers_the_true_auc():

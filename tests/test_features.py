@@ -492,7 +492,7 @@ def test_not_compiled_until_numba_caches_the_kernel(tmp_path, monkeypatch) -> No
     # environment has no cache index; once called, it has (numba's cache folder moved to tmp_path)
     import numba
 
-    from alphafeat.pipeline import not_compiled
+    from alphafeat.precompute.workers import not_compiled
 
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
     toy = numba.njit(cache=True)(_cached_toy)
@@ -505,7 +505,7 @@ def test_not_compiled_until_numba_caches_the_kernel(tmp_path, monkeypatch) -> No
 def test_first_use_hint_goes_once_compiled() -> None:
     # precompute's "compiling kernels" hint reads numba's cache index of the CPU kernel:
     # after one compute in this environment the index is on disk and the hint goes
-    from alphafeat.pipeline import _first_use
+    from alphafeat.precompute.workers import first_use
 
     compute_features(random_book(50, 0))
-    assert _first_use() is False
+    assert first_use() is False

@@ -20,11 +20,12 @@ import pytest
 from test_declared_feature import TOYS
 from test_features import random_book
 
-from alphafeat import pipeline, segment
 from alphafeat.features import FeatureParams, _prepare, compute_features, feature_specs
 from alphafeat.features.cpu import FeatureStream
 from alphafeat.features.registry import make_plan, registered
-from alphafeat.pipeline import PrecomputeConfig, feature_threads, precompute
+from alphafeat.precompute import PrecomputeConfig, books, precompute, run, table
+from alphafeat.precompute import job as job_mod
+from alphafeat.precompute.job import feature_threads
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -116,8 +117,8 @@ def test_push_block_threads_changing_block_to_block_bit_for_bit() -> None:
 
 def _cache(out: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, threads: int,
            inputs: list[Path], **kw) -> dict[str, bytes]:  # fmt: skip
-    monkeypatch.setattr(pipeline, "feature_threads", lambda cfg, segments: threads)
-    with caplog.at_level("DEBUG", logger="alphafeat.pipeline"):
+    monkeypatch.setattr(run, "feature_threads", lambda cfg, segments: threads)
+    with caplog.at_level("DEBUG", logger="alphafeat.precompute"):
         precompute(PrecomputeConfig(inputs=inputs, out=out, device="cpu", keep_books="none", **kw))
     assert f"on {threads} thread(s)" in caplog.text
     caplog.clear()
@@ -134,8 +135,8 @@ def test_threaded_cache_equals_sequential_bytes(tmp_path, monkeypatch, caplog, f
     if not inputs:
         pytest.skip("data/ has no embedded sample")
     kw = {"feature_set": features, "dtype": "float64", "barrier": "vol:1.5"}
-    monkeypatch.setattr(segment, "BLOCK_ROWS", 5000)
-    monkeypatch.setattr(pipeline, "_PIECE", 301)
+    monkeypatch.setattr(books, "BLOCK_ROWS", 5000)
+    monkeypatch.setattr(table, "_PIECE", 301)
     ref = _cache(tmp_path / "one", monkeypatch, caplog, 1, inputs, **kw)
     got = _cache(tmp_path / "three", monkeypatch, caplog, 3, inputs, **kw)
     assert ref and got == ref
@@ -153,13 +154,13 @@ def test_threads_changing_as_segments_end_keep_the_bytes(tmp_path, monkeypatch, 
     inputs = sorted(DATA.glob("*20240307*.dbn.zst"))
     if not inputs:
         pytest.skip("data/ has no embedded sample")
-    monkeypatch.setattr(segment, "BLOCK_ROWS", 1000)
-    monkeypatch.setattr(pipeline, "_PIECE", 301)
+    monkeypatch.setattr(books, "BLOCK_ROWS", 1000)
+    monkeypatch.setattr(table, "_PIECE", 301)
     ref = _cache(tmp_path / "one", monkeypatch, caplog, 1, inputs)
-    monkeypatch.setattr(pipeline, "_at_once", lambda cfg, segments: 2)  # as if another segment ran beside
-    counts, set_in_flight = [], pipeline._set_in_flight
-    monkeypatch.setattr(pipeline, "_set_in_flight", lambda staging, n: (counts.append(n), set_in_flight(staging, n)))
-    monkeypatch.setattr(pipeline, "live_threads", lambda job: next(cycle))
+    monkeypatch.setattr(run, "segments_at_once", lambda cfg, segments: 2)  # as if another segment ran beside
+    counts, set_in_flight = [], job_mod.set_in_flight
+    monkeypatch.setattr(run, "set_in_flight", lambda staging, n: (counts.append(n), set_in_flight(staging, n)))
+    monkeypatch.setattr(table, "live_threads", lambda job: next(cycle))
     cycle = itertools.cycle([1, 4, 2, 1, 3])
     used, push_block = [], FeatureStream.push_block
 
@@ -179,21 +180,21 @@ def test_live_threads_follow_the_segments_in_flight(tmp_path, monkeypatch) -> No
     missing (run committed), unreadable or not kept (one segment at a time, --scheduler)."""
     import dataclasses
 
-    monkeypatch.setattr(pipeline, "usable_cores", lambda: 16)
-    f = tmp_path / pipeline.IN_FLIGHT
-    job = dataclasses.replace(pipeline.make_job(PrecomputeConfig(inputs=[], out=tmp_path / "c"), "cpu"),
+    monkeypatch.setattr(job_mod, "usable_cores", lambda: 16)
+    f = tmp_path / job_mod.IN_FLIGHT
+    job = dataclasses.replace(job_mod.make_job(PrecomputeConfig(inputs=[], out=tmp_path / "c"), "cpu"),
                               feature_threads=1, in_flight=str(f))  # fmt: skip
     got = {}
     for n in (16, 8, 5, 3, 1):
-        pipeline._set_in_flight(tmp_path, n)
-        got[n] = pipeline.live_threads(job)
+        job_mod.set_in_flight(tmp_path, n)
+        got[n] = job_mod.live_threads(job)
     assert got == {16: 1, 8: 1, 5: 2, 3: 4, 1: 4}
-    assert pipeline.live_threads(dataclasses.replace(job, feature_threads=3)) == 4
+    assert job_mod.live_threads(dataclasses.replace(job, feature_threads=3)) == 4
     f.write_text("x")
-    assert pipeline.live_threads(job) == 1
+    assert job_mod.live_threads(job) == 1
     f.unlink()
-    assert pipeline.live_threads(job) == 1
-    assert pipeline.live_threads(dataclasses.replace(job, in_flight=None, feature_threads=2)) == 2
+    assert job_mod.live_threads(job) == 1
+    assert job_mod.live_threads(dataclasses.replace(job, in_flight=None, feature_threads=2)) == 2
 
 
 @pytest.mark.parametrize(
@@ -215,7 +216,7 @@ def test_live_threads_follow_the_segments_in_flight(tmp_path, monkeypatch) -> No
     ],
 )
 def test_feature_threads_share_the_cores(monkeypatch, opts: dict, segments: int, cores: int, want: int) -> None:
-    monkeypatch.setattr(pipeline, "usable_cores", lambda: cores)
+    monkeypatch.setattr(job_mod, "usable_cores", lambda: cores)
     assert feature_threads(PrecomputeConfig(inputs=[], out=Path("x"), **opts), segments) == want
 
 
@@ -229,7 +230,7 @@ def test_usable_cores_follow_the_affinity_mask() -> None:
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this platform")
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from alphafeat.cores import usable_cores; from alphafeat import pipeline; "
-            "print(usable_cores(), pipeline._local_jobs(pipeline.PrecomputeConfig(inputs=[], out='x', jobs=-1)))")
+            "from alphafeat.cores import usable_cores; from alphafeat.precompute import PrecomputeConfig, job; "
+            "print(usable_cores(), job.local_jobs(PrecomputeConfig(inputs=[], out='x', jobs=-1)))")
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert got == ["1", "1"]

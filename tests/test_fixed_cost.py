@@ -24,9 +24,9 @@ def _no_workers(*args: object, **kw: object) -> None:
 
 
 def test_pipeline_import_loads_neither_databento_nor_pandas() -> None:
-    """A segment worker imports alphafeat.pipeline: databento's package (pandas, aiohttp, its
+    """A segment worker imports alphafeat.precompute: databento's package (pandas, aiohttp, its
     HTTP clients; ~0.35 s) is loaded only where the plan builds its InstrumentMap."""
-    code = "import sys, alphafeat.pipeline; print(sorted({'databento', 'pandas', 'joblib'} & set(sys.modules)))"
+    code = "import sys, alphafeat.precompute; print(sorted({'databento', 'pandas', 'joblib'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PROJECT,
                          env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
     assert out.stdout.strip() == "[]"
@@ -60,7 +60,7 @@ def test_reruns_load_neither_databento_nor_pandas_nor_a_numba_kernel(tmp_path) -
     code = f"""
 import sys
 from pathlib import Path
-from alphafeat.pipeline import PrecomputeConfig, precompute
+from alphafeat.precompute import PrecomputeConfig, precompute
 import alphafeat.labels as lb
 cfg = PrecomputeConfig(inputs={[str(p) for p in one]!r}, out=Path({str(tmp_path / "c")!r}), device="cpu")
 same = precompute(cfg)
@@ -69,7 +69,7 @@ other = precompute(cfg)
 print(same.partitions_skipped, len(same.partitions), any(n.startswith("relabelled") for n in other.notes))
 print(sorted({{"databento", "pandas"}} & set(sys.modules)), lb._direction_h.signatures, lb._tb_rows.signatures)
 """
-    from alphafeat.pipeline import PrecomputeConfig, precompute
+    from alphafeat.precompute import PrecomputeConfig, precompute
 
     precompute(PrecomputeConfig(inputs=one, out=tmp_path / "c", device="cpu"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
@@ -126,13 +126,13 @@ def test_a_segment_computed_afresh_loads_no_pandas(tmp_path) -> None:
     code = f"""
 import sys
 from pathlib import Path
-from alphafeat.pipeline import PrecomputeConfig, precompute
+from alphafeat.precompute import PrecomputeConfig, precompute
 cfg = PrecomputeConfig(inputs={[str(p) for p in one]!r}, out=Path({str(tmp_path / "c")!r}), device="cpu",
                        feature_set="default,flow")
 s = precompute(cfg)
 print(s.partitions_skipped, len(s.partitions), sorted({{"databento", "pandas"}} & set(sys.modules)))
 """
-    from alphafeat.pipeline import PrecomputeConfig, precompute
+    from alphafeat.precompute import PrecomputeConfig, precompute
 
     precompute(PrecomputeConfig(inputs=one, out=tmp_path / "c", device="cpu"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,

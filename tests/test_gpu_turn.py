@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from alphafeat import cuda as cuda_pkg
-from alphafeat import pipeline, segment
 from alphafeat.cuda import SLOT_BYTES, gpu_turn
 from alphafeat.errors import AlphafeatError
 from alphafeat.plan import make_plan
+from alphafeat.precompute import PrecomputeConfig, books, segment, table
+from alphafeat.precompute.job import make_job
+from alphafeat.precompute.relabel import added_features
 from alphafeat.validation import validate_instrument_mode
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -65,21 +67,21 @@ def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
                            "CUDA_ERROR_OUT_OF_MEMORY")  # fmt: skip
 
     turns = []
-    monkeypatch.setattr(pipeline, "compute_features", oom)
+    monkeypatch.setattr(table, "compute_features", oom)
     monkeypatch.setattr(cuda_pkg, "gpu_turn", lambda d: turns.append(d) or contextlib.nullcontext())
     inputs = sorted(DATA.glob("*20240307*.dbn.zst"))
     if not inputs:
         pytest.skip("data/ has no embedded sample")
     plan = make_plan(inputs, mode=validate_instrument_mode("front-month"), root="ES", roll_rule="volume",
                      roll_days=8, on_error="raise", jobs=1, survey_dir=None)  # fmt: skip
-    job = pipeline.make_job(pipeline.PrecomputeConfig(inputs=inputs, out=tmp_path / "c", device="cpu"), "cpu")
+    job = make_job(PrecomputeConfig(inputs=inputs, out=tmp_path / "c", device="cpu"), "cpu")
     job = dataclasses.replace(job, device="cuda")
     seg = plan.segments[0]
     with pytest.raises(AlphafeatError) as e:
         segment.run_segment(seg, str(tmp_path), {}, job, None)
-    book, _, _ = segment.build_book(seg)
+    book, _, _ = books.build_book(seg)
     with pytest.raises(AlphafeatError) as e2:
-        pipeline.added_features(book, job, ["ofi_l01"], seg.relpath, gpu_locks=str(tmp_path))
+        added_features(book, job, ["ofi_l01"], seg.relpath, gpu_locks=str(tmp_path))
     for line in (str(e.value), str(e2.value)):
         assert "\n" not in line and seg.relpath in line and "ran out of memory" in line
         assert "--device cpu" in line

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 from pathlib import Path
 
 import joblib
@@ -17,10 +16,10 @@ from test_dbn import _mbp10, _metadata
 
 from alphafeat import book as bk
 from alphafeat import plan as plan_mod
-from alphafeat import segment
 from alphafeat.errors import InputError
 from alphafeat.instruments import InstrumentMode
 from alphafeat.plan import make_plan
+from alphafeat.precompute import books as segment
 from cli.alphafeat import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -79,7 +78,7 @@ def test_plan_scans_kept_and_invalidated(tmp_path: Path, monkeypatch: pytest.Mon
     pre = tmp_path / "pre"
     cold = make_plan([p], mode=ALL, survey_dir=pre)
     kept = sorted((pre / "survey").iterdir())
-    assert len(kept) == 1 and kept[0].suffix == ".pkl"
+    assert len(kept) == 1 and kept[0].suffix == ".json"
     scan = plan_mod._scan_file
     monkeypatch.setattr(plan_mod, "_scan_file", lambda *a: pytest.fail("a kept scan was read again"))
     assert _segments(make_plan([p], mode=ALL, survey_dir=pre)) == _segments(cold)
@@ -131,7 +130,7 @@ def test_plan_kept_and_never_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         return n == len(list(d.iterdir())) and _same_plan(got, make_plan([d], mode=kw.get("mode", ALL)))
 
     cold = plan()
-    assert len(opened) == 2 and len(list((pre / "plan").glob("*.pkl"))) == 1
+    assert len(opened) == 2 and len(list((pre / "plan").glob("*.json"))) == 1
     assert _same_plan(plan(), cold) and opened == []  # the kept plan: nothing opened
     assert _same_plan(make_plan([d], mode=ALL), cold)  # equal to a plan made afresh
     assert planned_again(mode=InstrumentMode.parse("id=5602"))  # other options
@@ -155,19 +154,19 @@ def test_kept_plan_unreadable_or_of_other_code_is_planned_again(tmp_path: Path, 
     p = _plain(tmp_path, "p.dbn")
     pre = tmp_path / "pre"
     cold = make_plan([p], mode=ALL, survey_dir=pre)
-    (kept,) = (pre / "plan").glob("*.pkl")
-    kept.write_bytes(b"not a pickle")
+    (kept,) = (pre / "plan").glob("*.json")
+    kept.write_bytes(b"not json")
     assert _same_plan(make_plan([p], mode=ALL, survey_dir=pre), cold)  # planned again, and kept again
-    assert kept.read_bytes() != b"not a pickle"
+    assert kept.read_bytes() != b"not json"
     key = plan_mod.plan_key([p], ["all"])
     monkeypatch.setattr(plan_mod, "PLAN_VERSION", plan_mod.PLAN_VERSION + 1)
     assert plan_mod.plan_key([p], ["all"]) != key
     monkeypatch.setattr(plan_mod, "PLAN_VERSION", plan_mod.PLAN_VERSION - 1)
-    monkeypatch.setattr(plan_mod, "_PLAN_CODE", (*plan_mod._PLAN_CODE, "segment.py"))  # the code hashed
+    monkeypatch.setattr(plan_mod, "_PLAN_CODE", (*plan_mod._PLAN_CODE, "bars.py"))  # the code hashed
     assert plan_mod.plan_key([p], ["all"]) != key
 
 
-def test_kept_plan_headers_round_trip_every_dbn_version() -> None:
+def test_kept_plan_headers_round_trip_every_dbn_version(tmp_path: Path) -> None:
     """A kept plan stores each header's metadata encoded; decoded again it equals the header
     read from the file, for DBN v1, v2 and v3 samples and the real files."""
     from conftest import REAL, SAMPLES, SKIP_REASON
@@ -177,7 +176,9 @@ def test_kept_plan_headers_round_trip_every_dbn_version() -> None:
         pytest.skip(SKIP_REASON)
     heads = [plan_mod.open_dbn(f) for f in files]
     plan = plan_mod.Plan("mbo", heads, [], [])
-    back = plan_mod._thawed(pickle.loads(pickle.dumps(plan_mod._frozen(plan))))
+    kept = tmp_path / "plan.json"
+    plan_mod._keep(kept, plan_mod._frozen(plan), "plan")
+    back = plan_mod._thawed(plan_mod._load_kept(kept))
     assert {f.version for f in back.files} == {1, 2, 3}
     for a, b in zip(heads, back.files, strict=True):
         assert dataclasses.replace(a, metadata=None) == dataclasses.replace(b, metadata=None)
@@ -192,7 +193,7 @@ def test_plan_that_skipped_a_file_is_not_kept(tmp_path: Path) -> None:
     pre = tmp_path / "pre"
     plan = make_plan([good, bad], mode=ALL, on_error="skip", survey_dir=pre)
     assert [p for p, _ in plan.skipped] == [bad]
-    assert not list((pre / "plan").glob("*.pkl"))
+    assert not list((pre / "plan").glob("*.json"))
 
 
 def test_kept_book_keys_and_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,3 +279,63 @@ def test_skip_in_make_plan(tmp_path: Path) -> None:
     assert sum(segment.build_book(s)[1] for s in plan.segments) == len(recs)
     with pytest.raises(InputError, match="disagrees"):
         make_plan([p, bad["length"]], mode=ALL, jobs=2)
+
+
+def test_kept_scans_and_plans_are_json_data_never_code(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The plan's scans and the plan itself are kept as JSON with a format version (no pickle: a
+    folder others can write runs no code here); a kept file that is corrupt, of another format
+    version or not ours is ignored with a logged note, planned again and replaced."""
+    import json
+    import logging
+
+    from alphafeat import kept as kept_data
+
+    p = _plain(tmp_path, "p.dbn")
+    pre = tmp_path / "pre"
+    cold = make_plan([p], mode=ALL, survey_dir=pre)
+    files = sorted((pre / "survey").glob("*.json")) + sorted((pre / "plan").glob("*.json"))
+    assert len(files) == 2
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert doc["format"] == "alphafeat-kept" and doc["format_version"] == kept_data.FORMAT_VERSION
+        assert f.read_bytes()[:1] == b"{"  # text, not a pickle stream
+    survey, plan = files
+    bad = {"corrupt": b"{\"format\": \"alphafeat-kept\", \"format_v",
+           "other version": json.dumps({"format": "alphafeat-kept", "format_version": 999, "data": {}}).encode(),
+           "not ours": json.dumps({"format": "something", "data": 1}).encode(),
+           "a pickle": b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01.",
+           "unknown class": json.dumps({"format": "alphafeat-kept", "format_version": kept_data.FORMAT_VERSION,
+                                        "data": {"__kept__": "dataclass", "cls": "Popen", "v": {}}}).encode()}
+    for why, content in bad.items():
+        for f in (survey, plan):
+            f.write_bytes(content)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="alphafeat.kept"):
+            got = make_plan([p], mode=ALL, survey_dir=pre)
+        assert _same_plan(got, cold), why
+        assert "ignored (computed again)" in caplog.text, why
+        assert all(f.read_bytes() != content for f in (survey, plan)), why  # kept again
+
+
+def test_kept_values_round_trip() -> None:
+    """What a kept scan or plan holds comes back equal and of the same types: tuples, dicts
+    with tuple and int keys, dates, paths, bytes, numpy scalars, NaN and structured record
+    arrays (padding and sub-arrays kept, every DBN schema and version)."""
+    import datetime as dt
+
+    from alphafeat import kept as kept_data
+    from alphafeat.dbn import SCHEMA_RTYPES, record_dtype
+
+    value = {"g": {160: {(19789, 17077): [3, 2.5, 10**18]}}, "p": Path("/a b"), "d": dt.date(2024, 3, 6),
+             "t": (1, "x", None), "n": np.int64(-5), "f": float("nan"), "b": b"\x00\xff", "e": np.zeros(0)}
+    back = kept_data.decode(kept_data.encode(value), {})
+    assert back.keys() == value.keys() and np.isnan(back.pop("f")) and type(back["n"]) is np.int64
+    assert back == {k: v for k, v in value.items() if k not in ("f", "e")} | {"e": back["e"]}
+    for rt in sorted(set(SCHEMA_RTYPES.values())):
+        for version in (1, 2, 3):
+            a = np.zeros(4, record_dtype(rt, version))
+            a.view(np.uint8)[:] = np.arange(a.nbytes) % 251
+            b = kept_data.decode(kept_data.encode(a), {})
+            assert b.dtype == a.dtype and b.tobytes() == a.tobytes(), (rt, version)
+    with pytest.raises(TypeError):
+        kept_data.encode(np.array([object()]))

@@ -8,7 +8,7 @@ import pytest
 from conftest import ESU4_MBP1, ESU4_TRADES, need
 
 from alphafeat.inspection import inspect_cache
-from alphafeat.pipeline import PrecomputeConfig, precompute
+from alphafeat.precompute import PrecomputeConfig, precompute
 from cli.alphafeat import main
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from alphamodel.cfc import CfC, CfCCell
+from alphamodel.nn.cfc import CfC, CfCCell
 
 
 def by_hand(cell: CfCCell, u: np.ndarray, x: np.ndarray, dt: float) -> np.ndarray:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alphamodel.cfc import CfC
-from alphamodel.model import AlphaModel, ModelConfig
+from alphamodel.nn.cfc import CfC
+from alphamodel.nn.model import AlphaModel, ModelConfig
 
 
 def _model(impl: str = "fused", seed: int = 0) -> AlphaModel:

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from alphafeat.errors import UsageError
-from alphamodel.config import from_dict
-from alphamodel.ema import InputEMA
-from alphamodel.model import AlphaModel, ModelConfig
+from alphamodel.nn.ema import InputEMA
+from alphamodel.nn.model import AlphaModel, ModelConfig
 
 
 def _numpy_ema(x: np.ndarray, T: float) -> np.ndarray:
@@ -130,11 +129,11 @@ def test_model_with_bank_stateful_windows_equal_one_long_window_and_padding_is_n
 
 
 def test_ema_rows_config_is_checked():
-    assert from_dict(ModelConfig, {"ema_rows": [32, 128]}, "model").ema_rows == (32.0, 128.0)
-    assert from_dict(ModelConfig, {}, "model").ema_rows == ()
+    assert ModelConfig.from_dict({"ema_rows": [32, 128]}).ema_rows == (32.0, 128.0)
+    assert ModelConfig.from_dict({}).ema_rows == ()
     for bad in ("32", [0], [-5], [32, "x"], 7):
         with pytest.raises(UsageError, match="ema_rows"):
-            from_dict(ModelConfig, {"ema_rows": bad}, "model")
+            ModelConfig.from_dict({"ema_rows": bad})
 
 
 def test_dt_range_reaches_the_mamba2_blocks():
@@ -143,4 +142,4 @@ def test_dt_range_reaches_the_mamba2_blocks():
         dt = torch.nn.functional.softplus(blk.mixer.dt_bias)
         assert ((dt >= 1e-4 * (1 - 1e-4)) & (dt <= 2e-4 * (1 + 1e-4))).all()
     with pytest.raises(UsageError, match="dt_min"):
-        from_dict(ModelConfig, {"dt_min": 0}, "model")
+        ModelConfig.from_dict({"dt_min": 0})

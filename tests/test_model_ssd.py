@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alphamodel.mamba2 import Mamba2, ssd_chunked
+from alphamodel.nn.mamba2 import Mamba2, ssd_chunked
 
 
 def ssd_sequential(x, a, B, C, h0=None):
@@ -113,7 +113,7 @@ def test_causal_conv_equals_depthwise_conv1d(k: int) -> None:
     gradients), and under bf16 inputs it accumulates in float32 (closer to the float64 result)."""
     import torch.nn.functional as F
 
-    from alphamodel.mamba2 import causal_conv
+    from alphamodel.nn.mamba2 import causal_conv
 
     g = torch.Generator().manual_seed(k)
     full = torch.randn(3, 17 + k, 5, generator=g, dtype=torch.float64, requires_grad=True)

@@ -15,11 +15,13 @@ from scipy.stats import mannwhitneyu, rankdata
 
 from alphafeat.cache import MANIFEST
 from alphafeat.errors import AlphafeatError, InputError
-from alphamodel.data import CacheData, Window
-from alphamodel.evaluation import walk_forward_folds
-from alphamodel.metrics import auc, average_ranks, base_rate
-from alphamodel.model import horizon_weights, masked_bce_loss
-from alphamodel.train import TrainConfig, load_model, train
+from alphamodel.data.cache import CacheData, Window
+from alphamodel.nn.model import horizon_weights, masked_bce_loss
+from alphamodel.supervised.checkpoint import load_model
+from alphamodel.supervised.config import TrainConfig
+from alphamodel.supervised.evaluation import walk_forward_folds
+from alphamodel.supervised.metrics import auc, average_ranks, base_rate
+from alphamodel.supervised.train import train
 from cli.alphamodel import main as cli_main
 
 HORIZONS = [2, 5]
@@ -164,7 +166,7 @@ def test_walk_forward_blocks_hide_labels_reaching_into_later_blocks(one_session)
 def test_tiny_training_run_end_to_end_and_repeatable(cache, tmp_path):
     tc = TrainConfig(window=32, burn_in=8, batch_size=16, epochs=3, steps_per_epoch=15, lr=1e-2,
                      warmup_steps=5, device="cpu", seed=3)
-    from alphamodel.model import ModelConfig
+    from alphamodel.nn.model import ModelConfig
 
     mc = ModelConfig(d_model=16, n_layers=1, d_state=8, headdim=8, chunk_size=16, cfc_hidden=8)
     s1 = train(cache, tmp_path / "a", mc, tc, progress=False)
@@ -224,7 +226,7 @@ def test_missing_label_column_is_a_clear_error(tmp_path):
 def test_fracdiff_level_is_removed_from_the_inputs(tmp_path):
     """A fixed-window fracdiff of log(mid) carries c * log(mid) (c = sum of its weights): it
     enters as ``fracdiff_log_mid-level`` = fracdiff - c log(mid), which is 0 on a flat mid."""
-    from alphamodel.data import fracdiff_weight_sum
+    from alphamodel.data.cache import fracdiff_weight_sum
 
     d, W = 0.4, 6
     w = [1.0]
@@ -259,7 +261,7 @@ def _batch_inputs_equal_the_reference(data: CacheData) -> None:
     """The batch loader's fused gather (``CacheData._inputs_into``, numba) writes the same bits
     as the reference ``norm(raw_features(...))``, for left and right padding, NaN rows, a
     ``-mid`` and a ``-level`` input; padding stays 0."""
-    from alphamodel.data import Window
+    from alphamodel.data.cache import Window
 
     names = data.feature_names
     assert any(n.endswith("-mid") for n in names) and any(n.endswith("-level") for n in names)
@@ -284,7 +286,7 @@ def _batch_inputs_equal_the_reference(data: CacheData) -> None:
 
 def test_heads_keep_the_per_row_linear_path_under_dropout():
     """With every sequence feature dropped, the logits are the linear model of the row's inputs."""
-    from alphamodel.model import AlphaModel, ModelConfig
+    from alphamodel.nn.model import AlphaModel, ModelConfig
 
     torch.manual_seed(0)
     m = AlphaModel(ModelConfig(n_features=5, n_horizons=3, d_model=8, n_layers=1, d_state=4, headdim=4,
@@ -305,7 +307,7 @@ def test_cli_without_torch_says_what_to_install(tmp_path, capsys, monkeypatch):
 
 # ---- summary words, optimiser groups, config checks ------------------------------------------
 def test_labels_kept_after_purge_counts_labels_not_rows(one_session):
-    from alphamodel.train import label_counts
+    from alphamodel.supervised.train import label_counts
 
     d = one_session
     keep = _one_fold(d).keep
@@ -324,8 +326,8 @@ def test_labels_kept_after_purge_counts_labels_not_rows(one_session):
 def test_weight_decay_is_chosen_by_module_type():
     from torch import nn
 
-    from alphamodel.model import AlphaModel, ModelConfig
-    from alphamodel.optim import decayed_parameters, param_groups
+    from alphamodel.nn.model import AlphaModel, ModelConfig
+    from alphamodel.nn.optim import decayed_parameters, param_groups
 
     m = AlphaModel(ModelConfig(n_features=3, n_horizons=2, d_model=8, n_layers=1, d_state=4, headdim=4,
                                chunk_size=8, cfc_hidden=4))
@@ -353,9 +355,10 @@ def test_every_config_key_has_its_rule():
     import dataclasses
 
     from alphamodel.backtest import BacktestConfig
-    from alphamodel.c51 import C51Config
-    from alphamodel.config import BACKTEST_RULES, C51_RULES, MODEL_RULES, TRAIN_RULES
-    from alphamodel.model import ModelConfig
+    from alphamodel.backtest.config import BACKTEST_RULES
+    from alphamodel.nn.model import MODEL_RULES, ModelConfig
+    from alphamodel.rl.config import C51_RULES, C51Config
+    from alphamodel.supervised.config import TRAIN_RULES
 
     for cls, rules in ((TrainConfig, TRAIN_RULES), (ModelConfig, MODEL_RULES), (BacktestConfig, BACKTEST_RULES),
                        (C51Config, C51_RULES)):
@@ -364,7 +367,7 @@ def test_every_config_key_has_its_rule():
 
 def test_config_values_are_checked_before_anything_is_written(cache, tmp_path):
     from alphafeat.errors import UsageError
-    from alphamodel.model import ModelConfig
+    from alphamodel.nn.model import ModelConfig
 
     for bad in ({"epochs": 0}, {"batch_size": 0}, {"epochs": "3"}, {"window": 8, "burn_in": 8},
                 {"horizon_weighting": "log"}, {"device": "gpu"}, {"seed": 1.5}, {"nope": 1}, {"folds": 0},
@@ -483,7 +486,7 @@ def test_one_class_training_rows_are_said(tmp_path, capsys):
 
 
 def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_path):
-    from alphamodel.model import ModelConfig
+    from alphamodel.nn.model import ModelConfig
 
     tc = TrainConfig(window=16, burn_in=4, batch_size=4, epochs=1, steps_per_epoch=3, device="cpu", n_boot=20,
                      baselines=("base_rate", "logistic", "mlp"))
@@ -522,8 +525,8 @@ def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_
 def test_stateful_scoring_equals_each_run_as_one_sequence(cache):
     """score_rows (stateful): runs of different lengths batched together, cut in windows of K,
     right-padded, state carried — the scores of running each run as one long sequence."""
-    from alphamodel.model import AlphaModel, ModelConfig
-    from alphamodel.train import score_rows
+    from alphamodel.nn.model import AlphaModel, ModelConfig
+    from alphamodel.supervised.scoring import score_rows
 
     d = CacheData.open(cache)
     torch.manual_seed(0)
@@ -549,9 +552,9 @@ def test_embeddings_are_the_stateful_scores_inputs(cache):
     """embed_segments scores as training scored (stateful: the state carried across windows):
     its probabilities are score_rows' and its embedding is the one long sequence's; with
     context "window" (no state) the rows past the first window differ."""
-    from alphamodel.embed import embed_segments
-    from alphamodel.model import AlphaModel, ModelConfig
-    from alphamodel.train import score_rows
+    from alphamodel.nn.model import AlphaModel, ModelConfig
+    from alphamodel.supervised.embed import embed_segments
+    from alphamodel.supervised.scoring import score_rows
 
     d = CacheData.open(cache)
     torch.manual_seed(0)
@@ -572,7 +575,7 @@ def test_embeddings_are_the_stateful_scores_inputs(cache):
 
 
 def test_staged_outputs_name_what_they_replace_and_what_an_earlier_run_left(tmp_path):
-    from alphamodel.outputs import staged_outputs
+    from alphamodel.supervised.outputs import staged_outputs
 
     out = tmp_path / "o"
     with staged_outputs(out) as st:  # a first run: a plot per cost level
@@ -598,12 +601,12 @@ def test_lift_bar_is_never_below_chance() -> None:
     """The lift is over the best baseline, and at least over chance (0.5, a constant score):
     a baseline scoring below 0.5, or a base rate whose AUC is NaN (a fold without training
     labels), does not lower the bar; a real baseline above 0.5 is the bar with paired replicates."""
-    from alphamodel.train import _lift
+    from alphamodel.supervised.report import lift
 
     names = ["alphamodel", "base_rate", "mlp", "logistic"]
     reps = np.array([[0.60, 0.5, 0.40, np.nan], [0.62, 0.5, 0.44, np.nan], [0.58, 0.5, 0.42, np.nan]])
-    got = _lift(names, np.array([0.60, np.nan, 0.42, np.nan]), reps)
+    got = lift(names, np.array([0.60, np.nan, 0.42, np.nan]), reps)
     assert got["best_baseline"] == "base_rate" and got["lift"] == pytest.approx(0.10)
     assert got["lift_ci_low"] == pytest.approx(0.081) and got["lift_ci_high"] == pytest.approx(0.119)
-    got = _lift(names, np.array([0.60, 0.5, 0.55, 0.52]), reps)
+    got = lift(names, np.array([0.60, 0.5, 0.55, 0.52]), reps)
     assert got["best_baseline"] == "mlp" and got["lift"] == pytest.approx(0.05)

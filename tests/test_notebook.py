@@ -7,7 +7,7 @@ import pytest
 from conftest import PROJECT
 from nbclient import NotebookClient
 
-from alphafeat.pipeline import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
+from alphafeat.precompute import DEFAULT_DATA_DIR, PrecomputeConfig, precompute
 
 
 def test_explore_notebook_executes(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Probability of backtest overfitting by CSCV (alphamodel.overfit): a hand-worked case, a
+"""Probability of backtest overfitting by CSCV (alphamodel.backtest.overfit): a hand-worked case, a
 slow loop reference, unskilled trials near 1/2, a real edge near 0, the histogram PNG."""
 
 import itertools
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from alphamodel.overfit import block_count, pbo, pbo_section, plot_logits
+from alphamodel.backtest.overfit import block_count, pbo, pbo_section, plot_logits
 
 
 def _slow_pbo(m: np.ndarray, S: int) -> tuple[float, np.ndarray]:

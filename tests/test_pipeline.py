@@ -347,13 +347,14 @@ def test_first_use_hint_is_its_own_log_line(tmp_path, caplog, monkeypatch) -> No
     own (it had been appended to the progress bar's text, which is cut at the terminal width)."""
     import logging
 
-    from alphafeat import pipeline
+    from alphafeat import precompute as pipeline
+    from alphafeat.precompute import run
 
     data = PROJECT / "data"
     if not any(data.glob("*.dbn.zst")):
         pytest.skip("the embedded default sample (data/) is absent")
-    monkeypatch.setattr(pipeline, "_first_use", lambda: True)
-    with caplog.at_level(logging.WARNING, logger="alphafeat.pipeline"):
+    monkeypatch.setattr(run, "first_use", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="alphafeat.precompute"):
         pipeline.precompute(pipeline.PrecomputeConfig(inputs=[data / "glbx-mdp3-20240306.mbp-10.dbn.zst"],
                                                       out=tmp_path / "c", keep_books="none"))
     assert "first use in this environment: numba compiles the kernels once" in caplog.text

@@ -18,7 +18,7 @@ from alphafeat import book as bk
 from alphafeat.dbn import read_dbn, record_dtype
 from alphafeat.instruments import Symbology, insert_symbol_mappings, session_dates
 from alphafeat.plan import Segment, make_plan
-from alphafeat.segment import build_book, load_book, save_book
+from alphafeat.precompute.books import build_book, load_book, save_book
 from alphafeat.types import UNDEF_PRICE
 
 MBP10, MBO, SMAP = 0x0A, 0xA0, 0x16

@@ -32,9 +32,10 @@ from alphafeat.features import FeatureParams, compute_features, feature_specs
 from alphafeat.features.registry import DEFAULT_FEATURES
 from alphafeat.instruments import InstrumentMode, session_dates
 from alphafeat.labels import direction_labels
-from alphafeat.pipeline import PrecomputeConfig, make_job, precompute
 from alphafeat.plan import make_plan
-from alphafeat.segment import run_segment
+from alphafeat.precompute import PrecomputeConfig, precompute
+from alphafeat.precompute.job import make_job
+from alphafeat.precompute.segment import run_segment
 from alphafeat.types import LEVELS, BookArrays
 from cli.alphafeat import main
 

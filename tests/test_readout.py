@@ -6,16 +6,15 @@ import math
 import numpy as np
 import pytest
 
+from alphamodel.backtest.metrics import session_readout, sharpe_stats
 from alphamodel.readout import (
     MIN_SHARPE_SESSIONS,
     balanced_accuracy_ci,
     bootstrap_ci,
     head_verdict,
     needed_note,
-    session_readout,
     sessions_needed,
 )
-from alphamodel.sharpe import sharpe_stats
 
 
 def test_sessions_needed_hand_worked():
@@ -70,7 +69,7 @@ def test_balanced_accuracy_by_hand_and_verdicts():
     assert ba == pytest.approx(2 / 3) and lo <= ba <= hi
     import torch
 
-    from alphamodel.c51 import balanced_accuracy
+    from alphamodel.rl.c51 import balanced_accuracy
     assert ba == pytest.approx(balanced_accuracy(torch.as_tensor(pred), torch.as_tensor(y)))
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 3000)

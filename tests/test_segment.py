@@ -4,7 +4,7 @@
   chunk splits equals ``mbp_snapshots`` -> the session's rows -> ``to_book_arrays`` with the
   session's trades, column by column, exactly (trades from the book stream or a trades file;
   bounds that cut a stream spanning two sessions, or a file in the middle).
-* :func:`alphafeat.pipeline.book_mid` equals the ``mid`` feature bit for bit.
+* :func:`alphafeat.precompute.table.book_mid` equals the ``mid`` feature bit for bit.
 * ``labels._triple_barrier_blocked`` equals the row code (``triple_barrier_row``, the CUDA
   kernel's) on every row, exactly.
 * :func:`alphafeat.labels.direction_labels` equals a plain numpy reference.
@@ -27,8 +27,8 @@ from alphafeat import labels as lb
 from alphafeat.dbn import RecordScanner, read_dbn
 from alphafeat.features import compute_features
 from alphafeat.instruments import session_dates
-from alphafeat.pipeline import book_mid
 from alphafeat.plan import session_bounds
+from alphafeat.precompute.table import book_mid
 from alphafeat.types import BookArrays
 
 DATA = PROJECT / "data"
@@ -563,8 +563,7 @@ def test_small_blocks_give_the_same_cache(tmp_path, monkeypatch) -> None:
     """precompute with blocks of ~200 rows (many blocks, decode chunks of 64 KiB, feature pieces
     of 37 rows) writes the same partition bytes as with the default blocks (one block per
     embedded session); the vol barrier reads a stored feature column."""
-    from alphafeat import pipeline, segment
-    from alphafeat.pipeline import PrecomputeConfig, precompute
+    from alphafeat.precompute import PrecomputeConfig, books, precompute, table
 
     if not any(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
@@ -575,9 +574,9 @@ def test_small_blocks_give_the_same_cache(tmp_path, monkeypatch) -> None:
         return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.arrow"))}
 
     ref = run(tmp_path / "one")
-    monkeypatch.setattr(segment, "BLOCK_ROWS", 200)
-    monkeypatch.setattr(segment, "READ_CHUNK", 64 << 10)
-    monkeypatch.setattr(pipeline, "_PIECE", 37)
+    monkeypatch.setattr(books, "BLOCK_ROWS", 200)
+    monkeypatch.setattr(books, "READ_CHUNK", 64 << 10)
+    monkeypatch.setattr(table, "_PIECE", 37)
     got = run(tmp_path / "many")
     assert len(ref) == 3 and got == ref
 
@@ -611,7 +610,7 @@ def test_a_worker_whose_run_is_gone_does_not_make_its_folders_again(tmp_path):
     import pyarrow as pa
 
     from alphafeat.errors import AlphafeatError
-    from alphafeat.segment import _stage
+    from alphafeat.precompute.segment import _stage
 
     seg = SimpleNamespace(relpath="root=ES/session=2024-03-06/ESH4.arrow")
     table = pa.table({"x": pa.array([1.0])})
@@ -627,7 +626,7 @@ def test_a_worker_whose_run_is_gone_does_not_make_its_folders_again(tmp_path):
 def test_stream_rows_shrink_with_segments_at_once(monkeypatch) -> None:
     """Blocks of BLOCK_ROWS rows for one or two segments at once, halved as they double, at
     least MIN_BLOCK_ROWS; the decode chunk in proportion; a smaller BLOCK_ROWS (a test's) wins."""
-    from alphafeat import segment
+    from alphafeat.precompute import books as segment
 
     got = [segment.stream_rows(w) for w in (0, 1, 2, 3, 4, 5, 8, 9, 16, 64)]
     k = 1024

@@ -1,9 +1,9 @@
-"""Mamba2's SSD scan with ``ssd_impl="triton"`` (alphamodel.ssd_triton) against the torch scan
-(:func:`alphamodel.mamba2.ssd_chunked` in float64, itself tested against the sequential
+"""Mamba2's SSD scan with ``ssd_impl="triton"`` (alphamodel.ops.triton.ssd_triton) against the torch scan
+(:func:`alphamodel.nn.mamba2.ssd_chunked` in float64, itself tested against the sequential
 recurrence in tests/test_model_ssd.py): outputs, final state and every gradient, with groups,
 padding, a carried state and masks; the custom ops under ``torch.compile``; size and device errors.
-The block's convolution and SiLU as Triton kernels (alphamodel.conv_triton) against
-:func:`alphamodel.mamba2.causal_conv` in float64, forward and backward.
+The block's convolution and SiLU as Triton kernels (alphamodel.ops.triton.conv_triton) against
+:func:`alphamodel.nn.mamba2.causal_conv` in float64, forward and backward.
 
 Without CUDA the kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1`` set
 before triton is imported, as tests/test_cfc_triton.py does). Skipped when triton is not installed.
@@ -22,10 +22,9 @@ import torch
 import torch.nn.functional as F
 
 import alphafeat.errors
-from alphamodel.config import check_config
 from alphamodel.errors import UsageError
-from alphamodel.mamba2 import Mamba2, ssd_chunked
-from alphamodel.model import AlphaModel, ModelConfig
+from alphamodel.nn.mamba2 import Mamba2, ssd_chunked
+from alphamodel.nn.model import AlphaModel, ModelConfig
 
 CUDA = torch.cuda.is_available()
 if not CUDA and "triton" not in sys.modules:
@@ -38,8 +37,8 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 
 @pytest.fixture(scope="module")
 def kernels():
-    """alphamodel.ssd_triton; without a GPU, its kernels in Triton's interpreter."""
-    from alphamodel import cfc_triton, ssd_triton
+    """alphamodel.ops.triton.ssd_triton; without a GPU, its kernels in Triton's interpreter."""
+    from alphamodel.ops.triton import cfc_triton, ssd_triton
 
     if not CUDA and not cfc_triton.interpreted():
         pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set (no GPU to compile for)")
@@ -181,8 +180,8 @@ def test_triton_conv_silu_equals_the_torch_conv(kernels, L, c, k, dtype):
     state: output and the gradients of input, state, taps and bias equal ``silu(causal_conv)``
     in float64 (float32 to 1e-5; bf16 input to its rounding). Windows shorter than the taps,
     not a multiple of the row block, channels not a multiple of the channel block."""
-    from alphamodel.conv_triton import causal_conv_silu
-    from alphamodel.mamba2 import causal_conv
+    from alphamodel.nn.mamba2 import causal_conv
+    from alphamodel.ops.triton.conv_triton import causal_conv_silu
 
     gen = torch.Generator().manual_seed(L)
     wide, state = torch.randn(3, L, c + 50, generator=gen), torch.randn(3, k, c, generator=gen)
@@ -205,7 +204,7 @@ def test_triton_conv_silu_equals_the_torch_conv(kernels, L, c, k, dtype):
 def test_triton_conv_under_torch_compile(kernels):
     """The conv's custom ops trace without a graph break and pass torch's registration checks; five
     taps (more than the kernels hold) are a UsageError."""
-    from alphamodel.conv_triton import causal_conv_silu, conv_silu
+    from alphamodel.ops.triton.conv_triton import causal_conv_silu, conv_silu
 
     gen = torch.Generator().manual_seed(5)
     x, s = torch.randn(2, 20, 48, generator=gen).to(DEVICE), torch.randn(2, 3, 48, generator=gen).to(DEVICE)
@@ -237,7 +236,7 @@ def test_triton_scan_sizes_are_usage_errors(kernels):
     with pytest.raises(UsageError, match="^headdim: expected xbc's width 63 to be 2 heads x headdim"):
         kernels.ssd_scan(pack(x, B, C)[..., 1:], dt, A, D, 16)
     with pytest.raises(UsageError, match="^model.headdim: expected a power of two >= 16 with ssd_impl"):
-        check_config(ModelConfig(n_features=3, d_model=12, headdim=12, ssd_impl="triton"), "model")
+        ModelConfig(n_features=3, d_model=12, headdim=12, ssd_impl="triton").checked()
     with pytest.raises(alphafeat.errors.UsageError, match="^model.ssd_impl: expected chunked or triton"):
         ModelConfig.from_dict({"ssd_impl": "fast"})
 
@@ -246,8 +245,10 @@ def test_triton_scan_sizes_are_usage_errors(kernels):
 def test_triton_ssd_off_cuda_is_refused_and_a_saved_model_loads_as_chunked(tmp_path, capsys):
     import numpy as np
 
-    from alphamodel.data import Normaliser
-    from alphamodel.train import TrainConfig, _save, load_model, train
+    from alphamodel.data.cache import Normaliser
+    from alphamodel.supervised.checkpoint import load_model, save_model
+    from alphamodel.supervised.config import TrainConfig
+    from alphamodel.supervised.train import train
     from cli.alphamodel import main
 
     cfg = ModelConfig(n_features=3, d_model=16, headdim=16, ssd_impl="triton")
@@ -256,7 +257,7 @@ def test_triton_ssd_off_cuda_is_refused_and_a_saved_model_loads_as_chunked(tmp_p
     model = AlphaModel(cfg)
     norm = Normaliser(["a", "b", "c"], np.zeros(3), np.ones(3), 5.0)
     (tmp_path / "m").mkdir()
-    _save(tmp_path / "m", model, norm, {"model": dataclasses.asdict(cfg), "normaliser": norm.to_dict()})
+    save_model(tmp_path / "m", model, norm, {"model": dataclasses.asdict(cfg), "normaliser": norm.to_dict()})
     loaded, _, meta = load_model(tmp_path / "m", "cpu")
     assert meta["model"]["ssd_impl"] == "triton" and all(b.mixer.ssd_impl == "chunked" for b in loaded.blocks)
     conf = tmp_path / "triton.json"

@@ -24,8 +24,8 @@ from alphafeat import book as bk
 from alphafeat import cache, synth
 from alphafeat.cache import MANIFEST
 from alphafeat.instruments import InstrumentMode, session_dates
-from alphafeat.pipeline import PrecomputeConfig, precompute
 from alphafeat.plan import make_plan
+from alphafeat.precompute import PrecomputeConfig, precompute
 from cli.alphafeat import main
 
 ESH4, ESM4 = 17077, 5602
@@ -175,7 +175,7 @@ def test_mbo_without_f_last_gives_a_row_per_ts_recv_group(gen, tmp_path):
     stripped, recs = E.strip_flags(tmp_path / "nolast.mbo.dbn.zst", gen["mbo"][0])
     plan = make_plan([stripped])
     seg = plan.segments[0]
-    from alphafeat.segment import build_book
+    from alphafeat.precompute.books import build_book
 
     got, _, notes = build_book(seg)
     assert any("carries F_LAST" in n for n in notes)
@@ -329,7 +329,7 @@ def test_mid_session_start_is_flagged_and_rows_marked(gen, tmp_path):
 
 
 def test_roll_schedule_without_input_uses_precompute_default(capsys, monkeypatch, tmp_path):
-    import alphafeat.pipeline as pl
+    import alphafeat.precompute as pl
 
     code, table, err = _cli(capsys, "roll-schedule")
     assert code == 0 and "2024-03-06" in table and "ESH4" in table  # the embedded sample in data/

@@ -94,8 +94,9 @@ def test_error_family():
 
 
 def test_python_api_checks_options_like_the_cli(tmp_path):
-    from alphafeat.pipeline import PrecomputeConfig, make_job, precompute
     from alphafeat.plan import make_plan
+    from alphafeat.precompute import PrecomputeConfig, precompute
+    from alphafeat.precompute.job import make_job
     from alphafeat.synth import generate
 
     data = PROJECT / "data"

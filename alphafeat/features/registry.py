@@ -664,7 +664,7 @@ def prune_plan(plan: Plan, columns: Iterable[int]) -> Plan:
     ``plan``, so the ``columns`` are equal bit for bit (``tests/test_features_prune.py``); every
     other column not written by the row-wise stage is left undefined. A rerun that adds
     features to a cache computes only the added ones this way
-    (:func:`alphafeat.pipeline.relabel_table`).
+    (:func:`alphafeat.precompute.relabel.relabel_table`).
 
     Parameters
     ----------

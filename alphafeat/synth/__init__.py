@@ -177,6 +177,7 @@ from alphafeat.synth.ceiling import (
     ceiling_interval,
 )
 from alphafeat.synth.generate import DEFAULT_SAMPLE, REPORT_NAME, generate, make_default_sample
+from alphafeat.synth.records import UNDEF_PRICE
 from alphafeat.synth.simulator import (
     BURST_MEAN,
     DEFAULT_SIGNAL,
@@ -211,7 +212,7 @@ from alphafeat.synth.simulator import (
     activity_segments,
     volatility_multipliers,
 )
-from alphafeat.synth.writer import FAST_ZSTD_LEVEL, UNDEF_PRICE, ZSTD_LEVEL
+from alphafeat.synth.writer import FAST_ZSTD_LEVEL, ZSTD_LEVEL
 
 __all__ = [
     "ACTIVITY_PROFILE",

@@ -16,18 +16,16 @@ import numba
 import numpy as np
 
 from alphafeat.cores import usable_cores
+from alphafeat.synth.records import MBO_W, MBP_W, InstrumentRun
 from alphafeat.synth.simulator import (
     _CMBP,
     _ET,
     _FREM,
     _IA,
     _IB,
-    _MBO_W,
-    _MBP_W,
     _NFST,
     _NST,
     _borrow,
-    _InstrumentRun,
     _step,
 )
 
@@ -50,8 +48,8 @@ def _mc_outcomes(rng_own, p, s_st, s_fst, horizons, n_steps, out):
     change after ``horizons[h]`` events (every event changes the book, so events = snapshots)
     for the horizons within ``n_steps[r]`` (others are left alone). Releases the GIL."""
     ref_own = np.zeros(1)
-    dm_own = np.zeros((1, _MBO_W), np.int64)
-    dp_own = np.zeros((1, _MBP_W), np.int64)
+    dm_own = np.zeros((1, MBO_W), np.int64)
+    dp_own = np.zeros((1, MBP_W), np.int64)
     st_own = np.zeros(_NST, np.int64)
     fst_own = np.zeros(_NFST)
     ref, dm, dp, st, fst, p = (
@@ -138,7 +136,7 @@ def _estimates(up: np.ndarray, down: np.ndarray) -> tuple[float, float]:
 
 
 def auc_ceiling(
-    run: _InstrumentRun,
+    run: InstrumentRun,
     horizons: Sequence[int],
     paths: dict[int, int] | int,
     seed: int,

@@ -16,20 +16,17 @@ import numpy as np
 from alphafeat.synth.calendar import SCALES, _level, _session_vol, contracts_for, session_bounds, trade_dates
 from alphafeat.synth.ceiling import AUC_HORIZONS, AUC_PATHS, AUC_STATES, auc_ceiling
 from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, planted_path, write_planted
+from alphafeat.synth.records import MBO_SIZE, MBP_SIZE, TRADE_DTYPE, Buffers
 from alphafeat.synth.simulator import (
     P_BAD_TS,
     P_CROSSED_PREOPEN,
     P_LOCK,
     P_REPLENISH,
     Signal,
-    _Buffers,
     _simulate_session,
 )
 from alphafeat.synth.writer import (
-    _MBO_SIZE,
-    _MBP_SIZE,
     FAST_ZSTD_LEVEL,
-    TRADE_DTYPE,
     ZSTD_LEVEL,
     _definitions,
     _metadata,
@@ -64,7 +61,7 @@ DEFAULT_SAMPLE = dict(
 )
 
 #: The pool of the sessions simulated by this process through :func:`_session_job`.
-_POOL = _Buffers()
+_POOL = Buffers()
 
 
 def _session_job(
@@ -98,7 +95,7 @@ def _session_job(
         header = _metadata(schema, sess.contracts, t0, t1)
         if schema in ("mbp-10", "mbo"):  # merged chunk by chunk: no session-sized copy
             kind, n = ("mbp", n_mbp) if schema == "mbp-10" else ("mbo", n_mbo)
-            size = _MBP_SIZE if kind == "mbp" else _MBO_SIZE
+            size = MBP_SIZE if kind == "mbp" else MBO_SIZE
             chunks = merged_chunks(sess, kind, trades=trades if kind == "mbp" else None)
             _write_atomic(path, header, chunks, n * size, level)
         else:

@@ -39,8 +39,8 @@ from alphafeat.book import RawBook, Trades, rebuild_mbo
 from alphafeat.dbn import read_dbn
 from alphafeat.synth.calendar import BASE_RATE, front_by_volume, session_bounds, volume_share
 from alphafeat.synth.ceiling import AUC_STATES
+from alphafeat.synth.records import UNDEF_PRICE
 from alphafeat.synth.simulator import OPEN_DELAY_NS, Signal, _simulate_session
-from alphafeat.synth.writer import UNDEF_PRICE
 
 __all__ = ["REAL_FILE", "Fact", "Row", "book_stats", "compare", "stylised_facts"]
 

@@ -14,7 +14,6 @@ import math
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 import numba
 import numpy as np
@@ -36,7 +35,20 @@ from alphafeat.synth.calendar import (
     session_bounds,
     volume_share,
 )
-from alphafeat.synth.writer import _MBO_SIZE, _MBP_SIZE, F_LAST, MBO_DTYPE, MBP10_DTYPE, PUBLISHER_ID, UNDEF_PRICE
+from alphafeat.synth.records import (
+    F_LAST,
+    MBO_DTYPE,
+    MBO_SIZE,
+    MBO_W,
+    MBP10_DTYPE,
+    MBP_SIZE,
+    MBP_W,
+    PUBLISHER_ID,
+    UNDEF_PRICE,
+    Buffers,
+    InstrumentRun,
+    Session,
+)
 from alphafeat.validation import SignalKind, validate_enum, validate_signal
 
 __all__ = ["SIGNAL_KINDS", "Signal", "activity_segments", "volatility_multipliers"]
@@ -197,7 +209,6 @@ _NST = _QID + 2 * _QD
 _FFLOW, _FTGT, _FREM, _FFILL, _FWIDEN, _FFAST, _FVOL = 0, 1, 2, 3, 4, 5, 6
 _NFST = 8
 #: int64 words per MBO / MBP-10 record (the kernel writes whole records as words).
-_MBO_W, _MBP_W = _MBO_SIZE // 8, _MBP_SIZE // 8
 _M32 = 0xFFFFFFFF
 _UNDEF = UNDEF_PRICE
 # parameter-vector indices (float64 array ``params``), see :func:`_params`
@@ -1110,8 +1121,8 @@ def _simulate(
     rng_d = _borrow(rng_drift_own)
     d_st_own = np.zeros(_NST, np.int64)
     d_fst_own = np.zeros(_NFST)
-    d_m_own = np.zeros((1, _MBO_W), np.int64)
-    d_p_own = np.zeros((1, _MBP_W), np.int64)
+    d_m_own = np.zeros((1, MBO_W), np.int64)
+    d_p_own = np.zeros((1, MBP_W), np.int64)
     d_acc_own = np.zeros((max(drift_n, 1), 2 * drift_h.shape[0]))
     d_st, d_fst, d_m, d_p = _borrow(d_st_own), _borrow(d_fst_own), _borrow(d_m_own), _borrow(d_p_own)
     d_acc = _borrow(d_acc_own)
@@ -1303,48 +1314,6 @@ def volatility_multipliers(day: datetime.date, seed: int, n: int) -> np.ndarray:
     return np.exp(_ou(_rng(seed, day, 0, 5), n, SV_SD, SV_TAU_MIN) - 0.5 * SV_SD**2)
 
 
-class _Buffers:
-    """Grow-only record buffers reused by the sessions one process simulates: first touches of
-    fresh memory (page faults, huge-page compaction) cost about as much as the simulation."""
-
-    def __init__(self) -> None:
-        self._bufs: dict[Any, np.ndarray] = {}
-
-    def get(self, key: Any, dtype: np.dtype, n: int) -> np.ndarray:
-        """An uninitialised array of ``n`` records of ``dtype`` (reuses the buffer of ``key``)."""
-        nbytes = n * dtype.itemsize
-        buf = self._bufs.get(key)
-        if buf is None or buf.nbytes < nbytes:
-            self._bufs.pop(key, None)
-            # 1/8 headroom: a slightly bigger later session reuses the touched pages (pages
-            # never written cost no memory)
-            buf = np.empty(nbytes + nbytes // 8, np.uint8)
-            self._bufs[key] = buf
-        return buf[:nbytes].view(dtype)
-
-    def clear(self) -> None:
-        self._bufs.clear()
-
-
-@dataclass
-class _InstrumentRun:
-    n_mbo: int  # MBO records (``mbo`` holds them when they were written, else none)
-    mbo: np.ndarray
-    mbp: np.ndarray
-    stats: np.ndarray
-    crossed: bool
-    saved: tuple[np.ndarray, ...] | None
-    params: np.ndarray
-    latent: np.ndarray | None = None  # leading outright: its mid (ticks), 1 s grid
-    # leading outright, per book event: ts_recv (int64 ns) and the planted p_up after it (float64)
-    planted: tuple[np.ndarray, np.ndarray] | None = None
-    # leading outright with _Market.drift: expected mid change (ticks) over each horizon (n, H),
-    # and the mid (ticks) after each event
-    drift: np.ndarray | None = None
-    mid: np.ndarray | None = None
-    drift_reliability: np.ndarray | None = None  # (H,), see drift_estimate
-
-
 @dataclass
 class _Market:
     """What every instrument of a session shares: its bounds (ns), the one-minute activity
@@ -1371,13 +1340,13 @@ def _simulate_instrument(
     ref: np.ndarray | None,
     mk: _Market,
     n_samples: int = 0,
-    bufs: _Buffers | None = None,
+    bufs: Buffers | None = None,
     slot: int = 0,
     write_mbo: bool = True,
     close: float = 0.0,
     vol: float = 0.0,
     follow: bool = False,
-) -> _InstrumentRun:
+) -> InstrumentRun:
     """MBO and MBP-10 records (time order) of one instrument in one session.
 
     ``fair`` is the fair price at the open (index points). ``ref`` is the reference mid
@@ -1445,8 +1414,8 @@ def _simulate_instrument(
     ns = sample_at.shape[0]
     s_st = np.zeros((ns, _NST), np.int64)
     s_fst = np.zeros((ns, _NFST))
-    hdr_mbo = (_MBO_SIZE // 4) | (0xA0 << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
-    hdr_mbp = (_MBP_SIZE // 4) | (0x0A << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
+    hdr_mbo = (MBO_SIZE // 4) | (0xA0 << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
+    hdr_mbp = (MBP_SIZE // 4) | (0x0A << 8) | (PUBLISHER_ID << 16) | (c.instrument_id << 32)
     # records per event: about 1.5 MBP-10 (1.8 MBO) for the leader, 1.6 for spreads and over 4
     # for a following outright (its re-quotes); a too small buffer reruns the simulation
     per_ev = 2.0 if lead else (6.0 if follow else 2.0)
@@ -1482,8 +1451,8 @@ def _simulate_instrument(
             lmax,
             hdr_mbo,
             hdr_mbp,
-            mbo.view(np.int64).reshape(cap_m, _MBO_W),
-            mbp.view(np.int64).reshape(cap_p, _MBP_W),
+            mbo.view(np.int64).reshape(cap_m, MBO_W),
+            mbp.view(np.int64).reshape(cap_p, MBP_W),
             sample_at,
             s_st,
             s_fst,
@@ -1515,28 +1484,8 @@ def _simulate_instrument(
     drift = rel = None
     if lead and drift_h.shape[0]:
         drift, rel = drift_estimate(drift_ev, drift_w, mk.drift_paths)
-    return _InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted, drift,
-                          lat_ev if drift is not None else None, rel)
-
-
-@dataclass
-class _Session:
-    """The runs of every instrument of one session (records of all instruments are merged by
-    ``ts_recv`` on demand: :func:`alphafeat.synth.writer.merged_chunks`)."""
-
-    day: datetime.date
-    contracts: list[Contract]
-    runs: dict[str, _InstrumentRun]
-    leader: str
-    bufs: _Buffers | None = None
-
-    def parts(self, kind: str) -> tuple[np.ndarray, ...]:
-        """Per-instrument records of ``kind`` ("mbo" / "mbp") as 2-D int64 word arrays (a tuple:
-        numba compiles and caches one kernel per tuple length; a ``numba.typed.List`` would
-        compile its methods anew in every process, about 3 s)."""
-        w = _MBO_W if kind == "mbo" else _MBP_W
-        arrs = [getattr(r, kind) for r in self.runs.values()]
-        return tuple(a.view(np.int64).reshape(a.shape[0], w) for a in arrs)
+    return InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted, drift,
+                         lat_ev if drift is not None else None, rel)
 
 
 def _simulate_session(
@@ -1545,17 +1494,17 @@ def _simulate_session(
     scale: float,
     contracts: tuple[str, ...] | list[str] | None,
     n_samples: int = 0,
-    bufs: _Buffers | None = None,
+    bufs: Buffers | None = None,
     write_mbo: bool = True,
     signal: Signal = Signal(),  # noqa: B008 (frozen dataclass)
     drift: tuple[int, ...] = (),
     drift_paths: int = 0,
-) -> _Session:
+) -> Session:
     """Simulate every instrument of session ``day``. ``n_samples`` states of the leading outright
     are saved for the Monte-Carlo AUC ceiling; ``bufs``: a buffer pool for the records; without
     ``write_mbo`` MBO records are only counted; ``signal``: the planted predictability;
     ``drift`` (horizons in events) and ``drift_paths``: the leader's expected mid change after
-    each event (:func:`_drift_paths`; ``_InstrumentRun.drift``)."""
+    each event (:func:`_drift_paths`; ``InstrumentRun.drift``)."""
     t0, t1 = session_bounds(day)
     seg = activity_segments(day, seed)
     mk = _Market(t0, t1, seg, volatility_multipliers(day, seed, seg[0].shape[0]), signal, tuple(drift),
@@ -1565,7 +1514,7 @@ def _simulate_session(
     vol = _session_vol(scale, _level(day))
     outs = sorted((c for c in cons if not c.is_spread), key=lambda c: (-volume_share(c.symbol, day), c.expiration_ns))
     spreads = [c for c in cons if c.is_spread]
-    runs: dict[str, _InstrumentRun] = {}
+    runs: dict[str, InstrumentRun] = {}
     leader_grid: np.ndarray | None = None
     leader: Contract | None = None
     for c in outs:
@@ -1588,4 +1537,4 @@ def _simulate_session(
         rate = BASE_RATE * scale * _spread_share(c, day)
         ref = np.full(1, fair * 1e9 / c.tick)
         runs[c.symbol] = _simulate_instrument(c, day, seed, rate, fair, ref, mk, 0, bufs, len(runs), write_mbo)
-    return _Session(day, cons, runs, leader.symbol if leader else "", bufs)
+    return Session(day, cons, runs, leader.symbol if leader else "", bufs)

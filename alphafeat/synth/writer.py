@@ -11,38 +11,28 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 import databento_dbn as dbn
 import numba
 import numpy as np
 import zstandard
 
-from alphafeat.dbn import SCHEMA_RTYPES, record_dtype
 from alphafeat.instruments import third_friday
 from alphafeat.synth.calendar import CT, UTC, Contract, _ns, _parse_outright
+from alphafeat.synth.records import DEF_DTYPE, F_LAST, MBO_W, MBP_W, PUBLISHER_ID, TRADE_DTYPE, Session
 
-if TYPE_CHECKING:
-    from alphafeat.synth.simulator import _Session
+__all__ = ["FAST_ZSTD_LEVEL", "SCHEMAS", "ZSTD_LEVEL", "merged_chunks"]
 
-__all__ = ["FAST_ZSTD_LEVEL", "MBO_DTYPE", "MBP10_DTYPE", "SCHEMAS", "TRADE_DTYPE", "ZSTD_LEVEL", "merged_chunks"]
-
-#: Databento's null price (i64::MAX), 1e-9 fixed point.
-UNDEF_PRICE = 2**63 - 1
-#: Flag marking the last record of an event.
-F_LAST = 0x80
-#: GLBX.MDP3 publisher id.
-PUBLISHER_ID = 1
 #: Fixed zstd compression level (output bytes depend only on the arguments).
 ZSTD_LEVEL = 12
 #: zstd level of big sets (scales other than quiet) unless given. This module's level 1 is
 #: zstd's fast strategy with a 128 KiB window, a 4096-entry hash table and 5-byte matches
 #: (:data:`_FAST_PARAMS`): on MBP-10 records about as small as libzstd's level 1 and faster.
 FAST_ZSTD_LEVEL = 1
+
 #: Schemas the generator writes, with their ``databento_dbn`` enum.
 SCHEMAS = {
     "mbo": dbn.Schema.MBO,
@@ -50,43 +40,6 @@ SCHEMAS = {
     "trades": dbn.Schema.TRADES,
     "definition": dbn.Schema.DEFINITION,
 }
-
-MBP10_DTYPE = record_dtype(SCHEMA_RTYPES["mbp-10"], 3)
-MBO_DTYPE = record_dtype(SCHEMA_RTYPES["mbo"], 3)
-TRADE_DTYPE = record_dtype(SCHEMA_RTYPES["trades"], 3)
-DEF_DTYPE = record_dtype(SCHEMA_RTYPES["definition"], 3)
-_MBO_SIZE = MBO_DTYPE.itemsize
-_MBP_SIZE = MBP10_DTYPE.itemsize
-_MBO_W, _MBP_W = _MBO_SIZE // 8, _MBP_SIZE // 8
-
-# Byte layout the numba kernel writes through int64 words of a record.
-_EXPECTED_OFFSETS = {
-    "ts_event": 8,
-    "price": 16,
-    "size": 24,
-    "action": 28,
-    "side": 29,
-    "flags": 30,
-    "depth": 31,
-    "ts_recv": 32,
-    "ts_in_delta": 40,
-    "sequence": 44,
-    "bid_px_00": 48,
-    "ask_px_00": 56,
-    "bid_sz_00": 64,
-    "ask_sz_00": 68,
-    "bid_ct_00": 72,
-    "ask_ct_00": 76,
-    "bid_px_01": 80,
-}
-assert _MBP_SIZE == 368 and TRADE_DTYPE.itemsize == 48 and _MBO_SIZE == 56
-assert sys.byteorder == "little"  # the kernel writes records as little-endian int64 words
-assert [
-    MBO_DTYPE.fields[k][1]
-    for k in ("ts_event", "order_id", "price", "size", "flags", "action", "side", "ts_recv", "ts_in_delta", "sequence")
-] == [8, 16, 24, 32, 36, 38, 39, 40, 48, 52]
-assert all(MBP10_DTYPE.fields[k][1] == v for k, v in _EXPECTED_OFFSETS.items())
-assert TRADE_DTYPE.names == MBP10_DTYPE.names[: len(TRADE_DTYPE.names)]
 
 #: Bytes per chunk of merged records handed to zstd: big chunks cut the per-call overhead of
 #: the streaming compressor (about 10 % faster than 1 MiB chunks; the frame is the same).
@@ -164,7 +117,7 @@ def _trade_into(src, r, out, m):
 
 
 def merged_chunks(
-    sess: _Session, kind: str, rows: int = 0, trades: np.ndarray | None = None
+    sess: Session, kind: str, rows: int = 0, trades: np.ndarray | None = None
 ) -> Iterator[np.ndarray]:
     """The records of ``kind`` ("mbo" / "mbp") of every instrument of ``sess`` merged by
     ``ts_recv`` (stable: instrument order breaks ties), as consecutive byte chunks (one reused
@@ -173,7 +126,7 @@ def merged_chunks(
     Merged and copied in one pass (:func:`_merge_rows`; no merged order is stored). With
     ``trades`` (kind "mbp", :data:`TRADE_DTYPE`, one per MBP-10 'T' record: the sum of the
     runs' ``stats[7]``) the pass also fills it with the TradeMsg of each 'T' record."""
-    w = _MBO_W if kind == "mbo" else _MBP_W
+    w = MBO_W if kind == "mbo" else MBP_W
     rows = rows or max(1, _CHUNK_BYTES // (8 * w))
     parts = sess.parts(kind)
     n = sum(p.shape[0] for p in parts)
@@ -195,7 +148,7 @@ def merged_chunks(
         raise RuntimeError(f"{nt} trade records merged, {tr.shape[0]} expected")
 
 
-def session_trades(sess: _Session) -> np.ndarray:
+def session_trades(sess: Session) -> np.ndarray:
     """TradeMsg records equal to the merged MBP-10 'T' records (F_LAST set), from a merge pass
     whose MBP-10 chunks are dropped."""
     out = np.empty(sum(int(r.stats[7]) for r in sess.runs.values()), TRADE_DTYPE)

@@ -1,0 +1,108 @@
+"""The backtest's config: :class:`BacktestConfig`, the rule of each of its keys, and the
+constants its results are named by."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from alphafeat.validation import Device, validate_bool, validate_costs
+from alphamodel.rl.config import C51Config
+from alphamodel.rules import SIZE, Rule, build, check_fields, enum_rule, float_rule, int_rule, optional
+
+__all__ = ["BACKTEST_RULES", "DEFAULT_COSTS", "MAX_COST_TICKS", "NOT_TRIALS", "ORACLE_MARGINS", "ORACLE_NAMES",
+           "RESULT_COLUMNS", "TICK_VALUE", "BacktestConfig"]
+
+#: Highest fee level of a backtest, ticks per contract per side.
+MAX_COST_TICKS = 10.0
+DEFAULT_COSTS = (0.0, 0.0625, 0.125, 0.25, 0.5)
+RESULT_COLUMNS = ("strategy", "fold", "cost_ticks", "sharpe", "deflated_sharpe", "win_rate", "trades_per_session",
+                  "turnover", "max_drawdown", "pnl_ticks")
+#: USD per tick per contract by product root (CME contract specs); others need tick_value.
+TICK_VALUE = {"ES": 12.5, "MES": 1.25, "NQ": 5.0, "MNQ": 0.5}
+#: Probability margins of the ``oracle`` strategies. ``oracle`` (0): the sign of the true drift,
+#: the most expected mid gain per decision before costs. ``oracle-m0.2``: only where the next
+#: mid move's expected gain ``2 (p_up - 1/2)`` ticks is at least 0.4 tick, close to the half
+#: spread (0.5 tick at a one-tick spread) an entry pays; at the default signal strength p_up
+#: lies in [0.235, 0.765], so no margin covers a whole round trip (1 tick) from one move: the
+#: oracle knows the drift of the next move, not of the whole stride, and pays the spread.
+ORACLE_MARGINS = (0.0, 0.2)
+ORACLE_NAMES = tuple("oracle" if m == 0 else f"oracle-m{m:g}" for m in ORACLE_MARGINS)
+NOT_TRIALS = ("hindsight", *ORACLE_NAMES)
+
+
+def _c51(v: Any, o: str) -> C51Config:
+    """The ``c51`` key of a backtest config: a C51Config, or an object of its keys."""
+    return v.checked() if isinstance(v, C51Config) else C51Config.from_dict(v)
+
+
+#: BacktestConfig keys and their checks (the command line's options by the same validate_*).
+BACKTEST_RULES: dict[str, Rule] = {
+    "folds": optional(int_rule(2, "a number of walk-forward folds")), "embargo": int_rule(0, "a number of sessions"),
+    "costs": lambda v, o: validate_costs(v, o, hi=MAX_COST_TICKS), "stride": int_rule(1, "a number of rows"),
+    "envs": SIZE, "policy_steps": SIZE, "fine_tune": validate_bool, "finetune_steps": SIZE,
+    "kelly": validate_bool, "kelly_k": float_rule(0.0, open_=True), "kelly_max": float_rule(0.0, open_=True),
+    "fee_max": float_rule(0.0, MAX_COST_TICKS), "threshold": float_rule(0.0, 0.5, hi_open=True),
+    "reward_scale": float_rule(0.0, open_=True), "encoder_epochs": SIZE, "encoder_steps": SIZE,
+    "device": enum_rule(Device), "seed": int_rule(0), "tick_value": optional(float_rule(0.0, open_=True)),
+    "plots": validate_bool, "c51": _c51,
+}  # fmt: skip
+
+
+@dataclass
+class BacktestConfig:
+    """Backtest parameters.
+
+    folds : walk-forward folds (None: as many as the sessions allow, at most 5, at least 2).
+    embargo : whole sessions dropped from training right before each test block.
+    costs : fee levels evaluated, ticks per contract per side (each in [0, 10]).
+    stride : rows between decisions. envs : parallel training environments.
+    policy_steps : environment steps of C51 training per fold (each with one learning step).
+    fine_tune, finetune_steps : the fine-tune path and its steps. kelly, kelly_k, kelly_max :
+    sizing (see :mod:`alphamodel.backtest.metrics`). fee_max : training fees drawn from [0, fee_max].
+    threshold : probability margin of the logistic / direction-head rules. reward_scale :
+    rewards are divided by it before the C51 support. encoder_epochs, encoder_steps : the
+    per-fold encoder when no model is given. tick_value : USD per tick (None: from the root).
+
+    Each key is checked by :data:`BACKTEST_RULES` (:meth:`checked`, :meth:`from_dict`, and
+    :func:`alphamodel.backtest.run.backtest` before anything is read).
+    """
+
+    folds: int | None = None
+    embargo: int = 0
+    costs: tuple[float, ...] = DEFAULT_COSTS
+    stride: int = 200
+    envs: int = 64
+    policy_steps: int = 400
+    fine_tune: bool = False
+    finetune_steps: int = 60
+    kelly: bool = True
+    kelly_k: float = 2.0
+    kelly_max: float = 2.0
+    fee_max: float = 0.5
+    threshold: float = 0.05
+    reward_scale: float = 1.0
+    encoder_epochs: int = 3
+    encoder_steps: int = 20
+    device: str = "auto"
+    seed: int = 0
+    tick_value: float | None = None
+    plots: bool = True
+    c51: C51Config = field(default_factory=C51Config)
+
+    def checked(self) -> BacktestConfig:
+        """A copy with every key checked and normalised (:data:`BACKTEST_RULES`).
+
+        Raises
+        ------
+        alphamodel.errors.UsageError
+            Naming the key (``stride``, ``costs``, ``c51.n_atoms``), the value and what is allowed.
+        """
+        return dataclasses.replace(self, **check_fields(self, BACKTEST_RULES, ""))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BacktestConfig:
+        """Build from a dict (``c51`` a dict of C51Config keys), each key checked; UsageError
+        naming the key for an unknown key or a bad value."""
+        return build(cls, d, "backtest").checked()

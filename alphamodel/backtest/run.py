@@ -1,0 +1,159 @@
+"""``alphamodel backtest``: a C51 policy on the encoder's state, walk-forward, cost-aware.
+
+:func:`backtest` reads the cache's market (:mod:`~alphamodel.backtest.market`), cuts the
+sessions into folds and runs each (:mod:`~alphamodel.backtest.walkforward`), and writes the
+summary (:mod:`~alphamodel.backtest.report`).
+
+For each walk-forward fold over sessions
+(:func:`~alphamodel.backtest.walkforward.fold_sessions`: expanding window, purged with
+:func:`alphafeat.splits.purged_walk_forward` on the sessions' spans, an optional embargo of
+whole sessions before the test block) the policy is trained on the fold's past sessions only and
+evaluated on its test sessions in :class:`alphamodel.backtest.env.VecEnv`:
+
+1. encoder: ``--model DIR`` (one ``alphamodel train`` checkpoint for every fold; it must have
+   been trained before the first test session for the walk-forward to be honest: the summary
+   says so) or, without it, one small encoder trained per fold on that fold's training
+   sessions (``encoder_fold{k}/``);
+2. frozen path (``c51``): the embeddings of every row computed once (:mod:`alphamodel.supervised.embed`),
+   z-scored with the training rows' statistics; the policy input is ``[embedding, position,
+   fee / fee_max]``; C51 (:mod:`alphamodel.rl.c51`) with n-step returns, a replay buffer, a target
+   network, Thompson exploration, a fee drawn per episode from ``[0, fee_max]`` (cost
+   randomisation: one policy for every cost level) and the K = 3 trade-outcome head on
+   ``tb_label`` (classes: stop / timeout / profit *of a long entered at the row*, i.e. the
+   triple barrier's -1 / 0 / +1; masked where NaN; its cross-entropy weighted by inverse class
+   frequency on the fold's training rows, :func:`alphamodel.rl.c51.class_weights`, so it cannot win
+   by always saying ``timeout``; ``aux_head`` reports accuracy, balanced accuracy and the
+   majority-class rate);
+3. fine-tune path (``c51-finetune``, ``--fine-tune``): the frozen policy trained further with
+   the C51 loss back-propagated into the Mamba2 -> CfC encoder (windows of the model's length);
+4. evaluation: greedy on the C51 means, Kelly-sized (:mod:`alphamodel.backtest.metrics`; ``c51-unit`` is
+   the same policy at unit size) and the baselines — ``flat``, ``long``, ``ofi-sign`` (sign of
+   the integrated OFI), ``logistic`` (logistic regression on all the row's input features, as
+   ``alphamodel train``'s baseline, fitted on the training sessions, long above
+   ``0.5 + threshold``, short below ``0.5 - threshold``),
+   ``direction-head`` (the encoder's direction head at the horizon nearest the stride, same
+   threshold), ``hindsight`` (the sign of the mid's move over the next stride: look-ahead,
+   an upper bound, never a trial) and, on a generated cache whose sources have the planted
+   signal's sidecar (``alphafeat synth --signal-file``, :mod:`alphafeat.synth.planted`),
+   ``oracle`` / ``oracle-m0.2``: long where the true model's ``p_up`` (the probability that the
+   next mid move is up, known at the row: the last sidecar value at or before the row's
+   ts_recv) exceeds ``1/2 + margin``, short below ``1/2 - margin``, else flat (margins
+   :data:`~alphamodel.backtest.config.ORACLE_MARGINS`; not trials either) — all in the same
+   environment, costs and stride.
+
+Per strategy x fold x cost: annualised Sharpe of the daily (per session) PnL, deflated Sharpe
+over the strategies tried at that fold and cost, PSR, win rate, trades and turnover per
+session, max drawdown, PnL (:mod:`alphamodel.backtest.metrics`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from alphafeat.cache import check_folder
+from alphamodel.backtest.config import RESULT_COLUMNS, BacktestConfig
+from alphamodel.backtest.market import load_market
+from alphamodel.backtest.report import aggregate, cfg_dict, clean, given_model_note, plots, standing_notes
+from alphamodel.backtest.walkforward import default_folds, fold_sessions, make_run, run_fold
+from alphamodel.data.cache import CacheData
+from alphamodel.errors import DataError
+from alphamodel.supervised.checkpoint import load_model, resolve_device
+from alphamodel.supervised.embed import check_model_inputs
+from alphamodel.supervised.outputs import staged_outputs
+
+__all__ = ["backtest"]
+
+
+def backtest(cache: str | os.PathLike[str], out: str | os.PathLike[str],
+             model_dir: str | os.PathLike[str] | None = None, cfg: BacktestConfig | None = None,
+             progress: bool = True) -> dict:
+    """Walk-forward backtest of the C51 policy and baselines; writes results to ``out``.
+
+    Everything is written into a temporary directory inside ``out`` and moved into place at
+    the end (an error or an interrupt leaves no half-written result).
+
+    Returns the content of ``out/summary.json``.
+
+    Raises
+    ------
+    alphamodel.errors.UsageError
+        A config key out of range (:meth:`BacktestConfig.checked`), before anything is read.
+    alphafeat.errors.InputError
+        A model checkpoint that is missing or does not fit its config (wrong shape).
+    alphamodel.errors.CacheError
+        No cache at ``cache``, a cache without the needed columns; ``out`` a file.
+    alphamodel.errors.DataError
+        Too few sessions for the folds, a stride not below the shortest session, a model that
+        reads features the cache lacks.
+    """
+    cfg = (cfg or BacktestConfig()).checked()
+    t_start = time.perf_counter()
+    check_folder(out)
+    device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed)
+    given = load_model(model_dir, str(device)) if model_dir is not None else None
+    data = CacheData.open(cache)
+    market, rows, notes = load_market(data, cfg, device)
+    folds = _folds(data, cfg)
+    if given is not None:
+        check_model_inputs(data, given[1], str(model_dir))
+        notes["model"] = given_model_note(str(model_dir), given[2].get("sessions_seen"),
+                                          [{data.segments[int(k)].session for k in te} for _, te in folds])
+    out = Path(out)
+    with staged_outputs(out) as st:
+        run = make_run(data, market, rows, given, cfg, device, st.dir, notes, progress)
+        summary = _run(run, folds, rows.ts, notes)
+        own_cache = Path(cache).resolve()  # the embedded sample's cache may live in out
+        summary.update(cache=str(own_cache), out=str(out.resolve()), device=str(device),
+                       seconds=time.perf_counter() - t_start, replaced=st.replacing("summary.json"),
+                       left_from_earlier=[n for n in st.left_over("summary.json") if (out / n).resolve() != own_cache])
+        (st.dir / "summary.json").write_text(json.dumps(clean(summary), indent=1))
+    return json.loads((out / "summary.json").read_text())
+
+
+def _folds(data: CacheData, cfg: BacktestConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The walk-forward folds over the cache's sessions; DataError for a stride not below the
+    shortest session or too few sessions."""
+    min_len = min(s.n for s in data.segments)
+    if cfg.stride >= min_len:
+        raise DataError(f"stride {cfg.stride} (--stride, or \"stride\" in --config): out of range, the shortest "
+                        f"session has {min_len} rows (stride must be below it)", data.root)
+    folds_n = cfg.folds or default_folds(len(data.segments), cfg.embargo)
+    starts = np.array([s.ts[0] for s in data.segments])
+    ends = np.array([s.ts[-1] for s in data.segments])
+    return fold_sessions(starts, ends, folds_n, cfg.embargo)
+
+
+def _run(run, folds: list, ts: np.ndarray, notes: dict) -> dict:
+    """Every fold (:func:`~alphamodel.backtest.walkforward.run_fold`) under one progress bar, then
+    ``policy_config.json`` and the plots in ``run.tmp``; returns the summary."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    cfg = run.cfg
+    done = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not run.progress, transient=False, console=Console(stderr=True)) as bar:
+        for k, (tr_s, te_s) in enumerate(folds):
+            done.append(run_fold(run, k, tr_s, te_s, ts, bar, len(folds)))
+    results = [r for f in done for r in f["results"]]
+    curves = {key: eq for f in done for key, eq in f["curves"].items()}
+    (run.tmp / "policy_config.json").write_text(json.dumps(clean({
+        "c51": dataclasses.asdict(cfg.c51), "obs": "[z-scored embedding (D), sign(position), fee / fee_max]",
+        "actions": ["short", "flat", "long"], "embedding_dim": done[-1]["embedding_dim"], "backtest": cfg_dict(cfg),
+        "checkpoints": [f"policy_fold{k}.safetensors" for k in range(len(folds))]}), indent=1))
+    names = plots(run.tmp, curves, cfg) if cfg.plots else []
+    return {"results": results, "aggregate": aggregate(results), "folds": [f["fold"] for f in done],
+            "aux_head": [f["aux"] for f in done], "plots": names,
+            "notes": {**standing_notes(cfg, results), **notes}, "config": cfg_dict(cfg),
+            "columns": list(RESULT_COLUMNS), "tick_value_usd": run.market.tick_value,
+            "direction_horizon": run.data.horizons[run.h_pick]}

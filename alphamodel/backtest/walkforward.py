@@ -1,0 +1,360 @@
+"""The walk-forward of a backtest: folds over sessions (:func:`fold_sessions`), and one fold's
+run (:func:`run_fold`): its encoder and embeddings, the C51 policy trained on the fold's past
+sessions only, the fine-tune path, the strategies evaluated on its test sessions and their
+metrics."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from alphafeat.cache import MANIFEST
+from alphafeat.splits import purged_walk_forward
+from alphamodel.backtest.config import NOT_TRIALS, ORACLE_MARGINS, ORACLE_NAMES, BacktestConfig
+from alphamodel.backtest.env import VecEnv
+from alphamodel.backtest.market import Market, Rows, planted_rows
+from alphamodel.backtest.metrics import max_drawdown, sharpe, sharpe_stats
+from alphamodel.backtest.strategies import c51_targets, evaluate, logistic_scores, rule, threshold_dir
+from alphamodel.data.cache import CacheData
+from alphamodel.errors import DataError
+from alphamodel.nn.model import ModelConfig
+from alphamodel.rl.c51 import C51Net, balanced_accuracy, class_weights, support
+from alphamodel.rl.learner import EncoderObs, Learner, Obs, train_policy
+from alphamodel.supervised.checkpoint import load_model
+from alphamodel.supervised.config import TrainConfig
+from alphamodel.supervised.embed import embed_segments
+from alphamodel.supervised.outputs import save_tensors
+from alphamodel.supervised.train import train
+
+__all__ = ["Run", "aux_report", "check_fold_count", "default_folds", "fine_tune", "fold_encoder", "fold_sessions",
+           "make_run", "run_fold"]
+
+
+def default_folds(n: int, embargo: int = 0) -> int:
+    """Walk-forward folds over ``n`` sessions when ``folds`` is not given: as many as the
+    sessions allow after one training session and the embargo, between 2 and 5."""
+    return max(2, min(5, n - 1 - embargo))
+
+
+def check_fold_count(n: int, folds: int, embargo: int = 0) -> None:
+    """Refuse ``folds`` walk-forward folds over ``n`` sessions when they are too few (one
+    training session, plus ``embargo`` sessions, before ``folds`` test blocks).
+
+    Raises
+    ------
+    alphamodel.errors.DataError
+        ``n < folds + 1 + embargo``.
+    """
+    if n < folds + 1 + embargo:
+        extra = " plus the embargo" if embargo else ""
+        raise DataError(f"--folds {folds}: {n} session(s) are too few (need at least {folds + 1 + embargo}: "
+                        f"one training session{extra} before {folds} test blocks)")
+
+
+def fold_sessions(starts: np.ndarray, ends: np.ndarray, folds: int, embargo: int = 0
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Walk-forward folds over sessions: ``[(train, test)]`` int64 session indices.
+
+    ``starts``/``ends``: (S,) first / last timestamp of each session, in time order. Purged with
+    :func:`purged_walk_forward` (a training session overlapping the test block's span is
+    dropped), then the ``embargo`` sessions just before the test block are dropped.
+
+    Raises
+    ------
+    alphamodel.errors.DataError
+        The sessions are too few for ``folds`` (+ embargo), or the embargo leaves a fold
+        without training sessions.
+    """
+    check_fold_count(len(starts), folds, embargo)
+    out = []
+    for tr, te in purged_walk_forward(np.asarray(starts), np.asarray(ends), folds):
+        tr = tr[tr < te.min() - embargo]
+        if tr.size == 0:
+            raise DataError(f"--embargo {embargo}: leaves a fold without training sessions")
+        out.append((tr, te))
+    return out
+
+
+def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestConfig, tmp: Path, progress: bool,
+                 device: torch.device) -> tuple:
+    """Train a small encoder on the fold's training sessions only (a view of the cache written in
+    ``tmp``); returns :func:`~alphamodel.supervised.checkpoint.load_model`'s ``(model, norm, meta)``."""
+    view = tmp / f"_view_fold{k}"
+    view.mkdir()
+    manifest = dict(data.manifest)
+    manifest["partitions"] = [str(data.segments[s].path.resolve()) for s in train_segs]
+    (view / MANIFEST).write_text(json.dumps(manifest))
+    enc = tmp / f"encoder_fold{k}"
+    # one walk-forward fold inside the fold's training sessions (for early stopping), no baselines:
+    # only the encoder is needed here
+    tc = TrainConfig(epochs=cfg.encoder_epochs, steps_per_epoch=cfg.encoder_steps, device=cfg.device, seed=cfg.seed,
+                     patience=max(2, cfg.encoder_epochs), folds=1, baselines=())
+    # the encoder run's own evaluation warnings (its inner fold, a horizon without an AUC there)
+    # are not the backtest's: kept out of the terminal while it trains
+    train_log = logging.getLogger(train.__module__)
+    level = train_log.level
+    train_log.setLevel(logging.ERROR)
+    try:
+        train(view, enc, ModelConfig(), tc, progress=progress)
+    finally:
+        train_log.setLevel(level)
+    shutil.rmtree(view)
+    return load_model(enc, str(device))
+
+
+@torch.no_grad()
+def aux_report(learner: Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, te_rows: np.ndarray,
+               cfg: BacktestConfig, device: torch.device, k: int) -> dict:
+    """Class balance and loss weights (training rows), test accuracy and balanced accuracy
+    (mean per-class recall) at decision rows beside the majority rate."""
+    y_tr = tb[torch.as_tensor(tr_rows, device=device)]
+    y_tr = y_tr[y_tr >= 0]
+    dec = torch.as_tensor(te_rows[:: cfg.stride], device=device)
+    y = tb[dec]
+    ok = y >= 0
+    if y_tr.numel() == 0 or not ok.any():
+        return {"fold": k, "available": False}
+    bal = torch.bincount(y_tr, minlength=3).float() / y_tr.numel()
+    z = torch.zeros_like(dec, dtype=torch.float32)
+    pred = learner.net(obs(dec[ok], z[ok], z[ok]))[1].argmax(-1)
+    majority = int(bal.argmax())
+    return {"fold": k, "available": True, "classes": ["stop (-1)", "timeout (0)", "profit (+1)"],
+            "train_balance": bal.tolist(), "test_decisions": int(ok.sum()),
+            "loss_weights": learner.aux_w.tolist() if learner.aux_w is not None else None,
+            "test_accuracy": float((pred == y[ok]).float().mean()),
+            "test_balanced_accuracy": balanced_accuracy(pred, y[ok]),
+            "test_majority_rate": float((y[ok] == majority).float().mean()),
+            "test_predicted_balance": (torch.bincount(pred, minlength=3).float() / pred.numel()).tolist()}
+
+
+def fine_tune(learner: Learner, model, norm, data: CacheData, window: int, mu: torch.Tensor, sd: torch.Tensor,
+              market: Market, pool: torch.Tensor, cfg: BacktestConfig, gen: torch.Generator, bar, task) -> tuple:
+    """Continue the frozen policy's training with the C51 loss flowing into a copy of the encoder;
+    returns the fine-tuned policy network, its inputs (:class:`~alphamodel.rl.learner.EncoderObs`)
+    and a report (the encoder's total absolute change, whether its gradients stayed finite)."""
+    enc = copy.deepcopy(model).train()
+    for m in enc.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    obs = EncoderObs(enc, norm, data, window, mu, sd, cfg.fee_max).to(market.device)
+    net = copy.deepcopy(learner.net)
+    before = {n: p.detach().clone() for n, p in enc.named_parameters()}
+    opt = torch.optim.Adam([{"params": net.parameters(), "lr": cfg.c51.lr},
+                            {"params": enc.parameters(), "lr": cfg.c51.lr * 0.2}])
+    ft = Learner(net, copy.deepcopy(net), obs, learner.z, opt, learner.tb_class, cfg.c51, learner.aux_w,
+                 target_obs=copy.deepcopy(obs))
+    train_policy(ft, VecEnv(market, min(cfg.envs, 16), cfg.stride), pool, cfg.finetune_steps, gen,
+                 fee_max=cfg.fee_max, reward_scale=cfg.reward_scale, bar=bar, task=task)
+    grads_finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in enc.parameters())
+    change = float(sum((p.detach() - before[n]).abs().sum() for n, p in enc.named_parameters()))
+    enc.eval()
+    return net, obs, {"encoder_abs_change": change, "grads_finite": grads_finite, "steps": ft.steps}
+
+
+@dataclass
+class Run:
+    """What every fold of one backtest shares: the cache, its market and per-row arrays, the
+    config, where to run and write, the C51 support, the one random generator of the policies,
+    the trade-outcome class (-1 / 0 / 1 / 2: undefined, stop, timeout, profit) and volatility per
+    row, the direction horizon's index, the fixed rules' directions per row, and the given model
+    (None: one encoder trained per fold) with its embeddings once computed."""
+
+    data: CacheData
+    market: Market
+    cfg: BacktestConfig
+    device: torch.device
+    tmp: Path
+    progress: bool
+    z: torch.Tensor
+    gen: torch.Generator
+    tb: torch.Tensor
+    rv: torch.Tensor
+    h_pick: int
+    hindsight: torch.Tensor
+    ofi_dir: torch.Tensor | None
+    oracle: dict[str, torch.Tensor]
+    given: tuple | None = None
+    given_emb: dict = field(default_factory=dict)
+
+
+def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, cfg: BacktestConfig,
+             device: torch.device, tmp: Path, notes: dict, progress: bool) -> Run:
+    """The :class:`Run` of a backtest; ``notes["oracle"]`` says where the planted signal came from
+    (:func:`~alphamodel.backtest.market.planted_rows`)."""
+    c = cfg.c51
+    z = support(c.n_atoms, c.v_min, c.v_max, device)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    T = data.n_rows
+    tb = torch.as_tensor(np.where(np.isnan(rows.tb), -1, rows.tb + 1), dtype=torch.long, device=device)
+    rv = torch.as_tensor(rows.rv, dtype=torch.float32, device=device)
+    mid, end = market.mid, market.end
+    ahead = torch.minimum(torch.arange(T, device=device) + cfg.stride, end)
+    hindsight = torch.sign(mid[ahead] - mid)
+    p_up, notes["oracle"] = planted_rows(data)
+    oracle = {name: torch.as_tensor(threshold_dir(np.nan_to_num(p_up, nan=0.5), m), dtype=torch.float32,
+                                    device=device)
+              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if np.isfinite(p_up).any() else {}
+    ofi_dir = torch.as_tensor(np.sign(np.nan_to_num(rows.ofi)), dtype=torch.float32, device=device)
+    h_pick = int(np.argmin([abs(h - cfg.stride) for h in data.horizons]))
+    return Run(data, market, cfg, device, tmp, progress, z, gen, tb, rv, h_pick, hindsight,
+               ofi_dir if notes["ofi_sign_column"] else None, oracle, given)
+
+
+@dataclass
+class FoldInputs:
+    """A fold's encoder (``model``, ``norm``, its training ``window``), the z-scored embedding of
+    every row of its sessions (T, D) (zeros elsewhere) with the training rows' ``mu``/``sd``, the
+    direction head's up-probability per row (0.5 elsewhere), its training and test rows."""
+
+    model: torch.nn.Module
+    norm: object
+    window: int
+    emb: torch.Tensor
+    mu: torch.Tensor
+    sd: torch.Tensor
+    phead: np.ndarray
+    tr_rows: np.ndarray
+    te_rows: np.ndarray
+
+
+def fold_inputs(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray) -> FoldInputs:
+    """The encoder of fold ``k`` (the given model, or one trained on its training sessions) and the
+    embeddings of its sessions."""
+    data, device = run.data, run.device
+    given = run.given
+    model, norm, meta = given if given is not None else fold_encoder(data, tr_s, k, run.cfg, run.tmp, run.progress,
+                                                                     device)
+    tcm = meta.get("train", {})
+    window = int(tcm.get("window", 64))  # the fine-tuned encoder's windows (they end at the row)
+    segs = sorted(set(tr_s.tolist()) | set(te_s.tolist()))
+    if given is None:
+        emb_np = embed_segments(model, norm, data, segs, tcm, device)
+    else:  # one model for every fold: its embeddings are computed once
+        if not run.given_emb:
+            run.given_emb.update(embed_segments(model, norm, data, list(range(len(data.segments))), tcm, device))
+        emb_np = {s: run.given_emb[s] for s in segs}
+    T = data.n_rows
+    D = next(iter(emb_np.values()))[0].shape[1]
+    emb = torch.zeros(T, D, device=device)
+    phead = np.full(T, 0.5)
+    for s, (e, p) in emb_np.items():
+        a, b = data.offsets[s], data.offsets[s + 1]
+        emb[a:b] = torch.from_numpy(e).to(device)
+        phead[a:b] = p[:, run.h_pick]
+    tr_rows = data.segment_rows(tr_s)
+    te_rows = data.segment_rows(te_s)
+    assert tr_rows.max() < te_rows.min()
+    tr_t = torch.as_tensor(tr_rows, device=device)
+    mu, sd = emb[tr_t].mean(0), emb[tr_t].std(0).clamp_min(1e-6)
+    return FoldInputs(model, norm, window, (emb - mu) / sd, mu, sd, phead, tr_rows, te_rows)
+
+
+def horizon_seconds(run: Run, ts: np.ndarray, tr_s: np.ndarray) -> float:
+    """Seconds per return horizon (``n_step`` decisions of ``stride`` rows), the mean measured on
+    the training sessions ``tr_s`` (``ts``: ts_recv per row, ns); 1 when they hold no decision."""
+    data, stride = run.data, run.cfg.stride
+    dts = [(ts[min(r + stride, data.offsets[s + 1] - 1)] - ts[r]) / 1e9
+           for s in tr_s for r in range(int(data.offsets[s]), int(data.offsets[s + 1]) - 1, stride)]
+    return float(np.mean(dts)) * run.cfg.c51.n_step if dts else 1.0
+
+
+def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int) -> tuple[Learner, Obs, int]:
+    """The C51 policy of fold ``k`` trained on the frozen embeddings of its training rows (``pool``:
+    the rows an episode may start at), its inputs, and its task on the progress bar ``bar``."""
+    cfg, c, device = run.cfg, run.cfg.c51, run.device
+    obs = Obs(fi.emb, cfg.fee_max)
+    torch.manual_seed(cfg.seed + k)
+    net = C51Net(fi.emb.shape[1] + 2, 3, c.n_atoms, c.hidden).to(device)
+    aux_w = class_weights(run.tb[torch.as_tensor(fi.tr_rows, device=device)])  # inverse class frequency, training rows
+    learner = Learner(net, copy.deepcopy(net), obs, run.z, torch.optim.Adam(net.parameters(), lr=c.lr), run.tb, c,
+                      aux_w)
+    n_steps = cfg.policy_steps + (cfg.finetune_steps if cfg.fine_tune else 0)
+    task = bar.add_task(f"fold {k} ({k + 1} of {n_folds}) c51", total=n_steps)
+    train_policy(learner, VecEnv(run.market, cfg.envs, cfg.stride), pool, cfg.policy_steps, run.gen,
+                 fee_max=cfg.fee_max, reward_scale=cfg.reward_scale, bar=bar, task=task)
+    return learner, obs, task
+
+
+def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: torch.Tensor, horizon_s: float,
+                    bar, task) -> tuple[dict, dict | None]:
+    """Every strategy of a fold (the C51 policies, then the rules in the summary's order) and the
+    fine-tune path's report (None without ``fine_tune``)."""
+    cfg, device, data, T = run.cfg, run.device, run.data, run.data.n_rows
+    pol = functools.partial(c51_targets, z=run.z, rv=run.rv, cfg=cfg, horizon_s=horizon_s)
+    strategies = {"c51": functools.partial(pol, learner.net, obs, kelly=cfg.kelly)}
+    if cfg.kelly:
+        strategies["c51-unit"] = functools.partial(pol, learner.net, obs, kelly=False)
+    ft_info = None
+    if cfg.fine_tune:
+        ft_net, ft_obs, ft_info = fine_tune(learner, fi.model, fi.norm, data, fi.window, fi.mu, fi.sd, run.market,
+                                            pool, cfg, run.gen, bar, task)
+        strategies["c51-finetune"] = functools.partial(pol, ft_net, ft_obs, kelly=cfg.kelly)
+    lab = np.full(T, np.nan)
+    lab[fi.te_rows] = logistic_scores(data, fi.tr_rows, fi.te_rows, run.h_pick, cfg.seed)
+    direction = lambda p: rule(torch.as_tensor(threshold_dir(p, cfg.threshold), dtype=torch.float32,  # noqa: E731
+                                               device=device))
+    strategies.update({
+        "flat": rule(torch.zeros(T, device=device)), "long": rule(torch.ones(T, device=device)),
+        **({"ofi-sign": rule(run.ofi_dir)} if run.ofi_dir is not None else {}),
+        "logistic": direction(np.nan_to_num(lab, nan=0.5)), "direction-head": direction(fi.phead),
+        "hindsight": rule(run.hindsight)})
+    strategies.update({name: rule(d) for name, d in run.oracle.items()})
+    return strategies, ft_info
+
+
+def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict) -> tuple[list[dict], dict]:
+    """The result rows of fold ``k`` (strategy x cost; the deflated Sharpe over the strategies tried
+    at this fold and cost) and each one's equity curve over the test sessions end to end."""
+    results, curves = [], {}
+    J = len(te_s)
+    for cost in run.cfg.costs:
+        trials = [sharpe(ev[(s, cost)]["daily"]) for s in strategies if s not in NOT_TRIALS]
+        for s in strategies:
+            r = ev[(s, cost)]
+            st = sharpe_stats(r["daily"], np.array(trials))
+            eq = np.concatenate([r["curve"][j] + (r["daily"][:j].sum() if j else 0.0) for j in range(J)])
+            results.append({
+                "strategy": s, "fold": k, "cost_ticks": cost, "sharpe": st["sharpe"],
+                "deflated_sharpe": st["deflated_sharpe"] if s not in NOT_TRIALS else math.nan,
+                "win_rate": float(r["wins"].sum() / r["closed"].sum()) if r["closed"].sum() else math.nan,
+                "trades_per_session": float(r["entries"].sum() / J), "turnover": float(r["turnover"].sum() / J),
+                "max_drawdown": max_drawdown(eq), "pnl_ticks": float(r["daily"].sum()),
+                "pnl_usd": float(r["daily"].sum() * run.market.tick_value), "psr": st["psr"],
+                "sharpe_daily": st["sharpe_daily"], "autocorr1": st["autocorr1"], "sessions": J})
+            curves[(k, cost, s)] = eq
+    return results, curves
+
+
+def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarray, bar, n_folds: int) -> dict:
+    """Fold ``k`` (training sessions ``tr_s``, test sessions ``te_s``) end to end; writes its policy
+    (``policy_fold{k}.safetensors``) to ``run.tmp``. Returns ``results``, ``curves``, ``aux``
+    (:func:`aux_report`), ``fold`` (the summary's record of it) and ``embedding_dim``."""
+    data, device = run.data, run.device
+    fi = fold_inputs(run, k, tr_s, te_s)
+    horizon_s = horizon_seconds(run, ts, tr_s)
+    pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
+    learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds)
+    strategies, ft_info = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task)
+    ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg)
+    results, curves = fold_results(run, k, te_s, strategies, ev)
+    aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k)
+    state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in learner.net.state_dict().items()}
+    state.update({"emb.mean": fi.mu.cpu(), "emb.std": fi.sd.cpu(), "support": run.z.cpu()})
+    save_tensors(state, run.tmp / f"policy_fold{k}.safetensors", "alphamodel-c51-1")
+    fold = {
+        "fold": k, "train_sessions": [data.segments[s].session for s in tr_s],
+        "test_sessions": [data.segments[s].session for s in te_s],
+        "train_rows": [int(fi.tr_rows.min()), int(fi.tr_rows.max())],
+        "test_rows": [int(fi.te_rows.min()), int(fi.te_rows.max())],
+        "policy_loss_last": float(np.mean(learner.losses[-20:])) if learner.losses else None,
+        "horizon_s": horizon_s, "fine_tune": ft_info}
+    return {"results": results, "curves": curves, "aux": aux, "fold": fold, "embedding_dim": fi.emb.shape[1]}

@@ -1,0 +1,1 @@
+"""The cache as tensors: memory-mapped windows, normalisation, batches."""

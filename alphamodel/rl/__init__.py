@@ -1,0 +1,1 @@
+"""Reinforcement learning: C51 (the categorical distribution of returns) and its learner."""

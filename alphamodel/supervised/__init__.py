@@ -1,0 +1,1 @@
+"""Supervised training: the config, the checkpoint, scoring, walk-forward evaluation, baselines."""
