@@ -35,11 +35,11 @@ evaluated on its test sessions in :class:`alphamodel.backtest.env.VecEnv`:
    threshold), ``hindsight`` (the sign of the mid's move over the next stride: look-ahead,
    an upper bound, never a trial) and, on a generated cache whose sources have the planted
    signal's sidecar (``alphafeat synth --signal-file``, :mod:`alphafeat.synth.planted`),
-   ``oracle`` / ``oracle-m0.2``: long where the true model's ``p_up`` (the probability that the
-   next mid move is up, known at the row: the last sidecar value at or before the row's
-   ts_recv) exceeds ``1/2 + margin``, short below ``1/2 - margin``, else flat (margins
-   :data:`~alphamodel.backtest.config.ORACLE_MARGINS`; not trials either) — all in the same
-   environment, costs and stride.
+   ``oracle`` / ``oracle-m0.5``: long where the true model's expected mid change over the
+   holding period (the sidecar's ``drift_K``, K = the stride, known at the row: its own event,
+   :func:`~alphamodel.backtest.market.planted_drift_rows`) exceeds the margin, short below minus
+   it, else flat (margins :data:`~alphamodel.backtest.config.ORACLE_MARGINS`, ticks; not trials
+   either) — all in the same environment, costs and stride.
 
 Per strategy x fold x cost: annualised Sharpe of the daily (per session) PnL, deflated Sharpe
 over the strategies tried at that fold and cost, PSR, win rate, trades and turnover per

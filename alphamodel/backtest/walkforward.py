@@ -21,7 +21,7 @@ from alphafeat.cache import MANIFEST
 from alphafeat.splits import purged_walk_forward
 from alphamodel.backtest.config import NOT_TRIALS, ORACLE_MARGINS, ORACLE_NAMES, BacktestConfig
 from alphamodel.backtest.env import VecEnv
-from alphamodel.backtest.market import Market, Rows, planted_rows
+from alphamodel.backtest.market import Market, Rows, planted_drift_rows
 from alphamodel.backtest.metrics import max_drawdown, sharpe, sharpe_stats
 from alphamodel.backtest.strategies import c51_targets, evaluate, logistic_scores, rule, threshold_dir
 from alphamodel.data.cache import CacheData
@@ -189,7 +189,8 @@ class Run:
 def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, cfg: BacktestConfig,
              device: torch.device, tmp: Path, notes: dict, progress: bool) -> Run:
     """The :class:`Run` of a backtest; ``notes["oracle"]`` says where the planted signal came from
-    (:func:`~alphamodel.backtest.market.planted_rows`)."""
+    (:func:`~alphamodel.backtest.market.planted_drift_rows`: the oracle trades on the expected
+    mid change over the holding period, ``stride`` rows)."""
     c = cfg.c51
     z = support(c.n_atoms, c.v_min, c.v_max, device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -199,10 +200,11 @@ def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, c
     mid, end = market.mid, market.end
     ahead = torch.minimum(torch.arange(T, device=device) + cfg.stride, end)
     hindsight = torch.sign(mid[ahead] - mid)
-    p_up, notes["oracle"] = planted_rows(data)
-    oracle = {name: torch.as_tensor(threshold_dir(np.nan_to_num(p_up, nan=0.5), m), dtype=torch.float32,
+    drift, _, notes["oracle"] = planted_drift_rows(data, cfg.stride)
+    drift = np.nan_to_num(drift, nan=0.0)
+    oracle = {name: torch.as_tensor(np.where(drift > m, 1.0, np.where(drift < -m, -1.0, 0.0)), dtype=torch.float32,
                                     device=device)
-              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if np.isfinite(p_up).any() else {}
+              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if drift.any() else {}
     ofi_dir = torch.as_tensor(np.sign(np.nan_to_num(rows.ofi)), dtype=torch.float32, device=device)
     h_pick = int(np.argmin([abs(h - cfg.stride) for h in data.horizons]))
     return Run(data, market, cfg, device, tmp, progress, z, gen, tb, rv, h_pick, hindsight,
