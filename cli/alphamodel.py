@@ -131,6 +131,60 @@ def print_summary(s: dict) -> None:
                     "auc.png, model.safetensors, config.json written")
 
 
+def _cell(x: float | None, d: int = 2, sd: float | None = None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.{d}f}" + (f" +- {sd:.{d}f}" if sd is not None else "")
+
+
+def print_backtest(s: dict) -> None:
+    """The table of a backtest's ``summary.json``: per strategy x cost the PnL per session pooled
+    over every test session with its 95% interval and the sessions that interval needs, the
+    Sharpe over the folds with enough test sessions (mean +- SD), the DSR and the trading
+    counts; the header names the fill mode, what a fill pays and the cost unit."""
+    fill = s.get("fill", {"mode": "taker", "pays": "", "cost_unit": "fee in ticks per contract per side"})
+    k, n, m = s.get("folds_reporting_sharpe", len(s["folds"])), len(s["folds"]), s.get("min_sharpe_sessions", 0)
+    t = Table(title=f"alphamodel backtest -> {s['out']}\nfill: {fill['mode']} ({fill['pays']}); cost = "
+                    f"{fill['cost_unit']}; PnL per session pooled over {s.get('test_sessions', '?')} test sessions "
+                    f"of {n} folds [95% bootstrap interval]; Sharpe over the {k} of {n} folds with >= {m} test "
+                    f"sessions (mean +- SD)")
+    for col in ("strategy", "cost", "PnL/session ticks [95%]", "sessions needed", "Sharpe (ann.)", "DSR",
+                "win rate", "trades/sess", "turnover/sess", "max DD"):
+        t.add_column(col, justify="right")
+    pooled = {(p["strategy"], p["cost_ticks"]): p for p in s.get("pooled", [])}
+    for r in s["aggregate"]:
+        p = pooled.get((r["strategy"], r["cost_ticks"]), {})
+        ci = p.get("pnl_ci") or [None, None]
+        pnl = "n/a" if p.get("pnl_per_session") is None else (
+            f"{p['pnl_per_session']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else ""))
+        need = p.get("sessions_needed")
+        need_s = "n/a" if need is None else ("never (0)" if need == float("inf") else f"{need:,.0f}")
+        g = [_cell(r[m + "_mean"], d, r[m + "_sd"]) for m, d in (("sharpe", 2), ("deflated_sharpe", 2), ("win_rate", 2),
+             ("trades_per_session", 1), ("turnover", 1), ("max_drawdown", 1))]
+        t.add_row(r["strategy"], f"{r['cost_ticks']:g}", pnl, need_s, *g)
+    Console(width=max(Console().width, 150)).print(t)
+    console.print(f"Sharpe: {s['notes']['sharpe']}; DSR: {s['notes']['deflated_sharpe']}; sessions needed: for the "
+                  "PnL interval to exclude 0 (its half-width shrinks as 1/sqrt(sessions))", soft_wrap=True,
+                  markup=False)
+    con = stdout_console()
+    for c, p in s.get("pbo", {}).items():
+        if p.get("pbo") is not None:
+            con.print(f"PBO at cost {c}: {p['pbo']:.2f} over {p['trials']} strategies x {p['sessions']} test sessions "
+                      f"({p['splits']} CSCV splits of {p['blocks']} blocks; 0.5 = no better than chance)", markup=False)
+        else:
+            con.print(f"PBO at cost {c}: n/a ({p.get('note', '')})", markup=False)
+    for a in s["aux_head"]:
+        if a.get("available"):
+            lo, hi = a["balanced_accuracy_ci"]
+            con.print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "
+                      f"{a['test_balanced_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] vs chance 0.333, majority rate "
+                      f"{a['test_majority_rate']:.3f} ({a['test_decisions']} test decisions; train "
+                      f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
+    head = s.get("aux_head_verdict", {})
+    if head.get("available"):
+        con.print(f"K=3 head over folds {head['folds']}: {head['note']}", markup=False)
+
+
 #: ``alphamodel backtest`` options that set a BacktestConfig key of the same name.
 _BACKTEST_OPTIONS = ("folds", "embargo", "costs", "stride", "envs", "policy_steps", "device", "seed")
 
@@ -165,31 +219,8 @@ def _backtest(args: argparse.Namespace) -> int:
         console.print(f"embedded default sample: {n} sessions -> {k} walk-forward folds "
                       f"(expanding window, at least 2; the first session only trains)")
     s = backtest(cache, out, args.model, cfg, progress=not args.quiet)
-    t = Table(title=f"alphamodel backtest -> {s['out']}  ({len(s['folds'])} folds, mean +- SD across folds)")
-    for col in ("strategy", "cost", "Sharpe (ann.)", "DSR", "win rate", "trades/sess", "turnover/sess", "max DD",
-                "PnL ticks"):
-        t.add_column(col, justify="right")
-
-    def f(row: dict, m: str, d: int = 2) -> str:
-        a, b = row[m + "_mean"], row[m + "_sd"]
-        if a is None:
-            return "n/a"
-        return f"{a:.{d}f}" + (f" +- {b:.{d}f}" if b is not None else "")
-
-    for r in s["aggregate"]:
-        t.add_row(r["strategy"], f"{r['cost_ticks']:g}", f(r, "sharpe"), f(r, "deflated_sharpe"), f(r, "win_rate"),
-                  f(r, "trades_per_session", 1), f(r, "turnover", 1), f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1))
-    Console(width=max(Console().width, 150)).print(t)
-    if any(r[m + "_mean"] is None for r in s["aggregate"] for m in ("sharpe", "deflated_sharpe")):
-        console.print(f"n/a: Sharpe is the {s['notes']['sharpe']}; DSR is {s['notes']['deflated_sharpe']}",
-                      soft_wrap=True)
+    print_backtest(s)
     con = stdout_console()
-    for a in s["aux_head"]:
-        if a.get("available"):
-            con.print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "
-                      f"{a['test_balanced_accuracy']:.3f}, vs majority rate {a['test_majority_rate']:.3f} "
-                      f"({a['test_decisions']} test decisions; train "
-                      f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
     con.print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
               "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
     if "ofi_sign" in s["notes"]:

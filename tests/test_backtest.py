@@ -343,7 +343,10 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "3 sessions -> 2 walk-forward folds" in captured.err
-    assert "n/a: Sharpe is the annualised Sharpe" in " ".join(captured.err.split())  # one test session a fold
+    err, out_text = " ".join(captured.err.split()), " ".join(captured.out.split())
+    assert "only in folds with at least 10 test sessions" in err  # one test session a fold: no Sharpe
+    assert "fill: taker (buys at the ask, sells at the bid" in out_text and "ticks per contract per side" in out_text
+    assert "Sharpe over the 0 of 2 folds" in out_text
     s = json.loads((out / "summary.json").read_text())
     strategies = {r["strategy"] for r in s["results"]}
     assert {"c51", "c51-unit", "c51-finetune", "flat", "long", "ofi-sign", "logistic", "direction-head",
@@ -357,9 +360,18 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
         assert f["train_rows"][1] < f["test_rows"][0]
         assert max(f["train_sessions"]) < min(f["test_sessions"])
         assert f["fine_tune"]["grads_finite"] and f["fine_tune"]["encoder_abs_change"] > 0
-    assert all(a["available"] for a in s["aux_head"])
+    assert s["aux_head"][0]["available"] and s["aux_head_verdict"]["folds"][0] == 0
     for a in s["aux_head"]:
-        assert 0 <= a["test_balanced_accuracy"] <= 1 and len(a["loss_weights"]) == 3
+        if a["available"]:
+            assert 0 <= a["test_balanced_accuracy"] <= 1 and len(a["loss_weights"]) == 3
+            assert a["balanced_accuracy_ci"][0] <= a["test_balanced_accuracy"] <= a["balanced_accuracy_ci"][1]
+    if not s["aux_head"][0]["learns"]:  # walk-forward: a head that did not learn is not trained after
+        assert not s["aux_head"][1]["available"] and "does not learn" in s["aux_head_verdict"]["note"]
+    assert all(r["sharpe"] is None for r in s["results"]) and s["folds_reporting_sharpe"] == 0
+    assert all(a["folds"] == 0 and a["folds_run"] == 2 for a in s["aggregate"])
+    pooled = {(p["strategy"], p["cost_ticks"]): p for p in s["pooled"]}
+    assert pooled[("flat", 0.0)]["pnl_per_session"] == 0 and pooled[("long", 0.25)]["sessions"] == 2
+    assert s["pbo"]["0.25"]["pbo"] is None and "at least 4" in s["pbo"]["0.25"]["note"]  # 2 test sessions
     assert s["notes"]["oracle"].startswith("oracle not available")  # data/ has no planted-signal sidecar
     assert not strategies & {"oracle", "oracle-m0.5"}
     assert s["notes"]["deflated_sharpe"].endswith("(all but hindsight)")  # names no oracle that did not run

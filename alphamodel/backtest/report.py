@@ -1,4 +1,6 @@
-"""What a backtest reports: the summary's notes and aggregate table, the equity plots, and JSON
+"""What a backtest reports: the summary's notes and aggregate table, the PnL per session pooled
+over every fold's test sessions with its interval and the sessions it needs, the probability of
+backtest overfitting per cost, the K=3 head's verdict, the fill mode, the equity plots, and JSON
 cleaning of the results."""
 
 from __future__ import annotations
@@ -10,8 +12,19 @@ from pathlib import Path
 import numpy as np
 
 from alphamodel.backtest.config import NOT_TRIALS, BacktestConfig
+from alphamodel.backtest.metrics import session_readout
+from alphamodel.backtest.overfit import pbo_section
+from alphamodel.readout import MIN_SHARPE_SESSIONS, head_verdict
 
-__all__ = ["aggregate", "cfg_dict", "clean", "given_model_note", "plots", "standing_notes"]
+__all__ = ["FILL_PAYS", "aggregate", "cfg_dict", "clean", "fill_description", "given_model_note", "head_summary",
+           "pbo_by_cost", "plots", "pooled_readout", "standing_notes"]
+
+#: What a fill pays in each execution mode (the terminal table and the summary name it).
+FILL_PAYS = {
+    "taker": "buys at the ask, sells at the bid (half the spread per side) plus the fee",
+    "mid": "fills at the mid plus the fee: no spread, no adverse selection (an upper bound)",
+    "passive": "a post-only order at our own best price, filled by the queue model, plus the maker fee",
+}
 
 
 def clean(x):
@@ -43,12 +56,59 @@ def given_model_note(model_dir: str, seen: list[str] | None, tests: list[set[str
             "folds are in sample, their results flattered")
 
 
+def fill_description(cfg: BacktestConfig) -> dict:
+    """The fill mode of ``cfg`` (``fill``, taker when the config has none) and what a fill pays."""
+    mode = str(getattr(cfg, "fill", "taker"))
+    return {"mode": mode, "pays": FILL_PAYS.get(mode, ""), "cost_unit": "fee in ticks per contract per side"}
+
+
+def pooled_readout(daily: dict, seed: int = 0) -> list[dict]:
+    """Per strategy x cost, the PnL per session (ticks) pooled over every fold's test sessions
+    (``daily``: ``{(strategy, cost): PnL per session}``) with its 95% bootstrap interval, the
+    sessions its interval needs to exclude 0, and a Sharpe and PSR only with at least
+    :data:`~alphamodel.readout.MIN_SHARPE_SESSIONS` sessions
+    (:func:`~alphamodel.backtest.metrics.session_readout`)."""
+    return [{"strategy": s, "cost_ticks": c, **session_readout(d, seed=seed)}
+            for (s, c), d in sorted(daily.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+
+
+def pbo_by_cost(daily: dict, cfg: BacktestConfig, out: Path | None) -> dict:
+    """Per cost, the probability of backtest overfitting (CSCV,
+    :func:`~alphamodel.backtest.overfit.pbo_section`) over the strategies tried (all but the
+    look-ahead and oracle references), on their PnL per test session of every fold in time
+    order; its logit histogram ``pbo_cost{c}.png`` in ``out`` (None: no plot)."""
+    out_d = {}
+    for c in cfg.costs:
+        trials = {s: d for (s, cc), d in daily.items() if cc == c and s not in NOT_TRIALS}
+        out_d[f"{c:g}"] = pbo_section(trials, out, f"pbo_cost{c:g}.png", f"cost {c:g} tick/side")
+    return out_d
+
+
+def head_summary(aux: list[dict], seed: int = 0) -> dict:
+    """The K=3 trade-outcome head's verdict over the folds that trained it, their test decisions
+    pooled (:func:`alphamodel.readout.head_verdict`): ``learns`` only when the 95% interval of its
+    balanced accuracy lies above 1/3; ``{"available": False}`` when no fold measured it."""
+    used = [a for a in aux if a.get("available") and "pred" in a]
+    if not used:
+        return {"available": False, "note": "the K=3 head was not measured (no tb_label, or aux_weight 0)"}
+    v = head_verdict(np.concatenate([a["pred"] for a in used]), np.concatenate([a["labels"] for a in used]), seed=seed)
+    v["folds"] = [a["fold"] for a in used]
+    if not v["learns"]:
+        v["note"] += "; the policy stops training it in the folds after (its loss weight 0)"
+    return {"available": True, **v}
+
+
 def standing_notes(cfg: BacktestConfig, results: list[dict]) -> dict:
     """The summary's notes on how its numbers are made."""
     ran = {r["strategy"] for r in results}
     return {
-        "sharpe": "annualised Sharpe of daily (per-session) PnL x sqrt(252); NaN (null) with fewer than 2 test "
-                  "sessions in a fold",
+        "sharpe": f"annualised Sharpe of daily (per-session) PnL x sqrt(252), only in folds with at least "
+                  f"{MIN_SHARPE_SESSIONS} test sessions (its standard error is about sqrt(252 / n) annualised: over "
+                  "5 at fewer); elsewhere null, and 'pooled' gives PnL per session with its 95% bootstrap interval "
+                  "and the sessions the interval needs",
+        "pbo": "probability of backtest overfitting per cost (CSCV, Bailey, Borwein, Lopez de Prado & Zhu 2017) over "
+               f"the strategies tried (all but {', '.join(n for n in NOT_TRIALS if n in ran)}), on PnL per test "
+               "session of every fold in time order; 16 blocks, fewer with under 32 sessions",
         "deflated_sharpe": "Bailey & Lopez de Prado 2014 over the strategies tried at the fold and cost "
                            f"(all but {', '.join(n for n in NOT_TRIALS if n in ran)})",
         "sizing": "Kelly (alphamodel.backtest.metrics)" if cfg.kelly else "unit size (--no-kelly)",
@@ -63,12 +123,14 @@ def cfg_dict(cfg: BacktestConfig) -> dict:
 
 
 def aggregate(results: list[dict]) -> list[dict]:
-    """Per strategy x cost: the mean and SD over the folds of each metric (non-finite values left out)."""
+    """Per strategy x cost: the mean and SD over the folds of each metric (non-finite values left out;
+    ``folds``: the folds that report a Sharpe, ``folds_run``: all)."""
     keys = sorted({(r["strategy"], r["cost_ticks"]) for r in results}, key=lambda x: (x[1], x[0]))
     out = []
     for s, c in keys:
         rs = [r for r in results if r["strategy"] == s and r["cost_ticks"] == c]
-        row = {"strategy": s, "cost_ticks": c, "folds": len(rs)}
+        row = {"strategy": s, "cost_ticks": c, "folds": sum(math.isfinite(r["sharpe"]) for r in rs),
+               "folds_run": len(rs)}
         for m in ("sharpe", "deflated_sharpe", "win_rate", "trades_per_session", "turnover", "max_drawdown",
                   "pnl_ticks"):
             v = np.array([r[m] for r in rs], float)

@@ -6,6 +6,7 @@ metrics."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -22,11 +23,12 @@ from alphafeat.splits import purged_walk_forward
 from alphamodel.backtest.config import NOT_TRIALS, ORACLE_MARGINS, ORACLE_NAMES, BacktestConfig
 from alphamodel.backtest.env import VecEnv
 from alphamodel.backtest.market import Market, Rows, planted_drift_rows
-from alphamodel.backtest.metrics import max_drawdown, sharpe, sharpe_stats
+from alphamodel.backtest.metrics import max_drawdown, session_readout, sharpe, sharpe_stats
 from alphamodel.backtest.strategies import c51_targets, evaluate, logistic_scores, rule, threshold_dir
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import DataError
 from alphamodel.nn.model import ModelConfig
+from alphamodel.readout import MIN_SHARPE_SESSIONS, head_verdict
 from alphamodel.rl.c51 import C51Net, balanced_accuracy, class_weights, support
 from alphamodel.rl.learner import EncoderObs, Learner, Obs, train_policy
 from alphamodel.supervised.checkpoint import load_model
@@ -115,7 +117,10 @@ def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestC
 def aux_report(learner: Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, te_rows: np.ndarray,
                cfg: BacktestConfig, device: torch.device, k: int) -> dict:
     """Class balance and loss weights (training rows), test accuracy and balanced accuracy
-    (mean per-class recall) at decision rows beside the majority rate."""
+    (mean per-class recall) at decision rows beside the majority rate, the balanced accuracy's
+    95% bootstrap interval and whether it lies above chance (``learns``,
+    :func:`alphamodel.readout.head_verdict`); ``pred`` / ``labels`` (numpy, the test decisions)
+    for the verdict pooled over folds (the caller drops them from the summary)."""
     y_tr = tb[torch.as_tensor(tr_rows, device=device)]
     y_tr = y_tr[y_tr >= 0]
     dec = torch.as_tensor(te_rows[:: cfg.stride], device=device)
@@ -127,7 +132,10 @@ def aux_report(learner: Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, te_
     z = torch.zeros_like(dec, dtype=torch.float32)
     pred = learner.net(obs(dec[ok], z[ok], z[ok]))[1].argmax(-1)
     majority = int(bal.argmax())
+    verdict = head_verdict(pred.cpu().numpy(), y[ok].cpu().numpy(), seed=cfg.seed + k)
     return {"fold": k, "available": True, "classes": ["stop (-1)", "timeout (0)", "profit (+1)"],
+            "balanced_accuracy_ci": verdict["interval"], "learns": verdict["learns"],
+            "pred": pred.cpu().numpy(), "labels": y[ok].cpu().numpy(),
             "train_balance": bal.tolist(), "test_decisions": int(ok.sum()),
             "loss_weights": learner.aux_w.tolist() if learner.aux_w is not None else None,
             "test_accuracy": float((pred == y[ok]).float().mean()),
@@ -269,10 +277,14 @@ def horizon_seconds(run: Run, ts: np.ndarray, tr_s: np.ndarray) -> float:
     return float(np.mean(dts)) * run.cfg.c51.n_step if dts else 1.0
 
 
-def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int) -> tuple[Learner, Obs, int]:
+def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int, use_aux: bool = True
+                ) -> tuple[Learner, Obs, int]:
     """The C51 policy of fold ``k`` trained on the frozen embeddings of its training rows (``pool``:
-    the rows an episode may start at), its inputs, and its task on the progress bar ``bar``."""
+    the rows an episode may start at), its inputs, and its task on the progress bar ``bar``;
+    without ``use_aux`` the K=3 trade-outcome head is not trained (its loss weight 0)."""
     cfg, c, device = run.cfg, run.cfg.c51, run.device
+    if not use_aux:
+        c = dataclasses.replace(c, aux_weight=0.0)
     obs = Obs(fi.emb, cfg.fee_max)
     torch.manual_seed(cfg.seed + k)
     net = C51Net(fi.emb.shape[1] + 2, 3, c.n_atoms, c.hidden).to(device)
@@ -315,17 +327,25 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
 
 def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict) -> tuple[list[dict], dict]:
     """The result rows of fold ``k`` (strategy x cost; the deflated Sharpe over the strategies tried
-    at this fold and cost) and each one's equity curve over the test sessions end to end."""
+    at this fold and cost) and each one's equity curve over the test sessions end to end. With
+    fewer than :data:`alphamodel.readout.MIN_SHARPE_SESSIONS` test sessions the fold's Sharpe,
+    PSR and DSR are NaN (they would not mean anything); its PnL per session and 95% bootstrap
+    interval are always there."""
     results, curves = [], {}
     J = len(te_s)
+    enough = J >= MIN_SHARPE_SESSIONS  # else no Sharpe, PSR or DSR: PnL per session with its interval
     for cost in run.cfg.costs:
         trials = [sharpe(ev[(s, cost)]["daily"]) for s in strategies if s not in NOT_TRIALS]
         for s in strategies:
             r = ev[(s, cost)]
             st = sharpe_stats(r["daily"], np.array(trials))
+            if not enough:
+                st = {m: math.nan for m in st}
+            ro = session_readout(r["daily"], seed=run.cfg.seed)
             eq = np.concatenate([r["curve"][j] + (r["daily"][:j].sum() if j else 0.0) for j in range(J)])
             results.append({
                 "strategy": s, "fold": k, "cost_ticks": cost, "sharpe": st["sharpe"],
+                "pnl_per_session": ro["pnl_per_session"], "pnl_ci": ro["pnl_ci"],
                 "deflated_sharpe": st["deflated_sharpe"] if s not in NOT_TRIALS else math.nan,
                 "win_rate": float(r["wins"].sum() / r["closed"].sum()) if r["closed"].sum() else math.nan,
                 "trades_per_session": float(r["entries"].sum() / J), "turnover": float(r["turnover"].sum() / J),
@@ -336,19 +356,24 @@ def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict)
     return results, curves
 
 
-def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarray, bar, n_folds: int) -> dict:
+def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarray, bar, n_folds: int,
+             use_aux: bool = True) -> dict:
     """Fold ``k`` (training sessions ``tr_s``, test sessions ``te_s``) end to end; writes its policy
     (``policy_fold{k}.safetensors``) to ``run.tmp``. Returns ``results``, ``curves``, ``aux``
-    (:func:`aux_report`), ``fold`` (the summary's record of it) and ``embedding_dim``."""
+    (:func:`aux_report`; without ``use_aux`` the head is not trained and not reported),
+    ``daily`` (``{(strategy, cost): PnL per test session}``), ``fold`` (the summary's record of
+    it) and ``embedding_dim``."""
     data, device = run.data, run.device
     fi = fold_inputs(run, k, tr_s, te_s)
     horizon_s = horizon_seconds(run, ts, tr_s)
     pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
-    learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds)
+    learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds, use_aux)
     strategies, ft_info = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task)
     ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg)
     results, curves = fold_results(run, k, te_s, strategies, ev)
-    aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k)
+    aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k) if use_aux else {
+        "fold": k, "available": False, "off": "not trained: aux_weight 0, or it did not learn in the earlier folds "
+        "(aux_head_verdict)"}
     state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in learner.net.state_dict().items()}
     state.update({"emb.mean": fi.mu.cpu(), "emb.std": fi.sd.cpu(), "support": run.z.cpu()})
     save_tensors(state, run.tmp / f"policy_fold{k}.safetensors", "alphamodel-c51-1")
@@ -359,4 +384,6 @@ def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarra
         "test_rows": [int(fi.te_rows.min()), int(fi.te_rows.max())],
         "policy_loss_last": float(np.mean(learner.losses[-20:])) if learner.losses else None,
         "horizon_s": horizon_s, "fine_tune": ft_info}
-    return {"results": results, "curves": curves, "aux": aux, "fold": fold, "embedding_dim": fi.emb.shape[1]}
+    daily = {key: r["daily"] for key, r in ev.items()}
+    return {"results": results, "curves": curves, "aux": aux, "daily": daily, "fold": fold,
+            "embedding_dim": fi.emb.shape[1]}
