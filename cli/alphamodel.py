@@ -124,6 +124,16 @@ def print_summary(s: dict) -> None:
             first = False
     con = stdout_console()
     con.print(t)
+    needs = [(h["horizon"], h["sessions_needed"]) for h in s["horizons"] if h.get("sessions_needed") is not None]
+    if needs:
+        n_test = s.get("test_sessions", "?")
+        con.print(f"sessions a result needs: the lift's 95% interval over {n_test} test session(s) excludes 0 at about "
+                  + ", ".join(f"h{h}: " + ("never (centred on 0)" if v == float("inf") else "met" if
+                                           isinstance(n_test, int) and v <= n_test else f"{v:,.0f}")
+                              for h, v in needs)
+                  + " sessions (its half-width shrinks as 1/sqrt(sessions))", markup=False)
+    if s.get("ceiling_note"):
+        con.print(s["ceiling_note"], markup=False, soft_wrap=True)
     for w in s.get("warnings", []):
         console.print(f"warning: {w}", markup=False)  # plain text (pip extras in [] are not markup)
     con.print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
@@ -145,23 +155,24 @@ def print_backtest(s: dict) -> None:
     fill = s.get("fill", {"mode": "taker", "pays": "", "cost_unit": "fee in ticks per contract per side"})
     k, n, m = s.get("folds_reporting_sharpe", len(s["folds"])), len(s["folds"]), s.get("min_sharpe_sessions", 0)
     t = Table(title=f"alphamodel backtest -> {s['out']}\nfill: {fill['mode']} ({fill['pays']}); cost = "
-                    f"{fill['cost_unit']}; PnL per session pooled over {s.get('test_sessions', '?')} test sessions "
-                    f"of {n} folds [95% bootstrap interval]; Sharpe over the {k} of {n} folds with >= {m} test "
-                    f"sessions (mean +- SD)")
-    for col in ("strategy", "cost", "PnL/session ticks [95%]", "sessions needed", "Sharpe (ann.)", "DSR",
+                    f"{fill['cost_unit']}; PnL per session (ticks) pooled over {s.get('test_sessions', '?')} test "
+                    f"sessions of {n} folds with its 95% bootstrap interval; Sharpe over the {k} of {n} folds with "
+                    f">= {m} test sessions (mean +- SD)")
+    for col in ("strategy", "cost", "PnL/session", "95% interval", "sessions needed", "Sharpe (ann.)", "DSR",
                 "win rate", "trades/sess", "turnover/sess", "max DD"):
         t.add_column(col, justify="right")
     pooled = {(p["strategy"], p["cost_ticks"]): p for p in s.get("pooled", [])}
     for r in s["aggregate"]:
         p = pooled.get((r["strategy"], r["cost_ticks"]), {})
         ci = p.get("pnl_ci") or [None, None]
-        pnl = "n/a" if p.get("pnl_per_session") is None else (
-            f"{p['pnl_per_session']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None else ""))
+        pnl = "n/a" if p.get("pnl_per_session") is None else f"{p['pnl_per_session']:.2f}"
+        ci_s = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci[0] is not None else "n/a"
         need = p.get("sessions_needed")
-        need_s = "n/a" if need is None else ("never (0)" if need == float("inf") else f"{need:,.0f}")
+        need_s = "n/a" if need is None else ("never (0)" if need == float("inf") else
+                                             "met" if need <= p.get("sessions", 0) else f"{need:,.0f}")
         g = [_cell(r[m + "_mean"], d, r[m + "_sd"]) for m, d in (("sharpe", 2), ("deflated_sharpe", 2), ("win_rate", 2),
              ("trades_per_session", 1), ("turnover", 1), ("max_drawdown", 1))]
-        t.add_row(r["strategy"], f"{r['cost_ticks']:g}", pnl, need_s, *g)
+        t.add_row(r["strategy"], f"{r['cost_ticks']:g}", pnl, ci_s, need_s, *g)
     Console(width=max(Console().width, 150)).print(t)
     console.print(f"Sharpe: {s['notes']['sharpe']}; DSR: {s['notes']['deflated_sharpe']}; sessions needed: for the "
                   "PnL interval to exclude 0 (its half-width shrinks as 1/sqrt(sessions))", soft_wrap=True,
