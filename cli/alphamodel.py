@@ -160,7 +160,7 @@ def print_backtest(s: dict) -> None:
                     f">= {m} test sessions (mean +- SD)")
     for col in ("strategy", "cost", "PnL/session", "95% interval", "sessions needed", "Sharpe (ann.)", "DSR",
                 "win rate", "trades/sess", "turnover/sess", "max DD"):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
     pooled = {(p["strategy"], p["cost_ticks"]): p for p in s.get("pooled", [])}
     for r in s["aggregate"]:
         p = pooled.get((r["strategy"], r["cost_ticks"]), {})
@@ -232,7 +232,9 @@ def _backtest(args: argparse.Namespace) -> int:
     s = backtest(cache, out, args.model, cfg, progress=not args.quiet)
     print_backtest(s)
     con = stdout_console()
-    con.print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
+    n_pbo = sum(1 for p in s["plots"] if p.startswith("pbo_"))
+    con.print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots']) - n_pbo} equity PNGs, "
+              f"{n_pbo} PBO logit PNGs, "
               "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
     if "ofi_sign" in s["notes"]:
         con.print(s["notes"]["ofi_sign"])
