@@ -5,6 +5,21 @@ selects the instrument (front month), :mod:`alphafeat.book` rebuilds the 10-leve
 :mod:`alphafeat.features` computes features (CPU) with CUDA twins in
 :mod:`alphafeat.cuda`, :mod:`alphafeat.labels` makes labels, :mod:`alphafeat.cache`
 writes the Arrow dataset, and :mod:`alphafeat.precompute` runs them in order.
+
+Layers, each importing only those before it (``tests/layers.py`` holds them, with the layers
+inside :mod:`alphafeat.precompute`):
+
+1. :mod:`~alphafeat.errors`, :mod:`~alphafeat.types`, :mod:`~alphafeat.cores`,
+   :mod:`~alphafeat.arena`, :mod:`~alphafeat.zstd_frames`;
+2. :mod:`~alphafeat.validation`;
+3. :mod:`~alphafeat.dbn`, :mod:`~alphafeat.kept`, :mod:`~alphafeat.cache`, :mod:`~alphafeat.splits`;
+4. :mod:`~alphafeat.instruments`, :mod:`~alphafeat.book`, :mod:`~alphafeat.bars`;
+5. :mod:`alphafeat.features` (the CPU path);
+6. :mod:`alphafeat.cuda` (the GPU path);
+7. :mod:`~alphafeat.labels`, :mod:`~alphafeat.devices` (the features on either device);
+8. :mod:`~alphafeat.plan`, :mod:`~alphafeat.inspection`;
+9. :mod:`alphafeat.precompute`;
+10. :mod:`alphafeat.synth` (the session generator).
 """
 
 __version__ = "0.1.0"

@@ -15,9 +15,9 @@ class NoBlasProbe:
     runs, and no other. numba imports that module at the first compiled call of a process (a
     cached kernel's too) and there probes ``scipy.linalg.cython_blas``, only to choose the inner
     product of a jitted ``np.convolve`` / ``np.correlate`` (BLAS, or a loop without it; no
-    alphafeat kernel calls them). Importing scipy.linalg took ~0.24 s of every process that
-    computes anything (a third of the first load of the cached kernels, 2-core machine; ~0.14 s
-    of each worker's first scan). numba's other BLAS users (``np.dot``, ``np.linalg``) import it
+    alphafeat kernel calls them). Importing scipy.linalg was a third of the first load of the
+    cached kernels in every process that computes anything, and part of each worker's first
+    scan (docs/performance.md). numba's other BLAS users (``np.dot``, ``np.linalg``) import it
     when they are compiled, as before. It reads importlib's private ``__spec__._initializing``:
     should that change, the hook stops firing and nothing else changes."""
 

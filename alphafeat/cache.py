@@ -132,8 +132,8 @@ _IPC_SLACK = 4 << 20
 
 def _preallocate(fd: int, size: int) -> None:
     """Allocate ``size`` bytes of the file ``fd`` before it is written (``fallocate(2)``): ext4
-    then writes into blocks it has, instead of reserving each block as it is written (a 0.9 GB
-    partition 0.55 s instead of 0.64 s on this machine). Nothing where the file system or the C
+    then writes into blocks it has, instead of reserving each block as it is written (a large
+    partition is written faster so: docs/performance.md). Nothing where the file system or the C
     library has no ``fallocate`` (no emulation by writing zeros, as ``posix_fallocate`` does
     there); a full disk is raised as the write would raise it."""
     fallocate = _libc("fallocate")
@@ -347,8 +347,8 @@ def move_into_place(src: Path, dst: Path) -> None:
     """``os.replace(src, dst)``; where ``dst`` exists, as an atomic swap of the two names
     (``renameat2(RENAME_EXCHANGE)``; the old file is then at ``src``, in the staging folder
     that goes at the end of the commit). ext4 (its default ``auto_da_alloc``) starts writing a
-    file back when it is renamed over another one, in the rename: 0.2-0.34 s for a 0.9 GB
-    partition on this machine, a tenth of a rerun that adds features; a swap does not, so the
+    file back when it is renamed over another one, in the rename (a tenth of a rerun that adds
+    features: docs/performance.md); a swap does not, so the
     replaced partition is left to the kernel's writeback like a new one. Where the swap is not
     available (no ``renameat2`` in the C library, a file system that refuses it), a replace."""
     swap = _libc("renameat2")
@@ -372,9 +372,9 @@ def _free_later(paths: Sequence[Path]) -> None:
     """Hand open descriptors of the files among ``paths`` (partitions about to be replaced or
     deleted) to a detached ``sleep`` of a few seconds, and close ours. Their names then go at
     once (``os.replace``, ``unlink``) and the file system frees their blocks when that process
-    exits, not in this one: an unlink of a 0.9 GB partition took 0.35-0.7 s on ext4 (a third of a
-    rerun that adds features). Nothing is left in the cache to see; the space shows in ``df``
-    until then. Where no process can be started the unlink pays as before."""
+    exits, not in this one: an unlink of a large partition on ext4 took a third of a rerun that
+    adds features (docs/performance.md). Nothing is left in the cache to see; the space shows
+    in ``df`` until then. Where no process can be started the unlink pays as before."""
     fds = []
     for p in paths:
         try:

@@ -42,6 +42,7 @@ from numba.extending import intrinsic
 
 from alphafeat.errors import InputError, UsageError
 from alphafeat.validation import validate_int
+from alphafeat.zstd_frames import is_zstd, zstd_problem
 
 __all__ = [
     "BOOK_SCHEMAS",
@@ -110,15 +111,7 @@ _ALWAYS_KEPT = frozenset({0x15, 0x16, 0x17})
 
 _SUPPORTED_VERSIONS = (1, 2, 3)
 _VERSION_MODULES = {1: databento_dbn.v1, 2: databento_dbn.v2, 3: databento_dbn.v3}
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _PREFIX_SIZE = 8  # b"DBN" + version byte + u32 metadata length
-
-
-def is_zstd(head: bytes) -> bool:
-    """Whether a file starting with ``head`` (its first 4 bytes) is zstd: a zstd frame or a
-    skippable frame (RFC 8878 3.1.1, 3.1.2). The reader decides by this, never by the name."""
-    skippable = len(head) == 4 and head[0] & 0xF0 == 0x50 and head[1:] == b"\x2a\x4d\x18"
-    return head[:4] == _ZSTD_MAGIC or skippable
 
 
 def file_identity(path: str | os.PathLike[str]) -> tuple[str, int, int]:
@@ -128,8 +121,8 @@ def file_identity(path: str | os.PathLike[str]) -> tuple[str, int, int]:
     return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
 
 #: Decompressed bytes per scanner step. 1 MiB keeps the decompressed chunk and the packed
-#: output in the L2/L3 cache while the kept records are copied (4 MiB was 1.5x slower on a
-#: busy synthetic MBP-10 session, ``bench/decode.py``).
+#: output in the L2/L3 cache while the kept records are copied (4 MiB was slower on a busy
+#: synthetic MBP-10 session, ``bench/decode.py``: docs/performance.md).
 CHUNK_BYTES = 1 << 20
 #: Decompressed bytes per zstd call at most (calls end on its multiples, so the offset of a
 #: corrupt block is reported the same whatever the chunk size).
@@ -229,7 +222,8 @@ def _memmove(typingctx, dst, d0, src, s0, nbytes):  # noqa: ARG001 (numba intrin
     (the ranges may overlap: the scanner compacts kept records within its own buffer).
 
     A plain element loop is not turned into a library copy by LLVM (the arrays may alias),
-    and copies about 3x slower. No bounds check: the caller guarantees the ranges.
+    and copies several times slower (docs/performance.md). No bounds check: the caller
+    guarantees the ranges.
     """
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array)):
         return None
@@ -357,91 +351,12 @@ def _split(out: np.ndarray, out_rt: np.ndarray, kept: int, sizes: np.ndarray, rt
 # --------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True)
-def _walk_blocks(win: np.ndarray, off: int) -> tuple[int, int]:
-    """Walk zstd block headers (RFC 8878 3.1.1.2) in ``win`` from ``off``: returns the offset
-    reached and 0 (the next header is not wholly inside the window), 1 (past the frame's last
-    block) or 2 (reserved block type at the offset returned)."""
-    n = win.shape[0]
-    while off + 3 <= n:
-        h = np.int64(win[off]) | (np.int64(win[off + 1]) << 8) | (np.int64(win[off + 2]) << 16)
-        btype = (h >> 1) & 3
-        if btype == 3:
-            return off, 2
-        off += 3 + (1 if btype == 1 else h >> 3)
-        if h & 1:
-            return off, 1
-    return off, 0
-
-
-def _zstd_problem(f: BinaryIO) -> tuple[int, str] | None:
-    """Check the frame structure of a zstd file without decompressing it.
-
-    ``zstandard``'s ``stream_reader`` returns a short read, not an error, when the input
-    ends inside a frame (see ``tests/test_dbn.py``), so the frame and block headers are
-    walked first (zstd format, RFC 8878 sections 3.1.1-3.1.2): a frame or block that runs
-    past the end of the file, or a missing checksum, means the file was cut short.
-
-    Returns ``(compressed offset, problem)`` or None when the structure is complete. Bytes
-    that are not a frame at all are left to the decompressor, which rejects them.
-    """
-    fd = f.fileno()
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return None
-
-    win = [0, b""]  # a 1 MiB window read with pread: no whole-file map, so RSS does not grow with the file
-
-    def u(pos: int, n: int) -> int:  # little-endian integer of the n bytes at pos
-        off = pos - win[0]
-        if off < 0 or off + n > len(win[1]):
-            win[0], win[1] = pos, os.pread(fd, 1 << 20, pos)
-            off = 0
-        return int.from_bytes(win[1][off : off + n], "little")
-
-    pos = 0
-    while pos < size:
-        if pos + 4 > size:
-            return pos, "zstd stream ends inside a frame magic (truncated file)"
-        magic = u(pos, 4)
-        if magic & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame
-            if pos + 8 > size:
-                return pos, "zstd stream ends inside a skippable frame (truncated file)"
-            pos += 8 + u(pos + 4, 4)
-            if pos > size:
-                return size, "zstd stream ends inside a skippable frame (truncated file)"
-            continue
-        if magic != 0xFD2FB528:
-            return None  # not zstd here: the decompressor reports it
-        if pos + 5 > size:
-            return pos, "zstd stream ends in the middle of a frame (truncated file)"
-        fhd = u(pos + 4, 1)
-        single = (fhd >> 5) & 1
-        fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
-        pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
-        while True:  # block headers, walked in numba a window at a time
-            if pos + 3 > size:  # a header or block walked past the end: the file ends inside it
-                return min(pos, size), "zstd stream ends in the middle of a frame (truncated file)"
-            u(pos, 3)  # the window holds this header
-            off, state = _walk_blocks(np.frombuffer(win[1], dtype=np.uint8), pos - win[0])
-            pos = win[0] + off
-            if state == 2:
-                return None  # reserved block type: corrupt, the decompressor reports it
-            if state == 1:
-                break
-        if fhd & 0x04:
-            pos += 4
-        if pos > size:
-            return size, "zstd stream ends in the middle of a frame (truncated file)"
-    return None
-
-
 class _Stream:
     """Decompressed bytes of a DBN file, read straight into caller buffers.
 
     zstd data is decoded with ``ZstdDecompressor.stream_reader(...).readinto`` into a reused
     buffer (no allocation per block: about twice the throughput of ``decompressobj`` here);
-    a cut file is detected by :func:`_zstd_problem` and reported when the stream runs dry.
+    a cut file is detected by :func:`~alphafeat.zstd_frames.zstd_problem` and reported when the stream runs dry.
     """
 
     def __init__(self, path: Path, f: BinaryIO, *, check: bool = True) -> None:
@@ -455,7 +370,7 @@ class _Stream:
         self.compressed = is_zstd(head)
         self._problem: tuple[int, str] | None = None
         if self.compressed:
-            self._problem = _zstd_problem(f) if check else None
+            self._problem = zstd_problem(f) if check else None
             self._r: BinaryIO = zstandard.ZstdDecompressor().stream_reader(
                 f, read_size=1 << 17, read_across_frames=True, closefd=False
             )
@@ -567,7 +482,7 @@ def open_dbn(path: str | os.PathLike[str]) -> DBNFile:
         try:
             return _read_header(p, src)
         except InputError:
-            problem = _zstd_problem(f) if src.compressed else None  # a header cut short: say why
+            problem = zstd_problem(f) if src.compressed else None  # a header cut short: say why
             if problem is None:
                 raise
             # the header was not decompressed: where the file itself ends inside the frame

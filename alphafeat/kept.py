@@ -25,7 +25,9 @@ from pathlib import Path, PurePath
 
 import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "decode", "dump", "encode", "load"]
+from alphafeat.errors import AlphafeatError
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "NotKept", "decode", "dump", "encode", "load"]
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,16 @@ FORMAT_VERSION = 1
 _TAG = "__kept__"
 
 
+class NotKept(AlphafeatError):
+    """A value :func:`encode` cannot keep, or data :func:`decode` did not write (:func:`dump` and
+    :func:`load` catch it: nothing is kept, or the file is computed again)."""
+
+
 def _dtype_descr(d: np.dtype) -> object:
     """A JSON description of numpy dtype ``d``: its string, or a structured dtype's names,
     formats, offsets and size (padding kept), or a sub-array's base and shape."""
     if d.hasobject:
-        raise TypeError(f"numpy dtype {d} holds Python objects: not kept")
+        raise NotKept(f"numpy dtype {d} holds Python objects")
     if d.names:
         return {"names": list(d.names), "formats": [_dtype_descr(d.fields[n][0]) for n in d.names],
                 "offsets": [d.fields[n][1] for n in d.names], "itemsize": d.itemsize}  # fmt: skip
@@ -50,7 +57,7 @@ def _dtype_descr(d: np.dtype) -> object:
 
 
 def _dtype_of(descr: object) -> np.dtype:
-    """The numpy dtype :func:`_dtype_descr` described; ValueError for an object dtype."""
+    """The numpy dtype :func:`_dtype_descr` described; :class:`NotKept` for an object dtype."""
     if isinstance(descr, str):
         d = np.dtype(descr)
     elif "base" in descr:
@@ -59,13 +66,13 @@ def _dtype_of(descr: object) -> np.dtype:
         d = np.dtype({"names": descr["names"], "formats": [_dtype_of(f) for f in descr["formats"]],
                       "offsets": descr["offsets"], "itemsize": descr["itemsize"]})  # fmt: skip
     if d.hasobject:
-        raise ValueError("an object dtype")
+        raise NotKept("an object dtype")
     return d
 
 
 def encode(obj: object) -> object:
-    """``obj`` as JSON-able data (tagged objects for the types JSON lacks); TypeError for a
-    type it cannot keep."""
+    """``obj`` as JSON-able data (tagged objects for the types JSON lacks); :class:`NotKept` for
+    a type it cannot keep."""
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     if isinstance(obj, list):
@@ -91,12 +98,12 @@ def encode(obj: object) -> object:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {_TAG: "dataclass", "cls": type(obj).__name__,
                 "v": {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}  # fmt: skip
-    raise TypeError(f"{type(obj).__name__} is not kept")
+    raise NotKept(f"{type(obj).__name__} is not kept")
 
 
 def decode(data: object, classes: dict[str, type]) -> object:
     """What :func:`encode` gave ``data`` for; dataclasses and enums only of ``classes`` (by
-    name). ValueError, TypeError or KeyError for data it did not write."""
+    name). :class:`NotKept`, ValueError, TypeError or KeyError for data it did not write."""
     if isinstance(data, list):
         return [decode(v, classes) for v in data]
     if not isinstance(data, dict):
@@ -122,15 +129,15 @@ def decode(data: object, classes: dict[str, type]) -> object:
         return cls(decode(v, classes))
     if tag == "dataclass" and dataclasses.is_dataclass(cls):
         return _dataclass(cls, {k: decode(x, classes) for k, x in v.items()})
-    raise ValueError(f"unknown tag {tag!r}")
+    raise NotKept(f"unknown tag {tag!r}")
 
 
 def _dataclass(cls: type, values: dict[str, object]) -> object:
     """An instance of dataclass ``cls`` with ``values`` (its init fields through ``__init__``,
-    the others set after); TypeError when they are not its fields."""
+    the others set after); :class:`NotKept` when they are not its fields."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     if set(values) != set(fields):
-        raise TypeError(f"{cls.__name__}: fields {sorted(values)} are not {sorted(fields)}")
+        raise NotKept(f"{cls.__name__}: fields {sorted(values)} are not {sorted(fields)}")
     obj = cls(**{k: v for k, v in values.items() if fields[k].init})
     for k, v in values.items():
         if not fields[k].init:
@@ -148,7 +155,7 @@ def dump(path: Path, obj: object, what: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
         os.replace(tmp, path)
-    except (OSError, TypeError, ValueError) as e:
+    except (OSError, NotKept, TypeError, ValueError) as e:
         tmp.unlink(missing_ok=True)
         log.warning("%s: %s not kept (%s)", path, what, getattr(e, "strerror", None) or e)
 
@@ -169,6 +176,6 @@ def load(path: Path, classes: Iterable[type]) -> object | None:
                      kept.get("format_version"), FORMAT_VERSION)  # fmt: skip
             return None
         return decode(kept["data"], {c.__name__: c for c in classes})
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except (OSError, NotKept, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as e:
         log.info("%s: cannot be read (%s); ignored (computed again)", path, e)
         return None

@@ -41,10 +41,10 @@ import numba
 import numpy as np
 
 from alphafeat.errors import UsageError
-from alphafeat.features import _twin
+from alphafeat.features import twin
 from alphafeat.validation import Device, validate_enum, validate_horizon
 
-_R = _twin.load("cpu")  # the row code, shared with the CUDA kernel (alphafeat.cuda.kernels)
+_R = twin.load("cpu")  # the row code, shared with the CUDA kernel (alphafeat.cuda.kernels)
 
 DEFAULT_HORIZONS: tuple[int, ...] = (30, 100, 300, 1000, 6000)
 

@@ -492,7 +492,7 @@ def spawning_workers() -> Iterator[None]:
 def _import_meanwhile(module: str) -> threading.Thread:
     """Import ``module`` on a thread of its own while this process waits for the scans on its
     workers (databento's symbology, which :meth:`Symbology.build` needs next, loads all of
-    ``databento``: ~0.5 s on the H200 host that was otherwise spent after the scans). joblib
+    ``databento``: time otherwise spent after the scans; docs/performance.md). joblib
     is imported first, on this thread, so that the two threads' imports share no module being
     loaded. Join it before using the module; an import error shows there again."""
     import joblib  # noqa: F401  (see above)

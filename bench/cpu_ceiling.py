@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from features import _time, make_book  # noqa: E402
 
 from alphafeat.features import FeatureParams, _prepare, compute_features  # noqa: E402
-from alphafeat.features.cpu import BLOCK  # noqa: E402
+from alphafeat.features.cpu_kernels import BLOCK  # noqa: E402
 from alphafeat.features.registry import make_plan  # noqa: E402
 
 

@@ -81,7 +81,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alphafeat.features import FeatureParams, compute_features, cuda_available  # noqa: E402
+from alphafeat.devices import compute_features  # noqa: E402
+from alphafeat.features import FeatureParams, cuda_available  # noqa: E402
 from alphafeat.features.registry import frac_diff_weights  # noqa: E402
 from alphafeat.types import LEVELS, BookArrays  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 Two measurements at the given scale (default ``busy``, about 1.8 M MBP-10 records a session):
 
-* ``simulate``: :func:`alphafeat.synth._simulate_session` for one session, i.e. the order-level
+* ``simulate``: :func:`alphafeat.synth.simulate_session` for one session, i.e. the order-level
   book simulation of every instrument with its MBO and MBP-10 records (numba), fresh buffers.
 * ``generate``: the whole :func:`alphafeat.synth.generate` call for ``--sessions`` consecutive
   sessions writing the mbp-10, trades and definition files (no report): simulation, merging the
@@ -57,7 +57,7 @@ def main() -> None:
     schemas = ("mbp-10", "trades", "definition")
     with tempfile.TemporaryDirectory() as d:  # compile (or load the numba cache) of every kernel
         synth.generate(d, start=day, sessions=1, seed=0, scale="quiet", schemas=schemas, report=False)
-    sess, sim_w, sim_c = _timed(lambda: synth._simulate_session(day, 1, synth.SCALES[args.scale], None, 0))
+    sess, sim_w, sim_c = _timed(lambda: synth.simulate_session(day, 1, synth.SCALES[args.scale], None, 0))
     n_sim = sum(r.mbp.shape[0] for r in sess.runs.values())
     del sess
 

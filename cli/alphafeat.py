@@ -160,9 +160,9 @@ def _synth(args: argparse.Namespace) -> int:
         sessions: list[dict] = []
         created = not Path(out).exists()
         from alphafeat.precompute.workers import not_compiled
-        from alphafeat.synth.simulator import _simulate
+        from alphafeat.synth.kernels import simulate
 
-        if not_compiled(_simulate):
+        if not_compiled(simulate):
             console.print("first use in this environment: numba compiles the generator's kernels once (~1 min)",
                           soft_wrap=True)  # fmt: skip
         with progress_bar() as progress, _remove_if_left_empty(Path(out), created):

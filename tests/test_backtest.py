@@ -534,7 +534,7 @@ def test_oracle_psr_on_a_planted_signal_market():
     stride = 50
     mids, drifts = [], []
     for d in (9, 10, 11, 12, 15, 16):
-        sess = sim._simulate_session(datetime.date(2024, 1, d), 5, 0.3, None, 0, None, False, synth.Signal(),
+        sess = sim.simulate_session(datetime.date(2024, 1, d), 5, 0.3, None, 0, None, False, synth.Signal(),
                                      DRIFT_HORIZONS, DRIFT_PATHS)
         run = sess.runs[sess.leader]
         mids.append(run.mid * 0.25)

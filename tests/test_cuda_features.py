@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from test_features import PARAMS, perturb_after, random_book
 
-from alphafeat.features import FeatureParams, compute_features, cuda_available, feature_specs
+from alphafeat.devices import compute_features
+from alphafeat.features import FeatureParams, cuda_available, feature_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"

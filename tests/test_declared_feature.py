@@ -25,7 +25,8 @@ import pyarrow.dataset as pads
 import pytest
 from test_features import random_book
 
-from alphafeat.features import FeatureParams, _prepare, compute_features, cuda_available, feature_specs
+from alphafeat.devices import compute_features
+from alphafeat.features import FeatureParams, _prepare, cuda_available, feature_specs
 from alphafeat.features.cpu import FeatureStream
 from alphafeat.features.registry import Decay, Feature, make_plan, registered
 
@@ -114,6 +115,19 @@ def test_declared_features_on_the_cpu() -> None:
         assert np.isfinite(seq[name]).all()
     assert np.isnan(seq["imbalance_l1"]).any()  # the state skipped NaN row values (as 0)
     assert len(feature_specs(FeatureParams())) == len(plain)  # unregistered again
+
+
+def test_declared_features_keep_the_implementation_strings_caches_store() -> None:
+    """Caches store each column's spec with its ``cpu`` and ``cuda`` strings and take a changed one
+    for a changed option (a stale cache): a declared feature's strings keep naming the row
+    kernel's module by its former name, ``alphafeat.features._declared`` (now ``declared``)."""
+    with registered(*TOYS):
+        specs = {s.name: s for s in feature_specs(FeatureParams())}
+    row = "test_declared_feature._top_depth"
+    assert specs[DEPTH.name].cpu == f"{row} (numba.njit in alphafeat.features._declared.row_kernel)"
+    assert specs[DEPTH.name].cuda == f"{row} (cuda.jit device function in alphafeat.features._declared.row_kernel)"
+    assert specs[FLOW.name].cpu.startswith("test_declared_feature._pressure (numba.njit in alphafeat.features."
+                                           "_declared.row_kernel) + alphafeat.features.cpu._scan_block")  # fmt: skip
 
 
 @pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (covered by test_declared_features_cuda_simulator)")

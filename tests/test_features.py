@@ -413,8 +413,18 @@ def test_bad_params(bad: dict) -> None:
 
 
 def test_bad_device() -> None:
+    from alphafeat import devices
+
     with pytest.raises(ValueError):
         compute_features(random_book(3, 0), device="tpu")
+    with pytest.raises(ValueError, match="tpu"):
+        devices.compute_features(random_book(3, 0), device="tpu")
+    # the CPU path only: the choice of device lies above alphafeat.cuda (no import cycle)
+    with pytest.raises(ValueError, match="alphafeat.devices.compute_features"):
+        compute_features(random_book(3, 0), device="cuda")
+    book = random_book(50, 1)
+    for a, b in zip(compute_features(book).values(), devices.compute_features(book, n_chunks=3).values(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("n", [0, 1])

@@ -319,8 +319,8 @@ def test_soft_auc() -> None:
     score = np.array([0.1, 0.4, 0.35, 0.8])
     pos = np.array([0.0, 0.0, 1.0, 1.0])
     # hard labels: of the 4 (positive, negative) pairs 3 are ranked right
-    assert synth._soft_auc(score, pos, 1 - pos) == pytest.approx(0.75)
-    assert synth._soft_auc(np.zeros(4), pos, 1 - pos) == pytest.approx(0.5)
+    assert synth.soft_auc(score, pos, 1 - pos) == pytest.approx(0.75)
+    assert synth.soft_auc(np.zeros(4), pos, 1 - pos) == pytest.approx(0.5)
 
 
 def _mids(a: np.ndarray, iid: int) -> np.ndarray:
@@ -388,7 +388,7 @@ def test_ceiling_estimate_on_known_probabilities() -> None:
             up, dn = u < a[:, None], (u >= a[:, None]) & (u < (a + b)[:, None])
             est.append(synth.ceiling_estimate(up, dn))
             score = up[:, : k // 2].sum(1) / np.maximum(1, (up | dn)[:, : k // 2].sum(1))
-            old.append(synth._soft_auc(score, up[:, k // 2 :].mean(1), dn[:, k // 2 :].mean(1)))
+            old.append(synth.soft_auc(score, up[:, k // 2 :].mean(1), dn[:, k // 2 :].mean(1)))
         assert abs(np.mean(est) - exact) < 0.01, (spread, np.mean(est), exact)
         assert np.mean(old) < exact - 0.01
 
@@ -397,7 +397,7 @@ def test_auc_ceiling_converged() -> None:
     """Doubling the Monte-Carlo paths (from the report's, :data:`AUC_PATHS`) moves the model's
     ceiling by less than 0.015."""
     day = datetime.date(2024, 3, 6)
-    sess = synth._simulate_session(day, 7, 1.0, None, 64, None, False)
+    sess = synth.simulate_session(day, 7, 1.0, None, 64, None, False)
     run = sess.runs[sess.leader]
     one = synth.auc_ceiling(run, (30, 100), {h: synth.AUC_PATHS[h] for h in (30, 100)}, seed=1)
     two = synth.auc_ceiling(run, (30, 100), {h: 2 * synth.AUC_PATHS[h] for h in (30, 100)}, seed=2)
@@ -448,7 +448,7 @@ def test_non_front_mid_changes_correlate_with_front() -> None:
     step = 300 * 10**9
     pooled: dict[str, list[np.ndarray]] = {"ESH4": [], "ESU4": [], "front": []}
     for day in (datetime.date(2024, 3, 8), datetime.date(2024, 3, 11)):
-        sess = synth._simulate_session(day, 5, synth.SCALES["normal"], None, 0, None, False)
+        sess = synth.simulate_session(day, 5, synth.SCALES["normal"], None, 0, None, False)
         assert sess.leader == "ESM4"
         t0, t1 = synth.session_bounds(day)
         grid = np.arange(t0 + synth.OPEN_DELAY_NS, t1, step)

@@ -15,7 +15,7 @@ from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, asof_events, re
 def _sessions(days: list[datetime.date], scale: float, signal: synth.Signal) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for day in days:
-        sess = sim._simulate_session(day, 11, scale, None, 0, None, False, signal, DRIFT_HORIZONS, DRIFT_PATHS)
+        sess = sim.simulate_session(day, 11, scale, None, 0, None, False, signal, DRIFT_HORIZONS, DRIFT_PATHS)
         run = sess.runs[sess.leader]
         out.append((run.mid, run.drift))
     return out

@@ -23,7 +23,7 @@ DAYS = synth.trade_dates(datetime.date(2024, 1, 8), 14)
 def _rows(day: datetime.date, signal: synth.Signal, scale: float, h: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Features of every row of the leading outright and its direction label at ``h`` snapshots
     (1 up, 0 down, NaN tie / past the end)."""
-    sess = synth._simulate_session(day, 11, scale, None, 0, None, False, signal)
+    sess = synth.simulate_session(day, 11, scale, None, 0, None, False, signal)
     book, trades = mbp_snapshots(sess.runs[sess.leader].mbp)
     b = to_book_arrays(book, trades)
     feats = compute_features(b)
@@ -63,7 +63,7 @@ def test_no_signal_ceiling_covers_one_half() -> None:
     day = DAYS[1]
     paths = {30: 128, 100: 64, 300: 32, 1000: 16, 6000: 8}
     for strength in (0.0, 1.0):
-        sess = synth._simulate_session(day, 3, 1.0, None, 64, None, False, synth.Signal(strength, "both"))
+        sess = synth.simulate_session(day, 3, 1.0, None, 64, None, False, synth.Signal(strength, "both"))
         ci: dict[str, list[float]] = {}
         auc = synth.auc_ceiling(sess.runs[sess.leader], synth.AUC_HORIZONS, paths, seed=2, interval=ci)
         assert list(ci) == [str(h) for h in synth.AUC_HORIZONS]
@@ -92,7 +92,7 @@ def _book_rows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The current row alone (level sizes 1-10 both sides, spread in ticks, the row's buy and
     sell volume: nothing carried from earlier rows), the rows' signed volume and the label."""
-    sess = synth._simulate_session(day, 11, scale, None, 0, None, False, signal)
+    sess = synth.simulate_session(day, 11, scale, None, 0, None, False, signal)
     book, trades = mbp_snapshots(sess.runs[sess.leader].mbp)
     b = to_book_arrays(book, trades)
     mid = (b.bid_px[:, 0] + b.ask_px[:, 0]) / 2

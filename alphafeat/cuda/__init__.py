@@ -4,9 +4,9 @@ Importing this package never touches CUDA: the kernels module (and ``numba.cuda`
 imported on the first call. Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported)
 the kernels run in numba's simulator, which is how they are tested on machines without a GPU.
 
-Imports go one way: :func:`alphafeat.features.compute_features` calls this package (on
-``device='cuda'``), which reads only the leaf modules :mod:`alphafeat.features.registry`,
-:mod:`alphafeat.features.inputs` and the row code, never the :mod:`alphafeat.features` API.
+Imports go one way: this package reads the leaf modules :mod:`alphafeat.features.registry`,
+:mod:`alphafeat.features.inputs` and the row code, and :mod:`alphafeat.features` never imports it;
+:func:`alphafeat.devices.compute_features` (``device='cuda'``) and the precompute call it.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ def gpu_turn(lock_dir: str | Path) -> Iterator[None]:
     the pinned host memory it used (:func:`alphafeat.cuda.kernels.release_buffers`): use the
     results inside the turn. Each worker process keeps its buffers between calls otherwise: 16
     workers held 16 sessions' device buffers at once (a generated quarter with ``--jobs 16
-    --device cuda`` ran out of the H200's memory, CUDA_ERROR_OUT_OF_MEMORY) and, with the device
-    buffers freed, still their pinned host pools (that quarter peaked at 118.9 GB summed over
-    the processes; 112.4 GB on another host draw with the pools freed too, against 32.3 GB on
-    the CPU: by the sizes, most of it each worker's whole book). ``lock_dir`` must be on a filesystem the
+    --device cuda`` ran out of the GPU's memory, CUDA_ERROR_OUT_OF_MEMORY) and, with the device
+    buffers freed, still their pinned host pools (that quarter's host memory, summed over the
+    processes, was over three times the CPU path's: by the sizes, most of it each worker's whole
+    book; docs/performance.md). ``lock_dir`` must be on a filesystem the
     workers share (the run's staging folder)."""
     from alphafeat.cuda import kernels
 

@@ -32,7 +32,7 @@ submitted before the previous one's results are back overlaps with it (segments 
 6. float32 results only: :func:`cast_kernel` rounds the step's columns once, on the device.
 
 Declared features (:func:`alphafeat.features.registry.register`) are computed by the kernel
-:func:`alphafeat.features._declared.row_kernel` generates from their declarations, right after
+:func:`alphafeat.features.declared.row_kernel` generates from their declarations, right after
 :func:`rowwise_kernel` (a stateful one's recurrence then runs with the others in step 3).
 
 Device buffers, pinned host buffers, streams and events are kept between calls in one
@@ -55,9 +55,9 @@ from numba import config, cuda
 
 from alphafeat.cores import usable_cores
 from alphafeat.errors import UsageError
-from alphafeat.features._declared import row_kernel
-from alphafeat.features._twin import load as _load_rows
+from alphafeat.features.declared import row_kernel
 from alphafeat.features.registry import N_LF, Plan
+from alphafeat.features.twin import load as _load_rows
 
 R = _load_rows("cuda")
 
@@ -368,8 +368,8 @@ TARGET_STEPS = 8
 OVERLAPPED_STEPS = 2
 #: Pinned staging slots of the input pipeline (host threads fill one while the DMA reads another).
 N_SLOTS = 3
-#: Host threads copying the input columns into the pinned staging slots (on the 16-core H200
-#: host, 12 gave the fastest pipeline, 62.6 M rows/s against 56.2 with 8 and 48.3 with 6).
+#: Host threads copying the input columns into the pinned staging slots (12 gave the fastest
+#: pipeline of 6, 8 and 12 on a 16-core host: docs/performance.md).
 COPY_THREADS = 12
 #: Bytes of one piece of a staging copy (one task of a copy thread).
 COPY_PIECE = 8 << 20

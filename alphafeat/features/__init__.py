@@ -9,7 +9,8 @@ unit, source, parameters, minimum depth and implementations; the integer plan),
 :mod:`~alphafeat.features._rows` (the per-row code of the CUDA kernels, also compilable with
 ``numba.njit``), :mod:`~alphafeat.features.cpu` (block-wise CPU kernels, sequential or
 in exact chunks on joblib threads), :mod:`~alphafeat.features.scalar` (scalar helpers and reference-scale
-functions). The CUDA drivers live in :mod:`alphafeat.cuda`; tests hold all paths equal.
+functions). The CUDA drivers live in :mod:`alphafeat.cuda`, the choice of device in
+:func:`alphafeat.devices.compute_features`; tests hold all paths equal.
 ``alphafeat features`` prints the table.
 
 Adding a feature
@@ -19,7 +20,7 @@ source, parameters, the inputs it reads, a scalar ``row`` function of them, and 
 carries: none or a :class:`~alphafeat.features.registry.Decay`), and
 :func:`~alphafeat.features.registry.register` it. From that declaration come its column (after
 the built-in ones) in every back end -- a row kernel generated from the declarations
-(:mod:`alphafeat.features._declared`, ``numba.njit`` and ``numba.cuda.jit``), its state run by
+(:mod:`alphafeat.features.declared`, ``numba.njit`` and ``numba.cuda.jit``), its state run by
 the same exact linear scans as the built-in recurrences (chunked, streamed and on the GPU) --
 and its entries in ``alphafeat features``, in ``--features`` and in the cache's columns
 (``tests/test_declared_feature.py`` adds toy features that way, from the test alone).
@@ -133,7 +134,8 @@ def compute_features(
     n_chunks: int = 1,
     n_jobs: int | None = 1,
 ) -> dict[str, np.ndarray]:
-    """Compute the feature set on one contiguous segment of book snapshots.
+    """Compute the feature set on one contiguous segment of book snapshots, on the CPU (on a GPU:
+    :func:`alphafeat.devices.compute_features`, which lies above :mod:`alphafeat.cuda`).
 
     Parameters
     ----------
@@ -144,8 +146,8 @@ def compute_features(
     params : FeatureParams
         Feature parameters (see :class:`FeatureParams`).
     device : str
-        ``'cpu'`` (numba njit), ``'cuda'`` (:mod:`alphafeat.cuda` kernels) or ``'auto'``
-        (``'cuda'`` when :func:`cuda_available`, else ``'cpu'``).
+        ``'cpu'`` only (numba njit); kept so that calls naming it work. ``'cuda'`` and ``'auto'``:
+        :func:`alphafeat.devices.compute_features`.
     n_chunks : int
         CPU only: split the segment into this many contiguous chunks with exact carries
         (results equal the sequential ones to rounding, 1e-12 relative).
@@ -160,20 +162,13 @@ def compute_features(
         order. Units, formulas and sources: :func:`feature_specs`; conventions (empty levels,
         row 0, NaN handling): module docstring. Each call restarts every recurrence at row 0.
     """
-    if device == "auto":
-        device = "cuda" if cuda_available() else "cpu"
-    plan = make_plan(params)
+    if device != "cpu":
+        raise UsageError("device", "expected 'cpu' (GPUs: alphafeat.devices.compute_features)", device)
+    from alphafeat.features.cpu import compute_cpu
+
     names = [s.name for s in feature_specs(params)]
-    if device == "cpu":
-        from alphafeat.features.cpu import compute_cpu
-
-        out = compute_cpu(_prepare(book, params), plan, n_chunks=n_chunks, n_jobs=n_jobs)
-        return {name: out[k] for k, name in enumerate(names)}
-    if device == "cuda":
-        from alphafeat.cuda import compute_features_cuda
-
-        return compute_features_cuda(book, params)
-    raise UsageError("device", "expected 'cpu', 'cuda' or 'auto'", device)
+    out = compute_cpu(_prepare(book, params), make_plan(params), n_chunks=n_chunks, n_jobs=n_jobs)
+    return {name: out[k] for k, name in enumerate(names)}
 
 
 def compute_features_chunked(

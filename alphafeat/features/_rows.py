@@ -1,6 +1,6 @@
 """Per-row feature code, one source compiled for two targets.
 
-This file is loaded twice by :func:`alphafeat.features._twin.load`: as
+This file is loaded twice by :func:`alphafeat.features.twin.load`: as
 ``alphafeat.features._rows_cpu`` (every function ``numba.njit``) and as
 ``alphafeat.features._rows_cuda`` (every function ``numba.cuda.jit(device=True)``). The CPU
 drivers (:mod:`alphafeat.features.cpu`) and the CUDA kernels (:mod:`alphafeat.cuda.kernels`)

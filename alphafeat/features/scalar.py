@@ -13,7 +13,7 @@ import math
 import numba
 import numpy as np
 
-from alphafeat.features import _twin
+from alphafeat.features import twin
 from alphafeat.features.registry import INTERPOLATIONS, frac_diff_weights
 
 # --------------------------------------------------------------------------------------------
@@ -22,7 +22,7 @@ from alphafeat.features.registry import INTERPOLATIONS, frac_diff_weights
 
 
 #: The per-row functions of the CUDA kernels, compiled with ``numba.njit`` (one source).
-_ROWS = _twin.load("cpu")
+_ROWS = twin.load("cpu")
 _ofi_level = _ROWS.ofi_level
 
 

@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from alphafeat import book as bk
-from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity, is_zstd
+from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity
 from alphafeat.plan import Segment
 from alphafeat.types import LEVELS, BookArrays
+from alphafeat.zstd_frames import is_zstd
 
 __all__ = ["BLOCK_ROWS", "BOOK_FORMAT", "BookWriter", "book_key", "book_slices", "build_book", "is_kept",
            "kept_book", "load_book", "peak_rss", "read_records", "save_book", "stream_rows"]
@@ -305,10 +306,8 @@ def stream_rows(at_once: int) -> int:
     beyond, at least :data:`MIN_BLOCK_ROWS` (16 at once: 8 Ki). The decode chunk shrinks in
     proportion (:func:`read_chunk`). Segments at once share the memory bandwidth and the
     last-level cache; smaller blocks keep more of each one's working set (four book blocks, the
-    decode chunk) in cache. Measured: the 16-core H200 host, 16 sessions with ``--jobs 16``, 8 Ki
-    rows 8.2-9.2 s (88-95 user CPU-s) against 10.2-10.7 s (114-115) at 64 Ki, 2 runs each,
-    interleaved (32 Ki 8.6-9.2 s, 16 Ki 9.5-9.9 s); the 2-core machine, one session: 64 Ki
-    5-10% faster than 32 Ki or 8 Ki (4 runs each). Sizes between are interpolated, not
+    decode chunk) in cache. Measured (docs/performance.md): 16 sessions at once ran fastest
+    with 8 Ki rows, one session alone with 64 Ki; sizes between are interpolated, not
     measured. The cache's bytes do not depend on it."""
     shift = max(0, (max(1, at_once) - 1).bit_length() - 1)
     return max(BLOCK_ROWS >> shift, min(MIN_BLOCK_ROWS, BLOCK_ROWS))

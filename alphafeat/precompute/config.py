@@ -65,9 +65,9 @@ class PrecomputeConfig:
         Product root for front-month selection (``ES``).
     device : str
         ``cpu``, ``cuda`` or ``auto`` (the CPU: its streamed path, features continued block by
-        block beside the decode, ran a generated quarter in 44 s on a 16-core H200 host where
-        ``cuda``, which builds each session's whole book for one GPU call per segment, took
-        70 s and 3x the memory; ``bench/precompute.py``).
+        block beside the decode, was faster than ``cuda``, which builds each session's whole book
+        for one GPU call per segment, and took a third of its memory on a generated quarter;
+        ``bench/precompute.py``, figures in docs/performance.md).
     horizons : tuple of int
         Label horizons in snapshots.
     features : FeatureParams

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from alphafeat.features import feature_specs
+from alphafeat.features.inputs import prepare
 from alphafeat.labels import direction_labels_seconds
 from alphafeat.precompute.books import book_slices
 from alphafeat.precompute.job import Job
@@ -119,7 +120,6 @@ def added_features(b: BookArrays, job: Job, names: list[str], where: str = "",
     (:func:`~alphafeat.features.registry.prune_plan`: the same operations on the same rows,
     so the same bits), block by block; on a GPU every feature, as a fresh run computes them
     (:func:`device_features`: ``where`` names the segment, ``gpu_locks`` the run's turns)."""
-    from alphafeat.features import _prepare
 
     index = {s.name: k for k, s in enumerate(feature_specs(job.features))}
     out = {n: np.empty(len(b), dt) for n, dt in feature_dtypes(job, names).items()}
@@ -135,7 +135,7 @@ def added_features(b: BookArrays, job: Job, names: list[str], where: str = "",
                         if index[n] in which:
                             out[n][k + i0 : k + i1] = res[index[n]]
 
-                stream.push_block(_prepare(blk, job.features), lo, take)
+                stream.push_block(prepare(blk, job.features), lo, take)
                 k0 += len(blk) - lo
         finally:
             stream.close()

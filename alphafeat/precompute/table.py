@@ -16,6 +16,7 @@ import pyarrow as pa
 from alphafeat.bars import volume_bars
 from alphafeat.errors import AlphafeatError
 from alphafeat.features import FeatureParams, compute_features, feature_specs
+from alphafeat.features.inputs import prepare
 from alphafeat.labels import LabelStream, direction_labels_seconds
 from alphafeat.plan import Segment
 from alphafeat.precompute.job import MAX_FEATURE_THREADS, Job, live_threads
@@ -215,7 +216,6 @@ class SegmentColumns:
     def _stream_features(self, b: BookArrays, lo: int, k0: int) -> None:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
         row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
-        from alphafeat.features import _prepare
 
         wanted = (*self.job.names, "ema_ret2_60s")
         if self.stream is None:  # only what the stored features need
@@ -226,7 +226,7 @@ class SegmentColumns:
             feats = {name: out[self.index[name]] for name in wanted if self.index[name] in which}
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
-        self.stream.push_block(_prepare(b, self.job.features), lo, take, live_threads(self.job))
+        self.stream.push_block(prepare(b, self.job.features), lo, take, live_threads(self.job))
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
@@ -387,8 +387,9 @@ _PIECE = 4096
 
 def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None,
                     use: Callable[[dict[str, np.ndarray]], None]) -> None:  # fmt: skip
-    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`),
-    handed to ``use`` (which copies out what it keeps); on a GPU, with ``gpu_locks`` (the run's
+    """Every feature of the whole book ``b`` on ``job.device`` (:func:`compute_features`, on a GPU
+    :func:`alphafeat.cuda.compute_features_cuda`), handed to ``use`` (which copies out what it
+    keeps); on a GPU, with ``gpu_locks`` (the run's
     staging folder), in a turn among the run's segments (:func:`alphafeat.cuda.gpu_turn`: bounded
     GPU memory) that ends after ``use``, freeing the device and pinned host memory the features
     lie in. A GPU out of memory (numba-cuda's ``CudaAPIError``) raises an AlphafeatError line
@@ -396,11 +397,11 @@ def device_features(b: BookArrays, job: Job, where: str, gpu_locks: str | None,
     if job.device != "cuda":
         use(compute_features(b, job.features, device=job.device))
         return
-    from alphafeat.cuda import gpu_turn
+    from alphafeat.cuda import compute_features_cuda, gpu_turn
 
     try:
         with gpu_turn(gpu_locks) if gpu_locks else contextlib.nullcontext():
-            use(compute_features(b, job.features, device=job.device))
+            use(compute_features_cuda(b, job.features))
     except Exception as e:
         if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):
             raise AlphafeatError(f"{where}: --device cuda: the GPU ran out of memory for the {len(b):,} rows of "

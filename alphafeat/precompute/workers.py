@@ -40,9 +40,9 @@ class SegmentFailure:
 def first_use() -> bool:
     """Whether numba has no cached machine code yet for the CPU feature kernel: the first run
     in an environment compiles the kernels (~30-60 s)."""
-    from alphafeat.features.cpu import _run_chunk
+    from alphafeat.features.cpu_kernels import run_chunk
 
-    return not_compiled(_run_chunk)
+    return not_compiled(run_chunk)
 
 
 def not_compiled(kernel: object) -> bool:
@@ -62,9 +62,8 @@ def keep_worker() -> None:
     task (a plan scan here) and, 300 MB above it, runs ``gc.collect()`` and then replaces the
     worker as leaking. A worker that keeps a session's buffers (1-2 GB) was so replaced after
     every segment: a new interpreter, its imports and numba's kernels again for each (~1 CPU-s),
-    its fresh memory touched again, and results came back up to 1.8 s after their segments
-    ended (16 sessions on the H200 host; a generated quarter there 31.4 s against 26.6 s with
-    this, one run each, side by side). Our buffers are bounded by design (a
+    its fresh memory touched again, and results came back late (a generated quarter ran slower
+    than with this: docs/performance.md). Our buffers are bounded by design (a
     worker's memory is that of its largest segment), so the check's margin is raised to the
     machine's memory here; loky has no public option for it (joblib 1.6,
     ``joblib/externals/loky/process_executor.py``). A no-op outside loky's workers."""
@@ -138,7 +137,7 @@ def map_segments(calls: list[tuple], cfg: PrecomputeConfig) -> Iterator[SegmentR
                                 "been cancelled", category=UserWarning)  # fmt: skip
         yield from results
     # every segment is back: stop the workers, each holding a session's buffers (keep_worker),
-    # which Python's exit would otherwise wait to see torn down (16 sessions on the H200 host:
-    # 7.8-8.3 s against 8.5-9.4 s, 3 runs each, interleaved). Nothing of theirs is needed (their
+    # which Python's exit would otherwise wait to see torn down (measured on 16 sessions:
+    # docs/performance.md). Nothing of theirs is needed (their
     # partitions staged, their results here); the next run in this process (a notebook) starts new ones.
     stop_pool_workers()

@@ -49,7 +49,7 @@ So in the default sample the contract with most traded volume is **ESH4 in sessi
 rule therefore switches from ESH4 to ESM4 at session **2024-03-08**. The spread's event rate is
 ``0.03 * (1 + 2 * 4 w (1 - w))`` of the base rate (w = rolled fraction of the front), i.e. thin.
 
-The leading outright (:func:`alphafeat.synth.simulator._step_lead`)
+The leading outright (:func:`alphafeat.synth.kernels._step_lead`)
 -------------------------------------------------------------------
 The outright with the largest volume share leads. State: best bid tick b, best ask tick a; per
 side up to :data:`LMAX_OUTRIGHT` (12) contiguous price levels, each a FIFO queue of orders (id,
@@ -104,7 +104,7 @@ Aste 2025, "Deep limit order book forecasting", Quant. Finance; Prata et al. 202
 
 Non-leading instruments (deferred outrights, calendar spreads)
 --------------------------------------------------------------
-Queue-reactive as before (:func:`alphafeat.synth.simulator._step_follow`): signal ``S = clip(w_I
+Queue-reactive as before (:func:`alphafeat.synth.kernels._step_follow`): signal ``S = clip(w_I
 I + w_F tanh(F_fast / 10) + w_R clip((R - mid) / 4 ticks, -1, 1), -1, 1)`` (F_fast decayed by
 0.95 per event; (w_I, w_F) = (0.35, 0.35) x min(strength, 1), w_R = 0.6), up-pressure ``u =
 1/2 + 1/2 kappa S`` (kappa = :data:`OFI_STRENGTH`). R is an outright's fair value (the leader's
@@ -174,20 +174,19 @@ from alphafeat.synth.ceiling import (
     AUC_HORIZONS,
     AUC_PATHS,
     AUC_STATES,
-    _soft_auc,
     auc_ceiling,
     ceiling_estimate,
     ceiling_interval,
+    soft_auc,
 )
 from alphafeat.synth.generate import DEFAULT_SAMPLE, REPORT_NAME, generate, make_default_sample
-from alphafeat.synth.records import UNDEF_PRICE
-from alphafeat.synth.simulator import (
+from alphafeat.synth.kernels import LMAX_OUTRIGHT
+from alphafeat.synth.params import (
     BURST_MEAN,
     DEFAULT_SIGNAL,
     FILL_MAX,
     FILL_PER_ACTIVITY,
     FOLLOW_TICKS,
-    LMAX_OUTRIGHT,
     META_ALPHA,
     META_SHARE,
     OFI_STRENGTH,
@@ -211,10 +210,9 @@ from alphafeat.synth.simulator import (
     VOL_SD,
     VOL_TAU_MIN,
     Signal,
-    _simulate_session,
-    activity_segments,
-    volatility_multipliers,
 )
+from alphafeat.synth.records import UNDEF_PRICE
+from alphafeat.synth.simulator import activity_segments, simulate_session, volatility_multipliers
 from alphafeat.synth.writer import FAST_ZSTD_LEVEL, ZSTD_LEVEL
 
 __all__ = [
@@ -260,8 +258,8 @@ __all__ = [
     "ZSTD_LEVEL",
     "Contract",
     "Signal",
-    "_simulate_session",
-    "_soft_auc",
+    "simulate_session",
+    "soft_auc",
     "activity_segments",
     "auc_ceiling",
     "ceiling_estimate",

@@ -147,7 +147,7 @@ def _quarterly_symbol(year: int, month: int) -> str:
     return f"ES{_MONTH_CODES[month]}{year % 10}"
 
 
-def _parse_outright(symbol: str, near: datetime.date) -> tuple[int, int]:
+def parse_outright(symbol: str, near: datetime.date) -> tuple[int, int]:
     """(year, month) of an outright symbol like ``ESM4``; the decade is the one nearest ``near``."""
     if len(symbol) != 4 or not symbol.startswith("ES") or symbol[2] not in _CODE_MONTHS:
         raise UsageError("contracts", "expected ES quarterly outrights (ESM4) or spreads of them", symbol)
@@ -160,11 +160,11 @@ def _parse_outright(symbol: str, near: datetime.date) -> tuple[int, int]:
 
 
 def _expiry_date(symbol: str, near: datetime.date) -> datetime.date:
-    return third_friday(*_parse_outright(symbol, near))
+    return third_friday(*parse_outright(symbol, near))
 
 
 def _expiration_ns(day: datetime.date) -> int:
-    return _ns(datetime.datetime(day.year, day.month, day.day, 8, 30, tzinfo=CT))
+    return ns_of(datetime.datetime(day.year, day.month, day.day, 8, 30, tzinfo=CT))
 
 
 def _instrument_id(symbol: str) -> int:
@@ -176,7 +176,7 @@ def _instrument_id(symbol: str) -> int:
     return iid
 
 
-def _ns(t: datetime.datetime) -> int:
+def ns_of(t: datetime.datetime) -> int:
     delta = t.astimezone(UTC) - datetime.datetime(1970, 1, 1, tzinfo=UTC)
     return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
 
@@ -239,7 +239,7 @@ def _rolled_fraction(symbol: str, day: datetime.date) -> float:
 
 
 def _previous_quarterly(symbol: str, day: datetime.date) -> str:
-    year, month = _parse_outright(symbol, day)
+    year, month = parse_outright(symbol, day)
     month -= 3
     if month < 3:
         year, month = year - 1, 12
@@ -260,7 +260,7 @@ def volume_share(symbol: str, day: datetime.date) -> float:
     return max(share, floor)
 
 
-def _spread_share(c: Contract, day: datetime.date) -> float:
+def spread_share(c: Contract, day: datetime.date) -> float:
     w = _rolled_fraction(c.legs[0], day)
     return 0.03 * (1.0 + 2.0 * 4.0 * w * (1.0 - w))
 
@@ -290,7 +290,7 @@ def session_bounds(day: datetime.date) -> tuple[int, int]:
     return start + BREAK_NS, end
 
 
-def _profile_segments(day: datetime.date) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def profile_segments(day: datetime.date) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Profile segments of session ``day``: start ns, end ns, multiplier, widening factor (DST
     aware)."""
     prev = day - datetime.timedelta(days=1)
@@ -300,15 +300,15 @@ def _profile_segments(day: datetime.date) -> tuple[np.ndarray, np.ndarray, np.nd
         hb, mb = map(int, b.split(":"))
         da = prev if ha >= 17 else day
         db_ = da if (hb, mb) > (ha, ma) else da + datetime.timedelta(days=1)
-        starts.append(_ns(datetime.datetime(da.year, da.month, da.day, ha, ma, tzinfo=CT)))
-        ends.append(_ns(datetime.datetime(db_.year, db_.month, db_.day, hb, mb, tzinfo=CT)))
+        starts.append(ns_of(datetime.datetime(da.year, da.month, da.day, ha, ma, tzinfo=CT)))
+        ends.append(ns_of(datetime.datetime(db_.year, db_.month, db_.day, hb, mb, tzinfo=CT)))
         mults.append(m)
         widen.append(w)
     f8 = np.float64
     return np.array(starts, np.int64), np.array(ends, np.int64), np.array(mults, f8), np.array(widen, f8)
 
 
-def _level(day: datetime.date) -> float:
+def trend_level(day: datetime.date) -> float:
     """Deterministic ES level (index points) of trade date ``day``: :data:`_LEVELS_BY_YEAR`
     interpolated linearly (clamped to the table's years)."""
     years = sorted(_LEVELS_BY_YEAR)
@@ -327,7 +327,7 @@ def _next_weekday(day: datetime.date) -> datetime.date:
     return day
 
 
-def _session_vol(scale: float, level: float) -> float:
+def session_vol(scale: float, level: float) -> float:
     """Standard deviation of the log index move over one session at ``scale``.
 
     ``min(DAILY_VOL, sqrt(P_MOVE_MAX * n) * 0.25 / level)`` with ``n`` the nominal book events
@@ -340,7 +340,7 @@ def _session_vol(scale: float, level: float) -> float:
 @functools.lru_cache(maxsize=64)
 def nominal_events(scale: float) -> float:
     """Expected book events of one outright with volume share 1 in a 23-hour session (cached:
-    :func:`_index_level` needs it for some 1500 dates a session)."""
+    :func:`index_level` needs it for some 1500 dates a session)."""
     hours = 0.0
     for a, b, m, _ in ACTIVITY_PROFILE:
         ha, ma = map(int, a.split(":"))
@@ -350,24 +350,24 @@ def nominal_events(scale: float) -> float:
 
 
 def _session_vols(scale: float, ords: Sequence[int]) -> np.ndarray:
-    """:func:`_session_vol` of the trade dates with ordinals ``ords``."""
+    """:func:`session_vol` of the trade dates with ordinals ``ords``."""
     return np.array([_session_vol_on(scale, o) for o in ords])
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _session_vol_on(scale: float, ordinal: int) -> float:
-    """:func:`_session_vol` of the trade date with ordinal ``ordinal`` (cached: consecutive
+    """:func:`session_vol` of the trade date with ordinal ``ordinal`` (cached: consecutive
     sessions share all but one of their :data:`_X_WINDOW` dates)."""
-    return _session_vol(scale, _level(datetime.date.fromordinal(ordinal)))
+    return session_vol(scale, trend_level(datetime.date.fromordinal(ordinal)))
 
 
-def _index_level(day: datetime.date, seed: int, scale: float) -> tuple[float, float]:
+def index_level(day: datetime.date, seed: int, scale: float) -> tuple[float, float]:
     """Spot-like ES index level (index points) at the open and at the close of session ``day``.
 
     ``S_open(d) = level(d) * exp(X(d))``, ``S_close(d) = level(d) * exp(X(next(d)))`` with
     ``X`` an AR(1) (mean reverting, 250-session time constant) of the session moves
     ``X(next(d)) = rho X(d) + v(d) z_d``, ``z_d ~ N(0, 1)`` seeded by ``(seed, date)``,
-    ``v`` = :func:`_session_vol`. The next session therefore opens where this one closes; the
+    ``v`` = :func:`session_vol`. The next session therefore opens where this one closes; the
     deterministic trend of the level table falls in the overnight gap (0.06 % a calendar day
     in 2024). ``X`` is summed over the last :data:`_X_WINDOW` weekdays (the older terms weigh
     below e^-6)."""
@@ -387,7 +387,7 @@ def _index_level(day: datetime.date, seed: int, scale: float) -> tuple[float, fl
     for k in range(len(ords) - 1):
         x_open = rho * x_open + vols[k] * z[k]
     x_close = rho * x_open + vols[-1] * z[-1]
-    lv = _level(day)
+    lv = trend_level(day)
     return lv * math.exp(x_open), lv * math.exp(x_close)
 
 
@@ -406,7 +406,7 @@ def _daily_shocks(seed: int, ordinals: np.ndarray) -> np.ndarray:
     return out
 
 
-def _fair_price(c: Contract, day: datetime.date, index: float) -> float:
+def fair_price(c: Contract, day: datetime.date, index: float) -> float:
     """Fair price in index points of ``c`` at index level ``index`` on trade date ``day``.
 
     An outright is ``index * exp(CARRY_RATE * T)`` with ``T`` its years to expiry (cost of

@@ -16,18 +16,8 @@ import numba
 import numpy as np
 
 from alphafeat.cores import usable_cores
+from alphafeat.synth.kernels import CMBP, ET, FREM, IA, IB, NFST, NST, borrow, step
 from alphafeat.synth.records import MBO_W, MBP_W, InstrumentRun
-from alphafeat.synth.simulator import (
-    _CMBP,
-    _ET,
-    _FREM,
-    _IA,
-    _IB,
-    _NFST,
-    _NST,
-    _borrow,
-    _step,
-)
 
 __all__ = ["AUC_HORIZONS", "AUC_PATHS", "AUC_STATES", "auc_ceiling", "ceiling_estimate", "ceiling_interval"]
 
@@ -50,31 +40,31 @@ def _mc_outcomes(rng_own, p, s_st, s_fst, horizons, n_steps, out):
     ref_own = np.zeros(1)
     dm_own = np.zeros((1, MBO_W), np.int64)
     dp_own = np.zeros((1, MBP_W), np.int64)
-    st_own = np.zeros(_NST, np.int64)
-    fst_own = np.zeros(_NFST)
+    st_own = np.zeros(NST, np.int64)
+    fst_own = np.zeros(NFST)
     ref, dm, dp, st, fst, p = (
-        _borrow(ref_own),
-        _borrow(dm_own),
-        _borrow(dp_own),
-        _borrow(st_own),
-        _borrow(fst_own),
-        _borrow(p),
+        borrow(ref_own),
+        borrow(dm_own),
+        borrow(dp_own),
+        borrow(st_own),
+        borrow(fst_own),
+        borrow(p),
     )
-    rng = _borrow(rng_own)
+    rng = borrow(rng_own)
     nh = horizons.shape[0]
     for i in range(s_st.shape[0]):
         for r in range(n_steps.shape[0]):
             st[:] = s_st[i]
             fst[:] = s_fst[i]
-            for x in range(_ET, _CMBP + 1):  # no event context, nothing written
+            for x in range(ET, CMBP + 1):  # no event context, nothing written
                 st[x] = 0
-            fst[_FREM] = 0.0  # no bridge: the close the mid is bridged to is not known
-            m0 = st[_IB] + st[_IA]
+            fst[FREM] = 0.0  # no bridge: the close the mid is bridged to is not known
+            m0 = st[IB] + st[IA]
             h = 0
             for e in range(1, n_steps[r] + 1):
-                _step(rng, p, ref, 0, st, fst, dm, dp)
+                step(rng, p, ref, 0, st, fst, dm, dp)
                 if h < nh and e == horizons[h]:
-                    d = st[_IB] + st[_IA] - m0
+                    d = st[IB] + st[IA] - m0
                     out[i, r, h] = 1 if d > 0 else (-1 if d < 0 else 0)
                     h += 1
     # the owners stay alive to here (the borrowed views do not hold them)
@@ -83,7 +73,7 @@ def _mc_outcomes(rng_own, p, s_st, s_fst, horizons, n_steps, out):
 
 
 
-def _soft_auc(score: np.ndarray, w_pos: np.ndarray, w_neg: np.ndarray) -> float:
+def soft_auc(score: np.ndarray, w_pos: np.ndarray, w_neg: np.ndarray) -> float:
     """AUC of ``score`` when item i is positive with weight ``w_pos[i]`` and negative with
     ``w_neg[i]`` (ties in score count one half)."""
     order = np.argsort(score, kind="stable")

@@ -13,26 +13,20 @@ from typing import Any
 import joblib
 import numpy as np
 
-from alphafeat.synth.calendar import SCALES, _level, _session_vol, contracts_for, session_bounds, trade_dates
+from alphafeat.synth.calendar import SCALES, contracts_for, session_bounds, session_vol, trade_dates, trend_level
 from alphafeat.synth.ceiling import AUC_HORIZONS, AUC_PATHS, AUC_STATES, auc_ceiling
+from alphafeat.synth.params import P_BAD_TS, P_CROSSED_PREOPEN, P_LOCK, P_REPLENISH, Signal
 from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, planted_path, write_planted
-from alphafeat.synth.records import MBO_SIZE, MBP_SIZE, TRADE_DTYPE, Buffers
-from alphafeat.synth.simulator import (
-    P_BAD_TS,
-    P_CROSSED_PREOPEN,
-    P_LOCK,
-    P_REPLENISH,
-    Signal,
-    _simulate_session,
-)
+from alphafeat.synth.records import MBO_SIZE, MBP_SIZE, TRADE_DTYPE, Buffers, Session
+from alphafeat.synth.simulator import simulate_session
 from alphafeat.synth.writer import (
     FAST_ZSTD_LEVEL,
     ZSTD_LEVEL,
-    _definitions,
-    _metadata,
-    _write_atomic,
+    definitions,
     merged_chunks,
+    metadata_bytes,
     session_trades,
+    write_atomic,
 )
 from alphafeat.validation import (
     Scale,
@@ -64,64 +58,9 @@ DEFAULT_SAMPLE = dict(
 _POOL = Buffers()
 
 
-def _session_job(
-    day: datetime.date,
-    seed: int,
-    scale: float,
-    contracts: tuple[str, ...] | None,
-    schemas: tuple[str, ...],
-    out: Path,
-    level: int,
-    mc: tuple[tuple[int, ...], int, dict[int, int]] | None,
-    signal: Signal = Signal(),  # noqa: B008 (frozen dataclass)
-    signal_file: bool = False,
-) -> dict[str, Any]:
-    """Simulate and write one session (and its planted-signal sidecar with ``signal_file``);
-    returns the paths and a summary (JSON-able)."""
-    t0, t1 = session_bounds(day)
-    drift = DRIFT_HORIZONS if signal_file else ()
-    sess = _simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal,
-                             drift, DRIFT_PATHS)
-    stem = f"glbx-mdp3-{day:%Y%m%d}"
-    counts: dict[str, int] = {}
-    n_mbp = sum(r.mbp.shape[0] for r in sess.runs.values())
-    n_mbo = sum(r.n_mbo for r in sess.runs.values())
-    trades: np.ndarray | None = None
-    if "mbp-10" in schemas and "trades" in schemas:  # the trades are collected as mbp-10 is merged
-        n_tr = sum(int(r.stats[7]) for r in sess.runs.values())
-        trades = np.empty(n_tr, TRADE_DTYPE) if sess.bufs is None else sess.bufs.get("trades", TRADE_DTYPE, n_tr)
-    for schema in sorted(schemas, key=lambda s: s != "mbp-10"):  # mbp-10 first (files are independent)
-        path = out / f"{stem}.{schema}.dbn.zst"
-        header = _metadata(schema, sess.contracts, t0, t1)
-        if schema in ("mbp-10", "mbo"):  # merged chunk by chunk: no session-sized copy
-            kind, n = ("mbp", n_mbp) if schema == "mbp-10" else ("mbo", n_mbo)
-            size = MBP_SIZE if kind == "mbp" else MBO_SIZE
-            chunks = merged_chunks(sess, kind, trades=trades if kind == "mbp" else None)
-            _write_atomic(path, header, chunks, n * size, level)
-        else:
-            if schema == "trades":
-                recs = trades if trades is not None else session_trades(sess)
-            else:
-                recs = _definitions(sess.contracts, day, t0)
-            n = recs.shape[0]
-            _write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
-        counts[schema] = int(n)
-    paths = [str(out / f"{stem}.{schema}.dbn.zst") for schema in schemas]
-    lead = sess.runs.get(sess.leader)
-    side: str | None = None
-    if signal_file and lead is not None and lead.planted is not None:
-        lc = next(c for c in sess.contracts if c.symbol == sess.leader)
-        side = str(planted_path(out, day.isoformat()))
-        dr = {k: lead.drift[:, i] for i, k in enumerate(DRIFT_HORIZONS)} if lead.drift is not None else None
-        write_planted(Path(side), lead.planted[0], lead.planted[1], {
-            "instrument_id": lc.instrument_id, "raw_symbol": lc.symbol, "session": day.isoformat(),
-            "signal": signal.strength, "signal_kind": signal.kind,
-            "formula": "p_up = 1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1) after each event, bridge excluded "
-                       f"(s_B={signal.book}, s_H={signal.history})",
-            "drift_horizons": list(DRIFT_HORIZONS), "drift_paths": DRIFT_PATHS, "drift_unit": "ticks",
-            "drift_reliability": [round(float(r), 6) for r in lead.drift_reliability]
-            if lead.drift_reliability is not None else None}, dr)
-    counts = {schema: counts[schema] for schema in schemas}  # in the order of ``schemas``
+def _instruments(sess: Session) -> dict[str, dict[str, Any]]:
+    """Per instrument of ``sess``, its counts for the report: events, records, trades, volume and
+    rare cases (JSON-able)."""
     inst = {}
     c_ids = {c.symbol: c.instrument_id for c in sess.contracts}
     for sym, r in sess.runs.items():
@@ -137,6 +76,74 @@ def _session_job(
             "bad_ts_recv_events": int(r.stats[2]),
             "thin_book_row_fraction": round(float(r.stats[5]) / float(r.stats[4]) if r.stats[4] else 0.0, 6),
         }
+    return inst
+
+
+def _write_sidecar(out: Path, day: datetime.date, sess: Session, signal: Signal) -> str | None:
+    """Write the planted-signal sidecar of ``sess``'s leading outright (p_up and drift_K,
+    :mod:`alphafeat.synth.planted`) into ``out``; its path, or None without a leader."""
+    lead = sess.runs.get(sess.leader)
+    if lead is None or lead.planted is None:
+        return None
+    lc = next(c for c in sess.contracts if c.symbol == sess.leader)
+    side = planted_path(out, day.isoformat())
+    dr = {k: lead.drift[:, i] for i, k in enumerate(DRIFT_HORIZONS)} if lead.drift is not None else None
+    rel = [round(float(r), 6) for r in lead.drift_reliability] if lead.drift_reliability is not None else None
+    write_planted(side, lead.planted[0], lead.planted[1], {
+        "instrument_id": lc.instrument_id, "raw_symbol": lc.symbol, "session": day.isoformat(),
+        "signal": signal.strength, "signal_kind": signal.kind,
+        "formula": "p_up = 1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1) after each event, bridge excluded "
+                   f"(s_B={signal.book}, s_H={signal.history})",
+        "drift_horizons": list(DRIFT_HORIZONS), "drift_paths": DRIFT_PATHS, "drift_unit": "ticks",
+        "drift_reliability": rel}, dr)
+    return str(side)
+
+
+def _session_job(
+    day: datetime.date,
+    seed: int,
+    scale: float,
+    contracts: tuple[str, ...] | None,
+    schemas: tuple[str, ...],
+    out: Path,
+    level: int,
+    mc: tuple[tuple[int, ...], int, dict[int, int]] | None,
+    signal: Signal = Signal(),  # noqa: B008 (frozen dataclass)
+    signal_file: bool = False,
+) -> dict[str, Any]:
+    """Simulate and write one session (and its planted-signal sidecar with ``signal_file``);
+    returns the paths and a summary (JSON-able)."""
+    t0, t1 = session_bounds(day)
+    sess = simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal,
+                            DRIFT_HORIZONS if signal_file else (), DRIFT_PATHS)
+    stem = f"glbx-mdp3-{day:%Y%m%d}"
+    counts: dict[str, int] = {}
+    n_mbp = sum(r.mbp.shape[0] for r in sess.runs.values())
+    n_mbo = sum(r.n_mbo for r in sess.runs.values())
+    trades: np.ndarray | None = None
+    if "mbp-10" in schemas and "trades" in schemas:  # the trades are collected as mbp-10 is merged
+        n_tr = sum(int(r.stats[7]) for r in sess.runs.values())
+        trades = np.empty(n_tr, TRADE_DTYPE) if sess.bufs is None else sess.bufs.get("trades", TRADE_DTYPE, n_tr)
+    for schema in sorted(schemas, key=lambda s: s != "mbp-10"):  # mbp-10 first (files are independent)
+        path = out / f"{stem}.{schema}.dbn.zst"
+        header = metadata_bytes(schema, sess.contracts, t0, t1)
+        if schema in ("mbp-10", "mbo"):  # merged chunk by chunk: no session-sized copy
+            kind, n = ("mbp", n_mbp) if schema == "mbp-10" else ("mbo", n_mbo)
+            size = MBP_SIZE if kind == "mbp" else MBO_SIZE
+            chunks = merged_chunks(sess, kind, trades=trades if kind == "mbp" else None)
+            write_atomic(path, header, chunks, n * size, level)
+        else:
+            if schema == "trades":
+                recs = trades if trades is not None else session_trades(sess)
+            else:
+                recs = definitions(sess.contracts, day, t0)
+            n = recs.shape[0]
+            write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
+        counts[schema] = int(n)
+    paths = [str(out / f"{stem}.{schema}.dbn.zst") for schema in schemas]
+    side = _write_sidecar(out, day, sess, signal) if signal_file else None
+    counts = {schema: counts[schema] for schema in schemas}  # in the order of ``schemas``
+    inst = _instruments(sess)
     res: dict[str, Any] = {
         "session": day.isoformat(),
         "paths": paths,
@@ -282,7 +289,7 @@ def generate(
                 "signal_kind": sig.kind,
                 "signal_weight_book": sig.book,
                 "signal_weight_history": sig.history,
-                "session_vol": round(_session_vol(SCALES[scale], _level(days[0])), 6),
+                "session_vol": round(session_vol(SCALES[scale], trend_level(days[0])), 6),
                 "rare_case_rates": {
                     "crossed_preopen_per_outright_session": P_CROSSED_PREOPEN,
                     "locked_book_per_event_at_one_tick_spread": P_LOCK,

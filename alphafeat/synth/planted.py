@@ -8,7 +8,7 @@ the session's leading outright (the generator's front month), in event order:
 * ``p_up`` float64: the probability that the next mid move is up under the true model, known
   right after the event: ``1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1)`` with I the
   level-1 queue imbalance of the book after the event and F the signed-flow state decayed as
-  the next event decays it (:func:`alphafeat.synth.simulator._planted`). It is exactly the
+  the next event decays it (:func:`alphafeat.synth.kernels._planted`). It is exactly the
   up-probability the simulator draws the next mid move with, **less the bridge term**: the
   bridge steers the path to the session's pre-drawn close, which no trader knows (without it
   the mid is a martingale to an observer, see :mod:`alphafeat.synth`), so an oracle using it

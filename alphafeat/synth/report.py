@@ -39,8 +39,9 @@ from alphafeat.book import RawBook, Trades, rebuild_mbo
 from alphafeat.dbn import read_dbn
 from alphafeat.synth.calendar import BASE_RATE, front_by_volume, session_bounds, volume_share
 from alphafeat.synth.ceiling import AUC_STATES
+from alphafeat.synth.params import OPEN_DELAY_NS, Signal
 from alphafeat.synth.records import UNDEF_PRICE
-from alphafeat.synth.simulator import OPEN_DELAY_NS, Signal, _simulate_session
+from alphafeat.synth.simulator import simulate_session
 
 __all__ = ["REAL_FILE", "Fact", "Row", "book_stats", "compare", "stylised_facts"]
 
@@ -155,7 +156,7 @@ def synth_stats(rows_per_second: float, seed: int = 1) -> tuple[dict[str, float]
     (17:00-18:00 CT) is ``rows_per_second``. Returns the statistics and the scale used."""
     share = volume_share(front_by_volume(SYNTH_DAY), SYNTH_DAY)
     scale = rows_per_second / (BASE_RATE * share)
-    sess = _simulate_session(SYNTH_DAY, seed, scale, None, 0)
+    sess = simulate_session(SYNTH_DAY, seed, scale, None, 0)
     run = sess.runs[sess.leader]
     book, trades, _ = rebuild_mbo(run.mbo)
     t0, _ = session_bounds(SYNTH_DAY)
@@ -301,17 +302,17 @@ def _response_exponent(m: _Market, lo: int, hi: int) -> float:
 
 
 def _rth(day: datetime.date) -> tuple[int, int]:
-    from alphafeat.synth.calendar import CT, _ns
+    from alphafeat.synth.calendar import CT, ns_of
 
     (h0, m0), (h1, m1) = RTH
-    lo = _ns(datetime.datetime(day.year, day.month, day.day, h0, m0, tzinfo=CT))
-    return lo, _ns(datetime.datetime(day.year, day.month, day.day, h1, m1, tzinfo=CT))
+    lo = ns_of(datetime.datetime(day.year, day.month, day.day, h0, m0, tzinfo=CT))
+    return lo, ns_of(datetime.datetime(day.year, day.month, day.day, h1, m1, tzinfo=CT))
 
 
 def _hour_ct(day: datetime.date, h: int, m: int = 0) -> int:
-    from alphafeat.synth.calendar import CT, _ns
+    from alphafeat.synth.calendar import CT, ns_of
 
-    return _ns(datetime.datetime(day.year, day.month, day.day, h, m, tzinfo=CT))
+    return ns_of(datetime.datetime(day.year, day.month, day.day, h, m, tzinfo=CT))
 
 
 def _wide_share(book: RawBook, lo: int, hi: int) -> float:
@@ -358,7 +359,7 @@ def _generated(
 ) -> list[tuple[datetime.date, _Market, Any]]:
     out = []
     for i, d in enumerate(days):
-        sess = _simulate_session(d, seed, scale, None, AUC_STATES if i == 0 else 0, None, True, signal)
+        sess = simulate_session(d, seed, scale, None, AUC_STATES if i == 0 else 0, None, True, signal)
         run = sess.runs[sess.leader]
         book, trades, _ = rebuild_mbo(run.mbo)
         out.append((d, _Market(book, trades, run.mbo.copy()), run))

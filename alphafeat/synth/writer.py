@@ -21,7 +21,7 @@ import numpy as np
 import zstandard
 
 from alphafeat.instruments import third_friday
-from alphafeat.synth.calendar import CT, UTC, Contract, _ns, _parse_outright
+from alphafeat.synth.calendar import CT, UTC, Contract, ns_of, parse_outright
 from alphafeat.synth.records import DEF_DTYPE, F_LAST, MBO_W, MBP_W, PUBLISHER_ID, TRADE_DTYPE, Session
 
 __all__ = ["FAST_ZSTD_LEVEL", "SCHEMAS", "ZSTD_LEVEL", "merged_chunks"]
@@ -157,7 +157,7 @@ def session_trades(sess: Session) -> np.ndarray:
     return out
 
 
-def _definitions(cons: Sequence[Contract], day: datetime.date, t0: int) -> np.ndarray:
+def definitions(cons: Sequence[Contract], day: datetime.date, t0: int) -> np.ndarray:
     """One InstrumentDefMsg per contract (null fields set to DBN's sentinels)."""
     out = np.zeros(len(cons), DEF_DTYPE)
     for name in DEF_DTYPE.names:
@@ -165,7 +165,7 @@ def _definitions(cons: Sequence[Contract], day: datetime.date, t0: int) -> np.nd
             out[name] = np.iinfo(DEF_DTYPE[name]).max
     for i, c in enumerate(cons):
         r = out[i : i + 1]
-        year, month = _parse_outright(c.legs[0] if c.is_spread else c.symbol, day)
+        year, month = parse_outright(c.legs[0] if c.is_spread else c.symbol, day)
         exp_day = third_friday(year, month)
         act = exp_day - datetime.timedelta(days=7 * 65)
         r["length"] = DEF_DTYPE.itemsize // 4
@@ -178,7 +178,7 @@ def _definitions(cons: Sequence[Contract], day: datetime.date, t0: int) -> np.nd
         r["min_price_increment"] = c.tick
         r["display_factor"] = 1_000_000_000
         r["expiration"] = c.expiration_ns
-        r["activation"] = _ns(datetime.datetime(act.year, act.month, act.day, 17, 0, tzinfo=CT))
+        r["activation"] = ns_of(datetime.datetime(act.year, act.month, act.day, 17, 0, tzinfo=CT))
         r["unit_of_measure_qty"] = 50_000_000_000
         r["min_price_increment_amount"] = c.tick * 50
         r["underlying_id"] = 0
@@ -228,7 +228,7 @@ def _definitions(cons: Sequence[Contract], day: datetime.date, t0: int) -> np.nd
     return out
 
 
-def _metadata(schema: str, cons: Sequence[Contract], t0: int, t1: int) -> bytes:
+def metadata_bytes(schema: str, cons: Sequence[Contract], t0: int, t1: int) -> bytes:
     first = datetime.datetime.fromtimestamp(t0 // 1_000_000_000, UTC).date()
     last = datetime.datetime.fromtimestamp((t1 - 1) // 1_000_000_000, UTC).date()
     end_date = last + datetime.timedelta(days=1)
@@ -279,7 +279,7 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return zstandard.ZstdCompressor(level=level, threads=0, write_checksum=True)
 
 
-def _write_atomic(
+def write_atomic(
     path: Path, header: bytes, chunks: Iterable[np.ndarray], nbytes: int, level: int = ZSTD_LEVEL
 ) -> None:
     """Write ``header`` and the record bytes ``chunks`` (``nbytes`` in all) as one zstd frame

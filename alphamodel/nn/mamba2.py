@@ -79,9 +79,9 @@ def ssd_chunked(
     B, C : torch.Tensor, shape (batch, L, G, N)
         Input and output projections of the state, per group of ``H / G`` heads (``G = H``:
         one per head; Mamba2's ``ngroups``). A group's ``C_l . B_s`` is computed once for its
-        heads; the products are batched matmuls in head-major layouts (on the H200 the
-        einsum form with B and C copied to every head trained 4.53 M tokens/s, this 5.14 M:
-        ``bench/train.py``, batch 2048 x 512, d_model 128, 4 layers).
+        heads; the products are batched matmuls in head-major layouts (faster in training
+        than the einsum form with B and C copied to every head: ``bench/train.py``,
+        docs/performance.md).
     chunk_size : int
         Chunk length Q; L need not be a multiple (the tail is padded with ``a = 0, x = 0``,
         which leaves the state unchanged).
@@ -151,9 +151,8 @@ def pass_states(states: torch.Tensor, last: torch.Tensor, initial_state: torch.T
     positions; ``last`` (batch, c, H): the chunk's total log decay; ``initial_state`` (batch, H,
     P, N) or None (zeros). Returns ``(entering (batch, c, H, P, N), final (batch, H, P, N))``:
     ``S_0 = initial``, ``S_{z+1} = exp(last_z) S_z + states_z``. A loop over the c chunks (a
-    window's few: ``window / chunk_size``), which ``torch.compile`` fuses; on the H200 it trained
-    6.13 M tokens/s against 5.60 M for the quadratic ``segsum`` form of listing 1 (``bench/train.py``
-    size, one run each)."""
+    window's few: ``window / chunk_size``), which ``torch.compile`` fuses; it trained faster than
+    the quadratic ``segsum`` form of listing 1 (``bench/train.py``: docs/performance.md)."""
     s = states.new_zeros(states[:, 0].shape) if initial_state is None else initial_state.to(states.dtype)
     decay = torch.exp(last)
     entering = []
@@ -192,10 +191,10 @@ def causal_conv(full: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     ``b`` (C,) as in ``nn.Conv1d(C, C, k + 1, groups=C)``. Returns (batch, L, C) in ``full``'s
     dtype, equal to ``F.conv1d(full.mT, w, b, groups=C).mT`` (tested). Written out because
     ``torch.compile`` fuses it into one kernel forward and one backward, where the depthwise
-    convolution kernels took 15 % of a training step's GPU time (H200, bf16); channels last,
+    convolution kernels took a sizeable share of a training step's GPU time; channels last,
     so that the weights' gradient is a sum over contiguous rows of C channels (in the channels-
-    first form that reduction took 25 ms of a 206 ms step: H200, batch 2048 x 512, 4 layers;
-    ``bench/train.py`` side by side: 5.61 M tokens/s against 5.14 M)
+    first form that reduction was an eighth of a step; ``bench/train.py`` side by side:
+    docs/performance.md)
     """
     k = w.shape[-1] - 1
     L = full.shape[1] - k

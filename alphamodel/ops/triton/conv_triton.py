@@ -8,14 +8,13 @@ window's ``L`` inputs ``x`` and ``w`` the ``K + 1`` taps (``nn.Conv1d(C, C, K + 
     d pre_t = dy_t s_t (1 + pre_t (1 - s_t))           (s_t = sigmoid(pre_t))
     d f_r = sum_j w_{c,j} d pre_{r-j}      d w_{c,j} = sum_t d pre_t f_{t+j}      d b_c = sum_t d pre_t
 
-Under ``torch.compile`` the torch form took 7.3 ms a layer forward and backward (H200, batch 2048
-x 512, 384 channels, bf16; ~30 ms of a 135 ms training step, with the concatenation of the carried
-inputs, the SiLU and the reduction for ``d w``). Here the forward is one kernel over tiles of rows
-and channels that reads ``x`` as it lies (a strided slice of the in-projection's output, without
-the concatenation); the backward is two: one program per (sequence, channels) walks the rows,
-writes ``d pre`` and keeps the products for ``d w`` and ``d b`` per element until the end (one
-partial per sequence, summed in torch: deterministic, no atomics); then ``d f`` over tiles from
-``d pre``. Two to four taps (``2 <= d_conv <= 4``; Mamba2's default is 4).
+Under ``torch.compile`` the torch form was a fifth of a training step (with the concatenation of
+the carried inputs, the SiLU and the reduction for ``d w``; docs/performance.md). Here the forward
+is one kernel over tiles of rows and channels that reads ``x`` as it lies (a strided slice of the
+in-projection's output, without the concatenation); the backward is two: one program per (sequence,
+channels) walks the rows, writes ``d pre`` and keeps the products for ``d w`` and ``d b`` per
+element until the end (one partial per sequence, summed in torch: deterministic, no atomics); then
+``d f`` over tiles from ``d pre``. Two to four taps (``2 <= d_conv <= 4``; Mamba2's default is 4).
 
 ``torch.library`` custom ops (``alphamodel::conv_silu`` and ``alphamodel::conv_silu_bwd``, fake
 tensors and autograd registered) as in :mod:`alphamodel.ops.triton.ssd_triton`, so ``torch.compile`` and CUDA
@@ -38,9 +37,8 @@ __all__ = ["conv_silu", "conv_silu_bwd", "causal_conv_silu"]
 
 #: The taps the kernels hold (written out in them; ``d_conv`` 2 to 4, fewer than 4 padded with zeros).
 TAPS = 4
-#: Rows and channels per tile: forward, the backward's d pre pass and its d f pass (H200, batch
-#: 2048 x 512, 384 channels, bf16: 1.1, 1.9 and 0.5 ms a layer against 7.3 ms for the compiled torch
-#: form forward and backward; ``bench/train.py`` sizes).
+#: Rows and channels per tile: forward, the backward's d pre pass and its d f pass (measured at
+#: ``bench/train.py``'s sizes in bf16 against the compiled torch form: docs/performance.md).
 FWD_TILE, DPRE_TILE, DF_TILE = (32, 128), (16, 128), (16, 128)
 
 

@@ -13,8 +13,8 @@ kernels: each chunk's own state ``sum_s exp(acs_end - acs_s) u_s B_s^T`` per (ch
 (batch, head) (step 3), and the output per (chunk, group): ``C B^T`` once for the group's heads,
 then per head the decay, the product with ``u``, the state's term and the skip. In torch
 (``ssd_chunked``) the first term builds (Q, Q) decay and product tensors per head and position in
-memory; on the H200 that scan was 102 ms of a 187 ms training step (batch 2048 x 512, d_model 128,
-4 layers: the step without it 85 ms, ``bench/train.py``). ``u = x dt`` is formed in the kernels'
+memory; that scan was over half of a training step (``bench/train.py``: docs/performance.md).
+``u = x dt`` is formed in the kernels'
 registers, not in memory.
 
 The backward, with ``M = (C B^T) * decay``, ``e_l = exp(acs_l)``, ``w_s = exp(acs_end - acs_s)``,
@@ -30,14 +30,14 @@ The backward, with ``M = (C B^T) * decay``, ``e_l = exp(acs_l)``, ``w_s = exp(ac
 
 ``du``, ``d acs`` and ``dD`` in a kernel per (chunk, head); ``dC``, then ``dB`` (sums over the
 group's heads) in a launch each per (chunk, group), each recomputing ``d(C B^T)``: so that none
-holds the others' tiles (in the step's profile on the H200 one launch for both took 3.4 ms a
-layer, the two 2.9 ms).
+holds the others' tiles (the two launches were faster than one for both in the step's profile:
+docs/performance.md).
 
 The forward and the backward are ``torch.library`` custom ops (``alphamodel::ssd_chunk_scan`` and
 ``_bwd``, fake tensors and autograd registered) as in :mod:`alphamodel.ops.triton.cfc_triton`, so
 ``torch.compile`` and CUDA graphs keep them. x, B, C, y and the gradients of x, B, C and y are
 in the dtype of the convolution's output (bf16 under autocast: half the memory traffic of
-float32; H200, bench/train.py: the step 104.3 ms against 107.9 ms with a float32 y), every other
+float32; a faster step than with a float32 y: docs/performance.md), every other
 tensor and all arithmetic in float32; on CUDA the products run in TF32
 unless ``torch.get_float32_matmul_precision()`` is ``"highest"`` (then exact float32), as torch's
 own matmuls; in the interpreter they are exact float32. ``Q``, ``P`` and ``N`` must be powers of
@@ -281,9 +281,8 @@ def _bwd_group_kernel(dy_ptr, xbc_ptr, dt_ptr, acs_ptr, s_ptr, r_ptr, dxbc_ptr, 
 
 #: Elements of a (P, N) state per program of the pass from chunk to chunk and its backward, at
 #: most (a larger state runs in blocks of this size): a whole state of bench/train.py's size
-#: (32 x 64) per program; blocks of 512 or 1024 ran slower on the H200 (the backward pass 2.46 ms
-#: a layer at 512 against 1.68 ms at 2048 in a microbenchmark; the step 104.3 ms at 512, 103.5 at
-#: 1024, 99.2 at 2048, bench/train.py).
+#: (32 x 64) per program; blocks of 512 or 1024 ran slower, in a microbenchmark of the pass and
+#: in the step (bench/train.py: docs/performance.md).
 _BLOCK = 2048
 
 

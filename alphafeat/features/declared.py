@@ -5,9 +5,13 @@ Each declared feature gives a scalar ``row`` function and the names of its input
 (:func:`alphafeat.features.registry.make_plan`) resolves each name to a source expression
 (``bid_px[i, 0]``, ``out[0, i]``, ...). This module writes one loop over the rows calling every
 declared ``row`` function and compiles it: with ``numba.njit`` for the CPU (a function of
-:class:`alphafeat.features.cpu.Inputs`, the result matrix and a row range) and as a
+:class:`alphafeat.features.cpu_kernels.Inputs`, the result matrix and a row range) and as a
 ``numba.cuda.jit`` kernel (grid-stride loop over the rows) for the GPU. The compiled kernel is
 kept on the plan (``plan.derived``), so it is built once per plan and process.
+
+The registry's ``cpu`` and ``cuda`` strings of a declared feature name this module by its former
+name, ``alphafeat.features._declared``: caches store those strings with their columns
+(``column_specs``), and a changed string would make every existing cache stale.
 """
 
 from __future__ import annotations
