@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -59,8 +60,10 @@ def main() -> None:
         from alphafeat.precompute import PrecomputeConfig, precompute
 
         t = time.perf_counter()
+        # one process per session: the sidecar's drift_K (Monte-Carlo) costs about 1 s of a core per
+        # 1,000 events, some 100 s per normal session
         synth.generate(work / "dbn", start=datetime.date(2024, 1, 8), sessions=a.sessions, seed=a.seed,
-                       scale=a.scale, report=False, signal_file=True)
+                       scale=a.scale, report=False, signal_file=True, jobs=max(1, min(a.sessions, os.cpu_count() or 1)))
         times["generate_s"] = time.perf_counter() - t
         t = time.perf_counter()
         precompute(PrecomputeConfig(inputs=[work / "dbn"], out=cache, device="cpu"))
