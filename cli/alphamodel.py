@@ -131,7 +131,9 @@ def print_summary(s: dict) -> None:
                   + ", ".join(f"h{h}: " + ("never (centred on 0)" if v == float("inf") else "met" if
                                            isinstance(n_test, int) and v <= n_test else f"{v:,.0f}")
                               for h, v in needs)
-                  + " sessions (its half-width shrinks as 1/sqrt(sessions))", markup=False)
+                  + " sessions (its half-width shrinks as 1/sqrt(sessions))"
+                  + ("" if unit == "session" else f"; the intervals resample by {unit}, too narrow, so these "
+                     "counts are too low"), markup=False)
     if s.get("ceiling_note"):
         con.print(s["ceiling_note"], markup=False, soft_wrap=True)
     for w in s.get("warnings", []):
