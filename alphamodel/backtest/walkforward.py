@@ -208,11 +208,11 @@ def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, c
     mid, end = market.mid, market.end
     ahead = torch.minimum(torch.arange(T, device=device) + cfg.stride, end)
     hindsight = torch.sign(mid[ahead] - mid)
-    drift, _, notes["oracle"] = planted_drift_rows(data, cfg.stride)
+    drift, k_used, notes["oracle"] = planted_drift_rows(data, cfg.stride)
     drift = np.nan_to_num(drift, nan=0.0)
     oracle = {name: torch.as_tensor(np.where(drift > m, 1.0, np.where(drift < -m, -1.0, 0.0)), dtype=torch.float32,
                                     device=device)
-              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if drift.any() else {}
+              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if k_used is not None else {}
     ofi_dir = torch.as_tensor(np.sign(np.nan_to_num(rows.ofi)), dtype=torch.float32, device=device)
     h_pick = int(np.argmin([abs(h - cfg.stride) for h in data.horizons]))
     return Run(data, market, cfg, device, tmp, progress, z, gen, tb, rv, h_pick, hindsight,
