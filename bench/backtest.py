@@ -60,8 +60,8 @@ def main() -> None:
         from alphafeat.precompute import PrecomputeConfig, precompute
 
         t = time.perf_counter()
-        # one process per session: the sidecar's drift_K (Monte-Carlo) costs about 1 s of a core per
-        # 1,000 events, some 100 s per normal session
+        # one process per session: the sidecar's drift_K is a Monte-Carlo per event (its cost:
+        # docs/performance.md, Backtest)
         synth.generate(work / "dbn", start=datetime.date(2024, 1, 8), sessions=a.sessions, seed=a.seed,
                        scale=a.scale, report=False, signal_file=True, jobs=max(1, min(a.sessions, os.cpu_count() or 1)))
         times["generate_s"] = time.perf_counter() - t
