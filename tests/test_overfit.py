@@ -104,3 +104,31 @@ def test_pbo_section_for_a_summary(tmp_path):
     assert (tmp_path / "pbo.png").is_file() and sec["plot"] == "pbo.png"
     assert pbo_section({"a": np.zeros(3), "b": np.ones(3)})["pbo"] is None
     assert pbo_section({"a": np.zeros(9)})["pbo"] is None
+
+
+def test_summary_parts_pbo_by_cost_pooled_and_head(tmp_path):
+    """The backtest summary's pbo (per cost, the look-ahead and oracle references left out, a PNG
+    each), pooled (PnL per session over every test session, Sharpe only with 10+) and the K=3
+    head's verdict over the folds that trained it."""
+    from alphamodel.backtest.config import BacktestConfig
+    from alphamodel.backtest.report import head_summary, pbo_by_cost, pooled_readout
+
+    rng = np.random.default_rng(5)
+    cfg = BacktestConfig(costs=(0.0, 0.25))
+    daily = {(s, c): rng.standard_normal(12) - c for s in ("c51", "long", "logistic", "oracle", "hindsight")
+             for c in cfg.costs}
+    pbo_d = pbo_by_cost(daily, cfg, tmp_path)
+    assert set(pbo_d) == {"0", "0.25"}
+    for sec in pbo_d.values():
+        assert sec["trial_names"] == ["c51", "logistic", "long"] and (tmp_path / sec["plot"]).is_file()
+    pooled = pooled_readout(daily)
+    assert len(pooled) == 10 and all(p["sessions"] == 12 and p["sharpe"] is not None for p in pooled)
+    y = rng.integers(0, 3, 400)
+    aux = [{"fold": 0, "available": True, "pred": y.copy(), "labels": y},  # a head that is always right
+           {"fold": 1, "available": False}]
+    h = head_summary(aux)
+    assert h["learns"] and h["folds"] == [0] and h["balanced_accuracy"] == 1.0
+    aux[0]["pred"] = np.zeros(400, np.int64)
+    assert not head_summary(aux)["learns"] and "stops training it" in head_summary(aux)["note"]
+    assert head_summary([{"fold": 0, "available": False}]) == {
+        "available": False, "note": "the K=3 head was not measured (no tb_label, or aux_weight 0)"}
