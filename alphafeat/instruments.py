@@ -42,15 +42,16 @@ Rolls and state
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import numpy as np
 
+from alphafeat.errors import DataError
 from alphafeat.types import UNDEF_TIMESTAMP
 from alphafeat.validation import InstrumentMode, RollRule, validate_enum  # noqa: F401 (InstrumentMode: re-exported)
 
@@ -59,13 +60,6 @@ MONTH_CODES = "FGHJKMNQUVXZ"
 SESSION_END_HOUR_CT = 16
 
 _NS = 1_000_000_000
-
-# databento is imported where an InstrumentMap is built (Symbology.build): importing it loads its
-# whole package (pandas, aiohttp, its HTTP clients: ~0.4 s), which segment workers and the
-# commands that only need sessions do not use.
-if TYPE_CHECKING:
-    from databento.common.symbology import InstrumentMap
-
 
 #: Databento continuous symbol ``ROOT.{c,n,v}.RANK`` (calendar, open interest, volume rank).
 CONTINUOUS_RE = re.compile(r"(?P<root>[A-Za-z0-9]+)\.(?P<rule>[cnv])\.(?P<rank>\d+)")
@@ -81,32 +75,104 @@ def is_candidate(symbol: str, root: str) -> bool:
     return bool(m and m.group("root") == root and m.group("rank") == "0")
 
 
-class _MappingMsg:
-    """The attributes ``InstrumentMap.insert_symbol_mapping_msg`` reads, from a record."""
+def _utc_date(ts: int, undefined: dt.date) -> dt.date:
+    """UTC date of ``ts`` (ns since the epoch); ``undefined`` for DBN's undefined timestamp."""
+    if ts == UNDEF_TIMESTAMP:
+        return undefined
+    return dt.datetime.fromtimestamp(ts // _NS, dt.timezone.utc).date()
 
-    def __init__(self, rec: np.void) -> None:
-        import pandas as pd  # loaded by databento's InstrumentMap already
 
-        self.instrument_id = int(rec["instrument_id"])
-        self.start_ts = int(rec["start_ts"])
-        self.end_ts = int(rec["end_ts"])
-        self.stype_in_symbol = bytes(rec["stype_in_symbol"]).rstrip(b"\x00").decode()
-        self.stype_out_symbol = bytes(rec["stype_out_symbol"]).rstrip(b"\x00").decode()
-        # live data leaves start_ts / end_ts undefined (2**64 - 1): open-ended, never a Timestamp
-        undef = UNDEF_TIMESTAMP
-        self.pretty_start_ts = pd.Timestamp.min if self.start_ts == undef else pd.Timestamp(self.start_ts, tz="UTC")
-        self.pretty_end_ts = pd.Timestamp.max if self.end_ts == undef else pd.Timestamp(self.end_ts, tz="UTC")
+class InstrumentMap:
+    """Instrument id -> symbol over date intervals: databento's
+    ``databento.common.symbology.InstrumentMap`` (0.88) rule for rule, built from
+    ``databento_dbn`` metadata and records alone.
+
+    databento's class would import the whole ``databento`` package (pandas, aiohttp, its
+    HTTP clients: most of a cold ``precompute``'s imports, ``bench/import_profile.py``); its
+    rules, which ``tests/test_instruments.py`` compares with it on the same mappings:
+
+    * an interval ``[start_date, end_date)`` maps an id to a symbol; an id is resolved on a
+      date by the interval of the latest start on or before that date, if the date is
+      before its end (ids are reused by the exchange);
+    * metadata mappings: with ``stype_in`` instrument id the input symbol is the id and the
+      output the symbol, else the output is the id (``ValueError`` if neither side is one);
+      empty symbols are skipped;
+    * symbol-mapping records: the output symbol unless it is all digits, then the input;
+      undefined start / end timestamps are open-ended (``date.min`` / ``date.max``).
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, list[tuple[dt.date, dt.date, str]]] = {}
+
+    def _insert(self, instrument_id: int, start: dt.date, end: dt.date, symbol: str) -> None:
+        ivs = self._by_id.setdefault(int(instrument_id), [])
+        ivs.append((start, end, symbol))
+        ivs.sort(key=lambda iv: iv[0])  # stable: equal starts keep their order of insertion
+
+    def insert_metadata(self, metadata: object) -> None:
+        """The intervals of a ``databento_dbn.Metadata``'s ``mappings``."""
+        import databento_dbn
+
+        by_id = databento_dbn.SType.INSTRUMENT_ID
+        stype_in, stype_out = getattr(metadata, "stype_in", None), getattr(metadata, "stype_out", None)
+        for symbol_in, entries in (getattr(metadata, "mappings", None) or {}).items():
+            for entry in entries:
+                if not entry["symbol"]:
+                    continue
+                if stype_in == by_id:
+                    symbol, iid = str(entry["symbol"]), _as_id(symbol_in)
+                elif stype_out == by_id:
+                    symbol, iid = str(symbol_in), _as_id(entry["symbol"])
+                else:
+                    raise DataError("symbol mappings: neither stype_in nor stype_out is instrument_id")
+                self._insert(iid, _as_date(entry["start_date"]), _as_date(entry["end_date"]), symbol)
+
+    def insert_symbol_mapping_msg(self, rec: np.void) -> None:
+        """One in-band SymbolMappingMsg record (a row of a structured array, DBN v1-v3)."""
+        s_in = bytes(rec["stype_in_symbol"]).rstrip(b"\x00").decode()
+        s_out = bytes(rec["stype_out_symbol"]).rstrip(b"\x00").decode()
+        start = _utc_date(int(rec["start_ts"]), dt.date.min)
+        end = _utc_date(int(rec["end_ts"]), dt.date.max)
+        self._insert(int(rec["instrument_id"]), start, end, s_in if s_out.isdigit() else s_out)
+
+    def resolve(self, instrument_id: int, date: dt.date) -> str | None:
+        """The symbol of ``instrument_id`` on ``date``, or None when no interval covers it."""
+        ivs = self._by_id.get(int(instrument_id))
+        if not ivs:
+            return None
+        pos = bisect.bisect_right([iv[0] for iv in ivs], date) - 1
+        if pos < 0:
+            return None
+        start, end, symbol = ivs[pos]
+        return symbol if date < end else None
+
+
+def _as_id(value: object) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise DataError(f"symbol mappings: {value!r} is not an instrument id") from None
+
+
+def _as_date(value: object) -> dt.date:
+    """A mapping's ``start_date`` / ``end_date`` (a ``datetime.date`` from databento_dbn, or ISO text)."""
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc).date() if value.tzinfo else value.date()
+    if isinstance(value, dt.date):
+        return value
+    try:
+        return dt.date.fromisoformat(str(value)[:10])
+    except ValueError:
+        raise DataError(f"symbol mappings: {value!r} is not a date") from None
 
 
 def insert_symbol_mappings(imap: InstrumentMap, records: np.ndarray) -> None:
-    """Insert in-band SymbolMappingMsg records (rtype 0x16, DBN v1-v3) into ``imap``.
-
-    Uses ``databento.common.symbology.InstrumentMap.insert_symbol_mapping_msg`` (which keeps
-    the non-numeric side of the mapping as the symbol, valid over the UTC dates of
-    ``[start_ts, end_ts]``). One Python step per mapping record: they are few.
-    """
+    """Insert in-band SymbolMappingMsg records (rtype 0x16, DBN v1-v3) into ``imap``
+    (:meth:`InstrumentMap.insert_symbol_mapping_msg`: the non-numeric side of the mapping as
+    the symbol, valid over the UTC dates of ``[start_ts, end_ts]``). One Python step per
+    mapping record: they are few."""
     for rec in records:
-        imap.insert_symbol_mapping_msg(_MappingMsg(rec))
+        imap.insert_symbol_mapping_msg(rec)
 
 
 def outright_pattern(root: str) -> re.Pattern[str]:
@@ -173,8 +239,8 @@ def expiration_from_symbol(symbol: str, root: str, on: dt.date) -> dt.date | Non
 class Symbology:
     """Instrument id -> raw symbol per date, from DBN metadata, plus definition expirations.
 
-    Wraps :class:`databento.common.symbology.InstrumentMap` (ids can be reused by the
-    exchange, so resolution is per date).
+    Wraps an :class:`InstrumentMap` (ids can be reused by the exchange, so resolution is per
+    date).
     """
 
     imap: InstrumentMap
@@ -198,11 +264,9 @@ class Symbology:
             ``raw_symbol`` per id (used when no mapping covers a date) and ``expiration``.
         symbol_mappings : sequence of np.ndarray (SymbolMappingMsg dtype, rtype 0x16, v1-v3)
             In-band mapping records (live data, or files written with ``map_symbols``);
-            inserted with ``InstrumentMap.insert_symbol_mapping_msg``. v1 records carry
+            inserted with :meth:`InstrumentMap.insert_symbol_mapping_msg`. v1 records carry
             22-byte symbols, v2/v3 71-byte ones: both are read from the record's own dtype.
         """
-        from databento.common.symbology import InstrumentMap
-
         imap = InstrumentMap()
         fallback: dict[int, str] = {}
         for md in metadatas:
@@ -227,10 +291,7 @@ class Symbology:
         (``ES.v.0``, from a file requested with stype_in continuous) is replaced by the
         definition's raw symbol when definitions are given.
         """
-        try:
-            sym = self.imap.resolve(int(instrument_id), date)
-        except ValueError:
-            sym = None
+        sym = self.imap.resolve(int(instrument_id), date)
         fb = self.fallback.get(int(instrument_id))
         if sym is not None and CONTINUOUS_RE.fullmatch(sym) and fb is not None:
             return fb
@@ -239,10 +300,7 @@ class Symbology:
     def mapped(self, instrument_id: int, date: dt.date) -> str | None:
         """The symbol the mappings give ``instrument_id`` on ``date`` (``ES.v.0`` for a
         continuous file), without the definitions' raw symbol; None when unmapped."""
-        try:
-            return self.imap.resolve(int(instrument_id), date)
-        except ValueError:
-            return None
+        return self.imap.resolve(int(instrument_id), date)
 
     def expiration(self, symbol: str, root: str, on: dt.date) -> dt.date | None:
         """Expiration of ``symbol``: from definitions when known, else from the month code."""

@@ -15,7 +15,7 @@ Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size, m
 inode (:func:`_identity`), so a rerun plans without decoding; the plan itself is kept in
 ``<predecoded dir>/plan/`` (:func:`plan_key`: every input file's identity, the plan options
 and a hash of the planning code), so a rerun over the same files plans without opening them
-(nor loading databento, which the symbology needs: ~0.3 s). Front-month selection itself is
+(nor building the symbology). Front-month selection itself is
 :func:`alphafeat.instruments.front_month_schedule` (no look-ahead: a session's choice uses the
 previous session's volume); this module is its only caller (``precompute``,
 ``roll-schedule`` and ``bench/`` all plan through :func:`make_plan`).
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -312,7 +311,7 @@ def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
     """Key of a kept plan: each input file's :func:`_identity` (a touched, rewritten or replaced
     file, or one added to or taken from an input folder, gives another key), the plan
     ``options``, :data:`PLAN_VERSION`, a hash of the planning code (:data:`_PLAN_CODE`) and the
-    identity of the installed databento and databento_dbn (their symbology decides the symbols).
+    identity of the installed databento_dbn (its metadata decides the symbols).
 
     Raises
     ------
@@ -326,7 +325,7 @@ def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
     for name in _PLAN_CODE:
         code.update((here / name).read_bytes())
     libs = []
-    for mod in ("databento", "databento_dbn"):
+    for mod in ("databento_dbn",):
         spec = importlib.util.find_spec(mod)
         origin = spec.origin if spec is not None else None
         libs.append([origin, os.stat(origin).st_mtime_ns if origin else None])
@@ -488,26 +487,6 @@ def spawning_workers() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
-
-
-def _import_meanwhile(module: str) -> threading.Thread:
-    """Import ``module`` on a thread of its own while this process waits for the scans on its
-    workers (databento's symbology, which :meth:`Symbology.build` needs next, loads all of
-    ``databento``: time otherwise spent after the scans; docs/performance.md). joblib
-    is imported first, on this thread, so that the two threads' imports share no module being
-    loaded. Join it before using the module; an import error shows there again."""
-    import joblib  # noqa: F401  (see above)
-
-    t = threading.Thread(target=_try_import, args=(module,), name=f"import {module}", daemon=True)
-    t.start()
-    return t
-
-
-def _try_import(module: str) -> None:
-    try:
-        importlib.import_module(module)
-    except ImportError:  # raised again, with its message, where the module is used
-        pass
 
 
 def _scan_jobs(jobs: int, tasks: list[tuple[DBNFile, bool]], book: list[DBNFile]) -> int:
@@ -681,10 +660,7 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
     tasks = [(f, True) for f in trades + defs] + [(f, False) for f in scan_book]
     tasks = [t for t in tasks if t[0].path not in surveys]
     n_scan = _scan_jobs(jobs, tasks, book)
-    loading = _import_meanwhile("databento.common.symbology") if n_scan > 1 and len(tasks) > 1 else None
     surveys.update(_run_surveys(tasks, n_scan, store, on_error, skipped))
-    if loading is not None:
-        loading.join()
     dropped = {p for p, _ in skipped}
     book = [f for f in book if f.path not in dropped]
     trades = [f for f in trades if f.path not in dropped]

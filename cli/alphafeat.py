@@ -110,7 +110,9 @@ def _precompute(args: argparse.Namespace) -> int:
                  ("partitions (already current)", f"{len(s.partitions)} ({s.partitions_skipped})"),
                  ("books from the predecoded folder", f"{s.books_predecoded}"),
                  ("predecoded folder (plan scans, kept books)", str(s.predecoded or "-")),
-                 ("skipped files", f"{len(s.skipped)}"), ("device", s.device), ("seconds", f"{s.seconds:.1f}"),
+                 ("skipped files", f"{len(s.skipped)}"),
+                 ("device", f"{s.device} ({s.device_reason})" if s.device_reason else s.device),
+                 ("seconds", f"{s.seconds:.1f}"),
                  ("seconds per stage (summed over workers)", stages),
                  ("rows per second", f"{s.rows_per_second:,.0f}" if s.rows_computed else "- (nothing computed)"),
                  ("peak memory (largest process)", f"{s.peak_rss / 2**30:.2f} GiB"),
@@ -377,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DBN files or directories (default: the embedded sample in data/)")
     p.add_argument("--out", default="cache", type=_PATH, help="cache directory (default: ./cache)")
     p.add_argument("--device", default=val.Device.AUTO, **_enum(val.Device),
-                   help="where features are computed; auto: the CPU, whose streamed path keeps memory bounded "
-                        "(the GPU path holds whole books and is slower with many workers: README)")
+                   help="where features are computed; auto: the GPU only where its streamed path measured "
+                        "faster (so far: nowhere, the CPU), else the CPU; the summary says which and why")
     p.add_argument("--root", default="ES", type=option(val.validate_root),
                    help="product root for front-month (default: ES)")
     p.add_argument("--horizons", default=None, type=option(val.validate_horizons),

@@ -274,3 +274,25 @@ cli.alphafeat.main()
         assert not alive(pids)
         assert len(pids) >= (2 if jobs == "2" else 0)  # the workers (and loky's resource tracker)
     assert got == ["False", "True"]
+
+
+def test_a_cold_precompute_imports_no_heavy_library(tmp_path) -> None:
+    """A cold ``alphafeat precompute`` of the embedded sample (plan, symbology, segments, cache;
+    nothing kept) in a fresh process imports none of pandas, databento (its package imports
+    pandas, aiohttp, requests), torch, matplotlib, dask, nor numba.cuda (``--device auto``
+    probes no GPU while the CPU is its choice: ~0.2 s): the symbology comes from
+    ``databento_dbn``'s metadata (:class:`alphafeat.instruments.InstrumentMap`), the rest is
+    imported where it is used (``bench/import_profile.py`` measures what is left)."""
+    if not any(DATA.glob("*.dbn.zst")):
+        pytest.skip("data/ has no embedded sample")
+    heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "pandas", "requests", "torch"]
+    code = f"""
+import sys
+from cli.alphafeat import main
+rc = main(["precompute", "-q", "--input", {str(DATA)!r}, "--out", {str(tmp_path / "fresh" / "out")!r}])
+print(rc, sorted(m for m in {heavy!r} if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout[-2000:] + out.stderr[-2000:]
+    assert len(list((tmp_path / "fresh" / "out").rglob("*.arrow"))) == 3  # the sample's three sessions

@@ -16,7 +16,7 @@ from alphafeat import cuda as cuda_pkg
 from alphafeat.cuda import SLOT_BYTES, gpu_turn
 from alphafeat.errors import AlphafeatError
 from alphafeat.plan import make_plan
-from alphafeat.precompute import PrecomputeConfig, books, segment, table
+from alphafeat.precompute import PrecomputeConfig, books
 from alphafeat.precompute.job import make_job
 from alphafeat.precompute.relabel import added_features
 from alphafeat.validation import validate_instrument_mode
@@ -55,9 +55,10 @@ def test_turns_bound_the_segments_on_the_gpu(tmp_path, monkeypatch, memory: int,
 
 
 def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
-    """numba-cuda's CudaAPIError CUDA_ERROR_OUT_OF_MEMORY in a segment's GPU features becomes
-    the AlphafeatError line naming the partition and --device cpu: in a fresh segment and in a
-    rerun that adds features to a kept book (both through ``device_features``)."""
+    """numba-cuda's CudaAPIError CUDA_ERROR_OUT_OF_MEMORY in a segment's whole-book GPU
+    features becomes the AlphafeatError line naming the partition and --device cpu: a rerun
+    that adds features to a kept book (``device_features``). A fresh segment's blocks go to the
+    GPU owner, whose out-of-memory line ``tests/test_cuda_owner.py`` tests."""
 
     class CudaAPIError(Exception):  # numba.cuda.cudadrv.driver's, by name (no GPU needed here)
         pass
@@ -67,7 +68,7 @@ def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
                            "CUDA_ERROR_OUT_OF_MEMORY")  # fmt: skip
 
     turns = []
-    monkeypatch.setattr(table, "compute_features", oom)
+    monkeypatch.setattr(cuda_pkg, "compute_features_cuda", oom)
     monkeypatch.setattr(cuda_pkg, "gpu_turn", lambda d: turns.append(d) or contextlib.nullcontext())
     inputs = sorted(DATA.glob("*20240307*.dbn.zst"))
     if not inputs:
@@ -77,12 +78,10 @@ def test_out_of_memory_on_the_gpu_is_one_line(tmp_path, monkeypatch) -> None:
     job = make_job(PrecomputeConfig(inputs=inputs, out=tmp_path / "c", device="cpu"), "cpu")
     job = dataclasses.replace(job, device="cuda")
     seg = plan.segments[0]
-    with pytest.raises(AlphafeatError) as e:
-        segment.run_segment(seg, str(tmp_path), {}, job, None)
     book, _, _ = books.build_book(seg)
-    with pytest.raises(AlphafeatError) as e2:
+    with pytest.raises(AlphafeatError) as e:
         added_features(book, job, ["ofi_l01"], seg.relpath, gpu_locks=str(tmp_path))
-    for line in (str(e.value), str(e2.value)):
-        assert "\n" not in line and seg.relpath in line and "ran out of memory" in line
-        assert "--device cpu" in line
-    assert turns == [str(tmp_path)] * 2
+    line = str(e.value)
+    assert "\n" not in line and seg.relpath in line and "ran out of memory" in line
+    assert "--device cpu" in line
+    assert turns == [str(tmp_path)]

@@ -390,6 +390,8 @@ class Buffers:
         self._exec = None
         self._streams: dict = {}
         self._plans: dict[bytes, dict] = {}
+        #: device arrays allocated so far (flat buffers, plan arrays): tests count them
+        self.allocations = 0
 
     def dev(self, name: str, shape: tuple[int, ...], dtype=np.float64):
         """A device array of ``shape`` carved from the pooled flat buffer ``name`` (grow only; the
@@ -409,6 +411,7 @@ class Buffers:
                 del self._views[k]
             buf = None
             buf = self._dev[name] = cuda.device_array(max(size, 1), dtype=dtype)
+            self.allocations += 1
         if len(self._views) > 4096:
             self._views.clear()
         view = self._views[key] = buf[:size].reshape(shape) if len(shape) > 1 else buf[:size]
@@ -508,6 +511,7 @@ class Buffers:
             if len(self._plans) >= 8:
                 self._plans.clear()
             got = self._plans[key] = {k: cuda.to_device(v, stream=stream) for k, v in host.items()}
+            self.allocations += len(got)
             stream.synchronize()
         return got
 
@@ -625,7 +629,7 @@ def _step_bounds(n: int, overlapped: bool = False) -> tuple[int, list[tuple[int,
     return step, out
 
 
-def _to_device_rows(dst, src: np.ndarray, lo: int, hi: int, stream) -> None:
+def to_device_rows(dst, src: np.ndarray, lo: int, hi: int, stream) -> None:
     """``dst[lo:hi] = src`` (device array, rows of a C-contiguous host array), one async copy.
 
     Issued through the driver on a byte view of ``dst``'s memory: slicing a device array
@@ -749,7 +753,7 @@ def submit_features(
         d = {k: bufs.dev(f"in_{k}/{k_set}", v.shape, v.dtype) for k, v in cols.items()}
         out = bufs.dev(f"out/{k_set}", (n_out + 1, n))
         back = out if dtype == np.float64 else bufs.dev(f"out32/{k_set}", (n_out, n), np.float32)
-        dv = _DeviceSegment(bufs, plan, d, out, bufs.dev(f"last/{k_set}", (N_LF, n)),
+        dv = DeviceSegment(bufs, plan, d, out, bufs.dev(f"last/{k_set}", (N_LF, n)),
                             bufs.dev(f"X/{k_set}", (S, n)), chunk, s_comp)  # fmt: skip
         staged = {} if config.ENABLE_CUDASIM else {k: v for k, v in cols.items() if not is_pinned(v)}
         slots = bufs.slots(staged, step) if staged else None
@@ -773,7 +777,7 @@ def submit_features(
             for f in fills.pop(q, ()):
                 f.result()
             for k, v in cols.items():
-                _to_device_rows(d[k], slots[slot][k][:m] if k in staged else v[lo:hi], lo, hi, s_h2d)
+                to_device_rows(d[k], slots[slot][k][:m] if k in staged else v[lo:hi], lo, hi, s_h2d)
             ev_in[slot].record(s_h2d)
             ev_in[slot].wait(s_comp)
             # ---- kernels -----------------------------------------------------------------
@@ -791,7 +795,7 @@ def submit_features(
         return Pending(host, done, cols)
 
 
-class _DeviceSegment:
+class DeviceSegment:
     """The device arrays of one call and the kernels of one step (:meth:`step`), all derived
     from the plan: the input columns ``d``, the result matrix ``out`` (``n_out + 1`` rows: the
     last is the forward-filled log mid), ``last`` (last finite row + 1 per skip-NaN input) and

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from alphafeat.cache import PREDECODED_NAME
+from alphafeat.cores import usable_cores
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features import FeatureParams, cuda_available
 from alphafeat.labels import DEFAULT_HORIZONS
@@ -41,7 +42,8 @@ from alphafeat.validation import (
     validate_scheduler,
 )
 
-__all__ = ["DEFAULT_DATA_DIR", "PrecomputeConfig", "check_config", "default_predecoded_dir", "resolve_device"]
+__all__ = ["DEFAULT_DATA_DIR", "PrecomputeConfig", "check_config", "choose_device", "default_predecoded_dir",
+           "resolve_device"]
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
@@ -69,10 +71,11 @@ class PrecomputeConfig:
     root : str
         Product root for front-month selection (``ES``).
     device : str
-        ``cpu``, ``cuda`` or ``auto`` (the CPU: its streamed path, features continued block by
-        block beside the decode, was faster than ``cuda``, which builds each session's whole book
-        for one GPU call per segment, and took a third of its memory on a generated quarter;
-        ``bench/precompute.py``, figures in docs/performance.md).
+        ``cpu``, ``cuda`` or ``auto`` (:func:`choose_device`). ``cuda``: the segments run on
+        this process's threads, which decode and build their books block by block as the CPU
+        path does and push the blocks to one GPU owner per device
+        (:mod:`alphafeat.cuda.owner`: recurrences carried on the device, memory bounded by the
+        block); volume bars keep whole books.
     horizons : tuple of int
         Label horizons in snapshots.
     features : FeatureParams
@@ -188,6 +191,38 @@ def resolve_device(device: str) -> str:
     if device == Device.CUDA and not cuda_available():
         raise AlphafeatError("--device cuda: no usable CUDA GPU (numba.cuda.is_available() is False)")
     return device
+
+
+#: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on, where the
+#: streamed GPU path measured faster than the CPU's; None: no case has measured faster yet
+#: (docs/performance-gpu-draft.md: on an H100 host, one session on 2 cores and 16 sessions on
+#: 16 cores were both slower on the GPU path), so ``auto`` stays on the CPU.
+AUTO_GPU_MIN_JOBS: int | None = None
+
+
+def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
+    """The device a run computes its features on, and why (the summary's ``device`` row).
+
+    ``cpu`` and ``cuda`` as asked (``cuda`` without a usable GPU: AlphafeatError). ``auto``:
+    the GPU where one is usable and the run maps its segments on this machine's threads with
+    at least :data:`AUTO_GPU_MIN_JOBS` workers (the case where it measured faster), else the
+    CPU (no GPU; too few workers or no case measured faster; a Dask cluster, whose workers
+    are other processes).
+    """
+    device = validate_enum(cfg.device, Device, "--device").value
+    if device != Device.AUTO:
+        return resolve_device(device), f"--device {device}"
+    # the GPU is probed last: numba.cuda's import and the driver's start cost ~0.2-0.4 s
+    if AUTO_GPU_MIN_JOBS is None:
+        return Device.CPU.value, "auto: the streamed GPU path has not measured faster than the CPU yet"
+    if cfg.scheduler or cfg.dask_local:
+        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
+    jobs = usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
+    if jobs < AUTO_GPU_MIN_JOBS:
+        return Device.CPU.value, f"auto: --jobs {jobs} (the GPU measured faster from {AUTO_GPU_MIN_JOBS} workers)"
+    if not cuda_available():
+        return Device.CPU.value, "auto: no usable CUDA GPU"
+    return Device.CUDA.value, f"auto: a CUDA GPU and --jobs {jobs} (measured faster than the CPU there)"
 
 
 def check_config(cfg: PrecomputeConfig) -> PrecomputeConfig:

@@ -49,8 +49,8 @@ from alphafeat.cores import usable_cores
 from alphafeat.errors import DataError, InputError
 from alphafeat.instruments import Choice
 from alphafeat.plan import Plan, Segment, make_plan
-from alphafeat.precompute.books import peak_rss, stream_rows
-from alphafeat.precompute.config import PrecomputeConfig, check_config, default_predecoded_dir, resolve_device
+from alphafeat.precompute.books import BLOCK_ROWS, peak_rss, stream_rows
+from alphafeat.precompute.config import PrecomputeConfig, check_config, choose_device, default_predecoded_dir
 from alphafeat.precompute.job import IN_FLIGHT, Job, feature_threads, job_of, segments_at_once, set_in_flight
 from alphafeat.precompute.manifest import (
     common_metadata,
@@ -67,7 +67,6 @@ from alphafeat.precompute.manifest import (
 )
 from alphafeat.precompute.segment import SegmentResult
 from alphafeat.precompute.workers import SegmentFailure, first_use, map_segments
-from alphafeat.validation import Device
 
 __all__ = ["Summary", "precompute"]
 
@@ -93,6 +92,7 @@ class Summary:
     rows_computed: int = 0  #: rows of the partitions this run wrote (not those already current)
     seconds: float = 0.0
     device: str = "cpu"
+    device_reason: str = ""  #: why this device (:func:`alphafeat.precompute.config.choose_device`)
     out: Path | None = None
     schedule: list[Choice] = field(default_factory=list)
     partitions: list[Path] = field(default_factory=list)
@@ -209,10 +209,9 @@ def _start(cfg: PrecomputeConfig) -> tuple[PrecomputeConfig, Job, Summary]:
     checked (a wrong one fails now, not after the compute), the latter cleared with
     ``rebuild_predecoded``."""
     cfg = check_config(cfg)
-    # auto is the CPU here: see PrecomputeConfig.device
-    device = Device.CPU.value if cfg.device == Device.AUTO else resolve_device(cfg.device)
+    device, why = choose_device(cfg)
     job = job_of(cfg, device)
-    summary = Summary(device=device, out=Path(cfg.out))
+    summary = Summary(device=device, device_reason=why, out=Path(cfg.out))
     check_out(cfg.out)  # a wrong --out (or predecoded folder) fails now, not after the compute
     pre_dir = check_folder(cfg.predecoded_dir or default_predecoded_dir(cfg.out))
     summary.predecoded = pre_dir
@@ -272,24 +271,31 @@ def _sized(cfg: PrecomputeConfig, job: Job, staging: Path, segments: int) -> tup
     if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores
         set_in_flight(staging, at_once)
         in_flight = str(staging / IN_FLIGHT)
-    return dataclasses.replace(job, feature_threads=threads, block_rows=stream_rows(at_once), in_flight=in_flight), \
-        at_once  # fmt: skip
+    rows = BLOCK_ROWS if job.device == "cuda" else stream_rows(at_once)  # the GPU: fewer, larger pushes
+    return dataclasses.replace(job, feature_threads=threads, block_rows=rows, in_flight=in_flight), at_once
 
 
 def _run_map(cfg: PrecomputeConfig, fold: _Fold, calls: list[tuple], at_once: int, in_flight: bool,
              advance: Callable[[], None]) -> None:  # fmt: skip
     """Map ``calls`` (:func:`alphafeat.precompute.workers.map_one`'s arguments) over the
-    workers and fold each result as it comes back."""
+    workers and fold each result as it comes back; this process's GPU owners (``--device
+    cuda``) are stopped after, whatever happened."""
     by_rel = {c[0].relpath: c[0] for c in calls}
     staging = fold.writer.staging
-    for done, res in enumerate(map_segments(calls, cfg), 1):
-        if in_flight and len(calls) - done < at_once:  # fewer segments left than workers
-            set_in_flight(staging, len(calls) - done)
-        if isinstance(res, SegmentFailure):
-            fold.failure(res, cfg.on_error, cfg.prune)
-        else:
-            fold.result(res, by_rel[res.relpath])
-        advance()
+    try:
+        for done, res in enumerate(map_segments(calls, cfg), 1):
+            if in_flight and len(calls) - done < at_once:  # fewer segments left than workers
+                set_in_flight(staging, len(calls) - done)
+            if isinstance(res, SegmentFailure):
+                fold.failure(res, cfg.on_error, cfg.prune)
+            else:
+                fold.result(res, by_rel[res.relpath])
+            advance()
+    finally:
+        if calls and calls[0][3].device == "cuda":
+            from alphafeat.cuda.owner import release_shared
+
+            release_shared()  # their device memory goes back
 
 
 def _manifest(fold: _Fold, common: dict, schedule: list[dict], sources: list[tuple[int, dict]]) -> dict:

@@ -273,7 +273,7 @@ def _map_segment(
         if not os.path.exists(p):
             raise InputError(p, f"not visible from this worker ({os.uname().nodename}); inputs and --out must be "
                                 "on a filesystem every worker shares")  # fmt: skip
-    if job.device != "cpu" or job.bar_volume:
+    if job.bar_volume:  # whole books (CPU or GPU features); else blocks (CPU stream, or the GPU owner)
         b = _whole_book(seg, kept, res)
         if keep and kept is not None and not res.predecoded and len(b):
             save_book(b, kept)

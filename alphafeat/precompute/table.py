@@ -217,9 +217,12 @@ class SegmentColumns:
 
     def _stream_features(self, b: BookArrays, lo: int, k0: int) -> None:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
-        row ``k0``, piece by piece (each piece after the block's first led by its halo row)."""
-
+        row ``k0``, piece by piece (each piece after the block's first led by its halo row); on
+        ``cuda``, from the process's GPU owner."""
         wanted = (*self.job.names, "ema_ret2_60s")
+        if self.job.device == "cuda":
+            self._gpu_features(prepare(b, self.job.features), lo, k0, wanted, b.depth)
+            return
         if self.stream is None:  # only what the stored features need
             self.stream = pruned_stream(self.job, self.index, wanted)
 
@@ -229,6 +232,25 @@ class SegmentColumns:
             self._store_features(feats, b.depth, k0 + i0 - lo, k0 + i1 - lo)
 
         self.stream.push_block(prepare(b, self.job.features), lo, take, live_threads(self.job))
+
+    def _gpu_features(self, cols: dict[str, np.ndarray], lo: int, k0: int, wanted: tuple[str, ...],
+                      depth: int) -> None:  # fmt: skip
+        """The features of the block's new rows (``cols`` from row ``lo``) from this process's GPU
+        owner (:func:`alphafeat.cuda.owner.shared`: recurrences carried on the device from
+        block to block), in pieces of at most its block rows, each led by its halo row."""
+        if self.stream is None:
+            from alphafeat.cuda.owner import shared
+            from alphafeat.features.registry import make_plan
+
+            # only the rows stored come back from the device
+            self.stream = shared().open(make_plan(self.job.features), self.seg.relpath,
+                                        [self.index[name] for name in wanted])  # fmt: skip
+        n, step = int(cols["ts_recv"].shape[0]), self.stream.owner.block_rows
+        for i0 in range(lo, n, step):
+            i1 = min(i0 + step, n)
+            a = i0 - 1 if i0 > 0 else 0
+            out = self.stream.push({k: v[a:i1] for k, v in cols.items()}, i0 > 0)
+            self._store_features({name: out[j] for j, name in enumerate(wanted)}, depth, k0 + i0 - lo, k0 + i1 - lo)
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the

@@ -85,6 +85,26 @@ def map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None, k
         return SegmentFailure(seg.relpath, e)
 
 
+def _on_threads(calls: list[tuple], n_jobs: int) -> Iterator[SegmentResult | SegmentFailure]:
+    """``map_one`` over ``calls`` on ``n_jobs`` threads of this process, results as they
+    complete: the GPU path, whose segments decode and build their books on these threads (the
+    decoder and the book builder release the GIL) and push their blocks to this process's GPU
+    owners (:func:`alphafeat.cuda.owner.shared`). A segment's error cancels those not started."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from alphafeat.cuda.owner import shared
+
+    shared()  # the owners (and numba-cuda's driver) made here, before the threads start
+    with ThreadPoolExecutor(min(n_jobs, len(calls)), thread_name_prefix="segment") as pool:
+        futures = [pool.submit(map_one, *c) for c in calls]
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+
 def _dask_client(cfg: PrecomputeConfig) -> object:
     try:
         from dask.distributed import Client, LocalCluster
@@ -108,11 +128,20 @@ def map_segments(calls: list[tuple], cfg: PrecomputeConfig) -> Iterator[SegmentR
     if cfg.scheduler or cfg.dask_local > 0:
         client = _dask_client(cfg)
         from dask.distributed import as_completed
+        from distributed.scheduler import KilledWorker
 
         try:
             futures = client.map(map_one, *zip(*calls), pure=False)
+            segment = {f.key: c[0] for f, c in zip(futures, calls, strict=True)}
             for fut in as_completed(futures):
-                yield fut.result()
+                try:
+                    res = fut.result()
+                except KilledWorker:  # Dask ran it again on other workers (allowed-failures) first
+                    raise AlphafeatError(
+                        f"a Dask worker died while computing {segment[fut.key].relpath} (and so did each worker the "
+                        "scheduler retried it on: distributed.scheduler.allowed-failures); nothing committed, the "
+                        "cache is as the last complete run left it: run again") from None  # fmt: skip
+                yield res
         finally:
             cluster = getattr(client, "cluster", None) if not cfg.scheduler else None
             client.close()
@@ -123,6 +152,9 @@ def map_segments(calls: list[tuple], cfg: PrecomputeConfig) -> Iterator[SegmentR
     if n_jobs == 1 or len(calls) == 1:
         for c in calls:
             yield map_one(*c)
+        return
+    if calls[0][3].device == "cuda":  # threads of this process: one GPU owner per device serves them all
+        yield from _on_threads(calls, n_jobs)
         return
     from joblib import Parallel, delayed
 
