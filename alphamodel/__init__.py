@@ -7,7 +7,8 @@ trading policy on the encoder's state, backtested walk-forward.
 Layers, each importing only those before it (``tests/test_layers.py`` holds them):
 
 1. :mod:`alphamodel.errors`, :mod:`alphamodel.enums`, :mod:`alphamodel.rules` (how configs check
-   their keys);
+   their keys), :mod:`alphamodel.readout` (intervals, sessions a result needs, whether a head
+   learns);
 2. :mod:`alphamodel.ops` (Triton kernels and their checks);
 3. :mod:`alphamodel.nn` (Mamba2, CfC, input EMA, the model and its config, optimiser groups);
 4. :mod:`alphamodel.data` (the cache as windows and batches);

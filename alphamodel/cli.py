@@ -117,6 +117,18 @@ def print_summary(s: dict) -> None:
             first = False
     con = stdout_console()
     con.print(t)
+    needs = [(h["horizon"], h["sessions_needed"]) for h in s["horizons"] if h.get("sessions_needed") is not None]
+    if needs:
+        n_test = s.get("test_sessions", "?")
+        con.print(f"sessions a result needs: the lift's 95% interval over {n_test} test session(s) excludes 0 at about "
+                  + ", ".join(f"h{h}: " + ("never (centred on 0)" if v == float("inf") else "met" if
+                                           isinstance(n_test, int) and v <= n_test else f"{v:,.0f}")
+                              for h, v in needs)
+                  + " sessions (its half-width shrinks as 1/sqrt(sessions))"
+                  + ("" if unit == "session" else f"; the intervals resample by {unit}, too narrow, so these "
+                     "counts are too low"), markup=False)
+    if s.get("ceiling_note"):
+        con.print(s["ceiling_note"], markup=False, soft_wrap=True)
     for w in s.get("warnings", []):
         console.print(f"warning: {w}", markup=False)  # plain text (pip extras in [] are not markup)
     con.print(f"context {s['context']}; last fold: best epoch {s['best_epoch']} of {s['epochs_run']}; "
@@ -124,44 +136,99 @@ def print_summary(s: dict) -> None:
                     "auc.png, model.safetensors, config.json written")
 
 
-def _backtest_table(s: dict) -> None:
-    """The terminal table of a backtest summary: strategy x fill mode x cost, mean +- SD over folds."""
-    fills = s["config"].get("fills", ["taker"])
-    t = Table(title=f"alphamodel backtest -> {s['out']}  ({len(s['folds'])} folds, mean +- SD across folds; cost in "
-                    f"ticks per contract per side, 1 tick = {s['tick_value_usd']:g} USD)")
-    cols = ["strategy", "fill", "cost", "Sharpe (ann.)", "DSR", "win rate", "trades/sess", "turnover/sess", "max DD",
-            "PnL ticks"]
+def _cell(x: float | None, d: int = 2, sd: float | None = None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.{d}f}" + (f" +- {sd:.{d}f}" if sd is not None else "")
+
+
+def _pbo_lines(s: dict, con) -> None:
+    """The summary's PBO per fill mode and cost, one line each."""
+    for mode, by_cost in s.get("pbo", {}).items():
+        for c, p in by_cost.items():
+            if p.get("pbo") is not None:
+                con.print(f"PBO at cost {c}, {mode} fills: {p['pbo']:.2f} over {p['trials']} strategies x "
+                          f"{p['sessions']} test sessions ({p['splits']} CSCV splits of {p['blocks']} blocks; 0.5 = no "
+                          "better than chance)", markup=False)
+            else:
+                con.print(f"PBO at cost {c}, {mode} fills: n/a ({p.get('note', '')})", markup=False)
+
+
+def _head_lines(s: dict, con) -> None:
+    """The K=3 trade-outcome head per fold and its verdict."""
+    for a in s["aux_head"]:
+        if a.get("available"):
+            lo, hi = a["balanced_accuracy_ci"]
+            con.print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "
+                      f"{a['test_balanced_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] vs chance 0.333, majority rate "
+                      f"{a['test_majority_rate']:.3f} ({a['test_decisions']} test decisions; train "
+                      f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
+    head = s.get("aux_head_verdict", {})
+    if head.get("available"):
+        con.print(f"K=3 head over folds {head['folds']}: {head['note']}", markup=False)
+
+
+def _pooled_cells(p: dict) -> list[str]:
+    """PnL per session, its interval and the sessions the interval needs, of a pooled row."""
+    ci = p.get("pnl_ci") or [None, None]
+    pnl = "n/a" if p.get("pnl_per_session") is None else f"{p['pnl_per_session']:.2f}"
+    ci_s = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci[0] is not None else "n/a"
+    need = p.get("sessions_needed")
+    need_s = "n/a" if need is None else ("never (0)" if need == float("inf") else
+                                         "met" if need <= p.get("sessions", 0) else f"{need:,.0f}")
+    return [pnl, ci_s, need_s]
+
+
+def print_backtest(s: dict) -> None:
+    """The table of a backtest's ``summary.json``: per strategy x fill mode x cost the PnL per
+    session pooled over every test session with its 95% interval and the sessions that interval
+    needs, the Sharpe over the folds with enough test sessions (mean +- SD), the DSR, the trading
+    counts and, beyond ``taker``, the fill statistics; the header names the fill modes
+    (``config.fills``) and the cost unit, the line below it what a fill pays in each mode."""
+    fills = list(s["config"].get("fills", ["taker"]))
+    k, n, m = s.get("folds_reporting_sharpe", len(s["folds"])), len(s["folds"]), s.get("min_sharpe_sessions", 0)
+    t = Table(title=f"alphamodel backtest -> {s['out']}\nfills: {', '.join(fills)}; cost in ticks per contract per "
+                    f"side (1 tick = {s['tick_value_usd']:g} USD); PnL per session (ticks) pooled over "
+                    f"{s.get('test_sessions', '?')} test sessions of {n} folds with its 95% bootstrap interval; Sharpe "
+                    f"over the {k} of {n} folds with >= {m} test sessions (mean +- SD)", caption=s["notes"]["fills"])
+    cols = ["strategy", "fill", "cost", "PnL/session", "95% interval", "sessions needed", "Sharpe (ann.)", "DSR",
+            "win rate", "trades/sess", "turnover/sess", "max DD"]
     if fills != ["taker"]:
         cols += ["fill rate", "rows to fill", "markout +1/+10/+100"]
     for col in cols:
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=True)
+    pooled = {(p["strategy"], p.get("fill", "taker"), p["cost_ticks"]): p for p in s.get("pooled", [])}
 
-    def f(row: dict, m: str, d: int = 2) -> str:
-        a, b = row.get(m + "_mean"), row.get(m + "_sd")
-        if a is None:
-            return "n/a"
-        return f"{a:.{d}f}" + (f" +- {b:.{d}f}" if b is not None else "")
-
-    def g(row: dict, m: str, d: int = 2) -> str:
-        a = row.get(f"fill_{m}_mean")
+    def g(row: dict, x: str, d: int = 2) -> str:
+        a = row.get(f"fill_{x}_mean")
         return "n/a" if a is None else f"{a:.{d}f}"
 
     for r in s["aggregate"]:
         fill = r.get("fill", "taker")
-        cells = [r["strategy"], fill + (" (bound)" if fill == "mid" else ""), f"{r['cost_ticks']:g}", f(r, "sharpe"),
-                 f(r, "deflated_sharpe"), f(r, "win_rate"), f(r, "trades_per_session", 1), f(r, "turnover", 1),
-                 f(r, "max_drawdown", 1), f(r, "pnl_ticks", 1)]
+        cells = [_cell(r[x + "_mean"], d, r[x + "_sd"]) for x, d in (
+            ("sharpe", 2), ("deflated_sharpe", 2), ("win_rate", 2), ("trades_per_session", 1), ("turnover", 1),
+            ("max_drawdown", 1))]
         if fills != ["taker"]:
-            cells += [g(r, "fill_rate"), g(r, "ttf_rows", 1),
-                      "/".join(g(r, f"markout_{k}") for k in (1, 10, 100))]
-        t.add_row(*cells)
-    Console(width=max(Console().width, 150 if fills == ["taker"] else 210)).print(t)
-    console.print(s["notes"]["fills"], soft_wrap=True, markup=False)
+            cells += [g(r, "fill_rate"), g(r, "ttf_rows", 1), "/".join(g(r, f"markout_{h}") for h in (1, 10, 100))]
+        t.add_row(r["strategy"], fill + (" (bound)" if fill == "mid" else ""), f"{r['cost_ticks']:g}",
+                  *_pooled_cells(pooled.get((r["strategy"], fill, r["cost_ticks"]), {})), *cells)
+    Console(width=max(Console().width, 160 if fills == ["taker"] else 220)).print(t)
     c = s["config"]
     if c.get("fee_maker") or c.get("fee_taker"):
         tv = s["tick_value_usd"]
         console.print(f"fees: maker {c['fee_maker']:g} USD = {c['fee_maker'] / tv:.4g} ticks, taker {c['fee_taker']:g} "
                       f"USD = {c['fee_taker'] / tv:.4g} ticks per contract per side", markup=False, soft_wrap=True)
+    console.print(f"Sharpe: {s['notes']['sharpe']}; DSR: {s['notes']['deflated_sharpe']}; sessions needed: for the "
+                  "PnL interval to exclude 0 (its half-width shrinks as 1/sqrt(sessions))", soft_wrap=True,
+                  markup=False)
+    con = stdout_console()
+    _pbo_lines(s, con)
+    _head_lines(s, con)
+
+
+#: ``alphamodel backtest`` options that set a BacktestConfig key of the same name.
+_BACKTEST_OPTIONS = ("folds", "embargo", "costs", "stride", "envs", "policy_steps", "device", "seed", "fills", "queue",
+                     "latency_ns", "timeout", "on_timeout", "fee_maker", "fee_taker")
 
 
 def _backtest(args: argparse.Namespace) -> int:
@@ -189,18 +256,11 @@ def _backtest(args: argparse.Namespace) -> int:
         console.print(f"embedded default sample: {n} sessions -> {k} walk-forward folds "
                       f"(expanding window, at least 2; the first session only trains)")
     s = backtest(cache, out, args.model, cfg, progress=not args.quiet)
-    _backtest_table(s)
-    if any(r[m + "_mean"] is None for r in s["aggregate"] for m in ("sharpe", "deflated_sharpe")):
-        console.print(f"n/a: Sharpe is the {s['notes']['sharpe']}; DSR is {s['notes']['deflated_sharpe']}",
-                      soft_wrap=True)
+    print_backtest(s)
     con = stdout_console()
-    for a in s["aux_head"]:
-        if a.get("available"):
-            con.print(f"fold {a['fold']}: K=3 trade-outcome head accuracy {a['test_accuracy']:.3f}, balanced "
-                      f"{a['test_balanced_accuracy']:.3f}, vs majority rate {a['test_majority_rate']:.3f} "
-                      f"({a['test_decisions']} test decisions; train "
-                      f"balance stop/timeout/profit {', '.join(f'{x:.2f}' for x in a['train_balance'])})")
-    con.print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots'])} equity PNGs, "
+    n_pbo = sum(1 for p in s["plots"] if p.startswith("pbo_"))
+    con.print(f"{s['seconds']:.1f} s on {s['device']}; summary.json, {len(s['plots']) - n_pbo} equity PNGs, "
+              f"{n_pbo} PBO logit PNGs, "
               "policy_fold*.safetensors + policy_config.json written. " + s["notes"]["oracle"])
     if "ofi_sign" in s["notes"]:
         con.print(s["notes"]["ofi_sign"])

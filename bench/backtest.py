@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from rich.table import Table
 
 from alphafeat.validation import validate_costs
 from alphamodel.backtest import BacktestConfig, backtest
+from alphamodel.cli import print_backtest
 
 
 def main() -> None:
@@ -58,8 +60,10 @@ def main() -> None:
         from alphafeat.precompute import PrecomputeConfig, precompute
 
         t = time.perf_counter()
+        # one process per session: the sidecar's drift_K is a Monte-Carlo per event (its cost:
+        # docs/performance.md, Backtest)
         synth.generate(work / "dbn", start=datetime.date(2024, 1, 8), sessions=a.sessions, seed=a.seed,
-                       scale=a.scale, report=False, signal_file=True)
+                       scale=a.scale, report=False, signal_file=True, jobs=max(1, min(a.sessions, os.cpu_count() or 1)))
         times["generate_s"] = time.perf_counter() - t
         t = time.perf_counter()
         precompute(PrecomputeConfig(inputs=[work / "dbn"], out=cache, device="cpu"))
@@ -74,15 +78,8 @@ def main() -> None:
     def f(x, d=2):
         return "n/a" if x is None else f"{x:.{d}f}"
 
-    tab = Table(title=f"{len(s['folds'])} folds x costs, mean +- SD across folds ({cache})")
-    for c in ("strategy", "cost", "Sharpe", "DSR", "win", "trades/sess", "max DD", "PnL ticks"):
-        tab.add_column(c, justify="right")
-    for r in s["aggregate"]:
-        tab.add_row(r["strategy"], f"{r['cost_ticks']:g}", f"{f(r['sharpe_mean'])} +- {f(r['sharpe_sd'])}",
-                    f(r["deflated_sharpe_mean"]), f(r["win_rate_mean"]), f(r["trades_per_session_mean"], 1),
-                    f(r["max_drawdown_mean"], 1), f"{f(r['pnl_ticks_mean'], 1)} +- {f(r['pnl_ticks_sd'], 1)}")
+    print_backtest(s)  # the terminal table of `alphamodel backtest`: fill mode, pooled PnL, PBO, K=3 verdict
     con = Console(width=160)
-    con.print(tab)
     per = Table(title="annualised Sharpe per fold (rows: strategy @ cost)")
     per.add_column("strategy @ cost")
     for k in range(len(s["folds"])):
@@ -100,7 +97,8 @@ def main() -> None:
     con.print(f"oracle: {s['notes']['oracle']}")
     print(json.dumps({"bench": "backtest", "cache": str(cache), "sessions": len({d for f in s["folds"]
                       for d in f["train_sessions"] + f["test_sessions"]}), "times": times, "device": s["device"],
-                      "config": s["config"], "results": s["results"]}))
+                      "config": s["config"], "results": s["results"], "pooled": s["pooled"], "pbo": s["pbo"],
+                      "aux_head_verdict": s["aux_head_verdict"]}))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import networkx as nx
 #: alphamodel's layers, lowest first: a module may import modules of its own layer and of the
 #: layers before it, never of a later one (``alphamodel/__init__.py`` lists them too).
 ALPHAMODEL_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("alphamodel.errors", "alphamodel.enums", "alphamodel.rules"),
+    ("alphamodel.errors", "alphamodel.enums", "alphamodel.rules", "alphamodel.readout"),
     ("alphamodel.ops",),
     ("alphamodel.nn",),
     ("alphamodel.data",),

@@ -15,6 +15,7 @@ from hand_cache import write_hand_cache
 
 from alphafeat.synth.planted import asof
 from alphamodel.backtest.env import VecEnv
+from alphamodel.backtest.execution import book_from_arrays
 from alphamodel.backtest.market import market_from_arrays
 from alphamodel.backtest.metrics import expected_max_sharpe, kelly_size, max_drawdown, psr, sharpe, sharpe_stats
 from alphamodel.cli import main as cli_main
@@ -355,9 +356,15 @@ def test_fill_modes_end_to_end_and_their_bad_options(tmp_path, capsys):
                                "plots": False}))
     assert cli_main(base + run + ["--config", str(cfg), "--fill", "taker,mid,passive", "--queue", "power:2",
                                   "--timeout", "20", "--on-timeout", "cross", "--fee-maker", "0.5"]) == 0
-    err = " ".join(capsys.readouterr().err.split())
-    assert "cost = ticks per contract per side" in err and "maker 0.5 USD = 0.04 ticks" in err
+    cap = capsys.readouterr()
+    err, out_text = " ".join(cap.err.split()), " ".join(cap.out.split())
+    assert "fills: taker, mid, passive; cost in ticks per contract per side" in out_text
+    assert "cost = ticks per contract per side" in out_text and "maker 0.5 USD = 0.04 ticks" in err
+    assert "PBO at cost 0.25, passive fills:" in out_text and "mid (bound)" in out_text
     s = json.loads((out / "summary.json").read_text())
+    assert set(s["pbo"]) == {"taker", "mid", "passive"} and all(set(v) == {"0", "0.25"} for v in s["pbo"].values())
+    assert {(p["fill"], p["cost_ticks"]) for p in s["pooled"]} == {(m, c) for m in ("taker", "mid", "passive")
+                                                                  for c in (0.0, 0.25)}
     by = {(r["strategy"], r["fill"], r["fold"], r["cost_ticks"]): r for r in s["results"]}
     assert {k[1] for k in by} == {"taker", "mid", "passive"}
     for (name, fill, fold, cost), r in by.items():
@@ -393,7 +400,11 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "3 sessions -> 2 walk-forward folds" in captured.err
-    assert "n/a: Sharpe is the annualised Sharpe" in " ".join(captured.err.split())  # one test session a fold
+    err, out_text = " ".join(captured.err.split()), " ".join(captured.out.split())
+    assert "only in folds with at least 10 test sessions" in err  # one test session a fold: no Sharpe
+    assert "fills: taker; cost in ticks per contract per side" in out_text
+    assert "taker: buys at the ask, sells at the bid (half a spread per side)" in out_text  # what a fill pays
+    assert "Sharpe over the 0 of 2 folds" in out_text
     s = json.loads((out / "summary.json").read_text())
     strategies = {r["strategy"] for r in s["results"]}
     assert {"c51", "c51-unit", "c51-finetune", "flat", "long", "ofi-sign", "logistic", "direction-head",
@@ -407,11 +418,22 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
         assert f["train_rows"][1] < f["test_rows"][0]
         assert max(f["train_sessions"]) < min(f["test_sessions"])
         assert f["fine_tune"]["grads_finite"] and f["fine_tune"]["encoder_abs_change"] > 0
-    assert all(a["available"] for a in s["aux_head"])
+    assert s["aux_head"][0]["available"] and s["aux_head_verdict"]["folds"][0] == 0
     for a in s["aux_head"]:
-        assert 0 <= a["test_balanced_accuracy"] <= 1 and len(a["loss_weights"]) == 3
+        if a["available"]:
+            assert 0 <= a["test_balanced_accuracy"] <= 1 and len(a["loss_weights"]) == 3
+            assert a["balanced_accuracy_ci"][0] <= a["test_balanced_accuracy"] <= a["balanced_accuracy_ci"][1]
+    if not s["aux_head"][0]["learns"]:  # walk-forward: a head that did not learn is not trained after
+        assert not s["aux_head"][1]["available"] and "does not learn" in s["aux_head_verdict"]["note"]
+    assert all(r["sharpe"] is None for r in s["results"]) and s["folds_reporting_sharpe"] == 0
+    assert all(a["folds"] == 0 and a["folds_run"] == 2 for a in s["aggregate"])
+    pooled = {(p["strategy"], p["fill"], p["cost_ticks"]): p for p in s["pooled"]}
+    assert pooled[("flat", "taker", 0.0)]["pnl_per_session"] == 0 and pooled[("long", "taker", 0.25)]["sessions"] == 2
+    assert set(s["pbo"]) == {"taker"} and set(s["pbo"]["taker"]) == {"0", "0.25"}  # per fill mode, then cost
+    assert s["pbo"]["taker"]["0.25"]["pbo"] is None and "at least 4" in s["pbo"]["taker"]["0.25"]["note"]  # 2 tests
+    assert s["fill"]["modes"] == ["taker"] and "ticks per contract per side" in s["fill"]["pays"]
     assert s["notes"]["oracle"].startswith("oracle not available")  # data/ has no planted-signal sidecar
-    assert not strategies & {"oracle", "oracle-m0.2"}
+    assert not strategies & {"oracle", "oracle-m0.5"}
     assert s["notes"]["deflated_sharpe"].endswith("(all but hindsight)")  # names no oracle that did not run
     assert len(s["plots"]) == 4 and all((out / p).is_file() for p in s["plots"])
     for k in range(2):
@@ -495,15 +517,18 @@ def test_asof_join_never_looks_ahead():
 
 
 def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
-    """Two generated quiet sessions with their sidecars: planted_rows joins every row as of its
-    ts_recv; the oracle's mean reward per decision at zero cost (no fee, no spread: a zero-spread
-    copy of the market) is positive, and p_up ranks the next mid move (AUC > 0.55)."""
+    """Two generated quiet sessions with their sidecars: planted_rows joins p_up as of each row's
+    ts_recv and p_up ranks the next mid move (AUC > 0.55); planted_drift_rows gives every row
+    its own event's drift_K at K = the stride, which predicts the mid's change over the next K
+    rows (positive slope), and the oracle trading on it earns at zero cost (no fee, no spread:
+    a zero-spread copy of the market, the mid fill); a sidecar written before the drift columns
+    leaves the oracle out with one line saying why."""
     import datetime
 
     from alphafeat import synth
     from alphafeat.precompute import PrecomputeConfig, precompute
-    from alphafeat.synth.planted import planted_path, read_planted
-    from alphamodel.backtest.market import column, planted_rows
+    from alphafeat.synth.planted import asof_events, planted_path, read_drift, read_planted, write_planted
+    from alphamodel.backtest.market import column, planted_drift_rows, planted_rows
     from alphamodel.data.cache import CacheData
 
     day = datetime.date(2024, 1, 9)
@@ -513,15 +538,26 @@ def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
     p, note = planted_rows(data)
     assert "for 2 of 2 segments" in note and np.isfinite(p).mean() > 0.99  # NaN only before the first event
     seg = data.segments[0]
-    ts, pu, _ = read_planted(planted_path(tmp_path / "dbn", seg.session))
+    side = planted_path(tmp_path / "dbn", seg.session)
+    ts, pu, meta = read_planted(side)
     for i in np.linspace(0, seg.n - 1, 50).astype(int):
         j = np.flatnonzero(ts <= seg.ts[i])
         assert p[i] == pu[j[-1]] if j.size else np.isnan(p[i])
+    drift, k, note = planted_drift_rows(data, 10)
+    assert k == 10 and "K = 10 rows = the stride" in note and "for 2 of 2 segments" in note
+    assert planted_drift_rows(data, 120)[1] == 100  # the stored horizon nearest the stride
+    _, dr = read_drift(side)
+    j = asof_events(seg.ts, ts)
+    assert np.array_equal(drift[:seg.n][j >= 0], dr[10][j[j >= 0]]) and np.all(ts[j[j >= 0]] <= seg.ts[j >= 0])
     mids = [(column(data, k, "bid_px_00") + column(data, k, "ask_px_00")) / 2 for k in range(len(data.segments))]
     market = market_from_arrays(mids, mids, data.tick, 12.5, "cpu")  # zero spread: no crossing cost
+    mid, end = market.mid.numpy(), market.end.numpy()
+    rows = np.flatnonzero(np.isfinite(drift) & (np.arange(len(mid)) + 10 <= end))
+    y = mid[rows + 10] - mid[rows]
+    assert np.polyfit(drift[rows], y, 1)[0] > 0.3  # slope 1 in expectation (tests/test_synth_drift.py)
     n = len(data.segments)
-    direction = torch.as_tensor(np.sign(np.nan_to_num(p - 0.5)), dtype=torch.float32)
-    env = VecEnv(market, n, 5)
+    direction = torch.as_tensor(np.sign(np.nan_to_num(drift)), dtype=torch.float32)
+    env = VecEnv(market, n, 10)
     env.reset(torch.ones(n, dtype=torch.bool), market.seg_start.clone(), torch.zeros(n))
     rewards, fin = [], torch.zeros(n, dtype=torch.bool)
     while not fin.all():
@@ -529,10 +565,52 @@ def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
         rewards.append(r[~fin])
         fin |= done
     assert float(torch.cat(rewards).mean()) > 0
-    mid = market.mid.numpy()
     moves = np.flatnonzero(np.diff(mid) != 0)  # the mid moves between rows m and m + 1
-    moves = moves[np.isfinite(p[moves]) & np.isfinite(mid[moves + 1]) & (market.end.numpy()[moves] > moves)]
+    moves = moves[np.isfinite(p[moves]) & np.isfinite(mid[moves + 1]) & (end[moves] > moves)]
     from sklearn.metrics import roc_auc_score
 
     up = mid[moves + 1] > mid[moves]
     assert roc_auc_score(up, p[moves]) > 0.55  # p_up known at row m
+    write_planted(side, ts, pu, meta)  # as an older alphafeat wrote it: no drift_K
+    drift, k, note = planted_drift_rows(data, 10)
+    assert k == 10 and "1 sidecar(s) without drift_K" in note and "--signal-file" in note
+    assert np.isnan(drift[:seg.n]).all() and np.isfinite(drift[seg.n:]).any()
+
+
+def test_oracle_psr_on_a_planted_signal_market():
+    """The oracle trading on the true model's expected change over its holding period makes money
+    on a planted-signal market in ``mid`` mode at zero fee: PSR >= 0.95 over the test sessions
+    (issue 39's must-show). The market quotes one tick wide around the generator's mid, so the
+    same oracle in ``taker`` mode pays the spread the ``mid`` mode does not. Six generated
+    sessions (the leader's mid per event = one cache row per event; no DBN written), stride 50."""
+    import datetime
+
+    from alphafeat import synth
+    from alphafeat.synth import simulator as sim
+    from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS
+    from alphamodel.backtest.config import BacktestConfig
+    from alphamodel.backtest.strategies import evaluate, rule
+
+    stride = 50
+    mids, drifts = [], []
+    for d in (9, 10, 11, 12, 15, 16):
+        sess = sim.simulate_session(datetime.date(2024, 1, d), 5, 0.3, None, 0, None, False, synth.Signal(),
+                                     DRIFT_HORIZONS, DRIFT_PATHS)
+        run = sess.runs[sess.leader]
+        mids.append(run.mid * 0.25)
+        drifts.append(run.drift[:, DRIFT_HORIZONS.index(stride)])
+    bids, asks = [m - 0.125 for m in mids], [m + 0.125 for m in mids]  # one tick wide
+    market = market_from_arrays(bids, asks, 0.25, 12.5, "cpu")
+    z = np.zeros(market.mid.numel())
+    market.book = book_from_arrays(np.concatenate(bids) / 0.25, np.concatenate(asks) / 0.25, z, z, z, z,
+                                   np.arange(z.size), market.end)
+    drift = torch.as_tensor(np.concatenate(drifts), dtype=torch.float32)
+    cfg = BacktestConfig(stride=stride, fills=("mid", "taker"))
+    strategies = {"oracle": rule(torch.sign(drift)), "flat": rule(torch.zeros_like(drift))}
+    ev = {m: evaluate(strategies, market, np.arange(len(mids)), (0.0,), cfg, m) for m in cfg.fills}
+    daily = ev["mid"][("oracle", 0.0)]["daily"]
+    st = sharpe_stats(daily)
+    assert st["psr"] >= 0.95, (daily, st)
+    assert np.all(ev["mid"][("flat", 0.0)]["daily"] == 0)
+    taker = ev["taker"][("oracle", 0.0)]
+    assert taker["daily"].sum() < daily.sum() and taker["entries"].sum() > 0  # taker pays the spread mid does not

@@ -525,6 +525,24 @@ def test_summary_has_evaluation_records_for_every_model_fold_horizon(cache, tmp_
         model = next(r["auc"] for r in ev if r["fold"] == "all" and r["horizon"] == h["horizon"]
                      and r["model"] == "alphamodel")  # fmt: skip
         assert h["lift"] == pytest.approx(model - best)  # never against a baseline below chance
+        if h["lift_ci_low"] is not None:  # the sessions its interval needs to exclude 0 (alphamodel.readout)
+            from alphamodel.readout import sessions_needed
+
+            assert h["sessions_needed"] == sessions_needed(1, h["lift_ci_low"], h["lift_ci_high"])
+    assert s["test_sessions"] == 1 and s["ceiling_note"] is None  # a hand cache: no generator ceiling
+
+
+def test_ceiling_note_says_where_the_ceiling_comes_from(tmp_path):
+    from alphamodel.supervised.baselines import ceiling_note
+
+    rep = tmp_path / "synth-report.json"
+    rep.write_text(json.dumps({"auc_ceiling": {"states": 192, "session": "2024-01-09", "instrument": "ESH4",
+                                               "paths_per_state": {"30": 512}, "auc": {"30": 0.6},
+                                               "interval_95": {"30": [0.58, 0.62]}}}))
+    note = ceiling_note(str(rep))
+    assert "192 saved states of one session (2024-01-09, ESH4)" in note and "30: [0.580, 0.620]" in note
+    assert "not above the true model" in note
+    assert ceiling_note(None) is None and ceiling_note(str(tmp_path / "absent.json")) is None
 
 
 def test_stateful_scoring_equals_each_run_as_one_sequence(cache):

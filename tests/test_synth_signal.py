@@ -161,7 +161,7 @@ def test_signal_file_same_bytes_and_dbn_unchanged(tmp_path) -> None:
     """The planted-signal sidecar is seeded like the DBN files (same seed, same bytes) and asking
     for it leaves the DBN files' bytes as they are; it holds one non-decreasing ts_recv and p_up
     per book event of the front month, p_up within the model's range."""
-    from alphafeat.synth.planted import planted_path, read_planted
+    from alphafeat.synth.planted import DRIFT_HORIZONS, planted_path, read_drift, read_planted
 
     day = datetime.date(2024, 1, 9)
     kw = dict(start=day, sessions=1, seed=3, report=False)
@@ -182,6 +182,10 @@ def test_signal_file_same_bytes_and_dbn_unchanged(tmp_path) -> None:
     sig = synth.Signal()
     half = 0.5 * (sig.book + sig.history)  # 1/2 clip(s_B I + s_H tanh(.)) with |I|, |tanh| <= 1
     assert p.min() >= 0.5 - half - 1e-12 and p.max() <= 0.5 + half + 1e-12 and p.std() > 0.01
+    # the expected mid change over the backtest's strides (tests/test_synth_drift.py)
+    ts2, drift = read_drift(side)
+    assert np.array_equal(ts2, ts) and sorted(drift) == list(DRIFT_HORIZONS) == meta["drift_horizons"]
+    assert all(np.isfinite(d).all() for d in drift.values()) and drift[200].std() > drift[1].std() > 0
 
 
 def test_cli_lists_the_signal_files(tmp_path, monkeypatch, capsys) -> None:

@@ -68,7 +68,10 @@ size). Event times: a cluster process (burst starts Poisson at the activity rate
   end point of the walk's variance is the walk's);
 * ``generate(..., signal_file=True)`` (``--signal-file``) writes ``u`` less the bridge, known
   after each event of the leading outright, as a sidecar beside the DBN files
-  (:mod:`alphafeat.synth.planted`: ts_recv, p_up), for ``alphamodel backtest``'s oracle;
+  (:mod:`alphafeat.synth.planted`: ts_recv, p_up), and the expected mid change over the next
+  K = 1, 10, 50, 100, 200 events under the same model (``drift_K``: Monte-Carlo continuations
+  of the simulator's state, :func:`alphafeat.synth.simulator.drift_estimate`), for
+  ``alphamodel backtest``'s oracle, which trades on the change expected over its holding period;
 * at a one-tick spread, w.p. ``p_move = min(P_MOVE_MAX, (vol S / tick)^2 / events)`` times the
   stochastic volatility of the minute the mid
   moves one tick (up w.p. u): the best level against the move goes (its orders cancelled from

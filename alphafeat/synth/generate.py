@@ -16,7 +16,7 @@ import numpy as np
 from alphafeat.synth.calendar import SCALES, contracts_for, session_bounds, session_vol, trade_dates, trend_level
 from alphafeat.synth.ceiling import AUC_HORIZONS, AUC_PATHS, AUC_STATES, auc_ceiling
 from alphafeat.synth.params import P_BAD_TS, P_CROSSED_PREOPEN, P_LOCK, P_REPLENISH, Signal
-from alphafeat.synth.planted import planted_path, write_planted
+from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, planted_path, write_planted
 from alphafeat.synth.records import MBO_SIZE, MBP_SIZE, TRADE_DTYPE, Buffers, Session
 from alphafeat.synth.simulator import simulate_session
 from alphafeat.synth.writer import (
@@ -79,6 +79,26 @@ def _instruments(sess: Session) -> dict[str, dict[str, Any]]:
     return inst
 
 
+def _write_sidecar(out: Path, day: datetime.date, sess: Session, signal: Signal) -> str | None:
+    """Write the planted-signal sidecar of ``sess``'s leading outright (p_up and drift_K,
+    :mod:`alphafeat.synth.planted`) into ``out``; its path, or None without a leader."""
+    lead = sess.runs.get(sess.leader)
+    if lead is None or lead.planted is None:
+        return None
+    lc = next(c for c in sess.contracts if c.symbol == sess.leader)
+    side = planted_path(out, day.isoformat())
+    dr = {k: lead.drift[:, i] for i, k in enumerate(DRIFT_HORIZONS)} if lead.drift is not None else None
+    rel = [round(float(r), 6) for r in lead.drift_reliability] if lead.drift_reliability is not None else None
+    write_planted(side, lead.planted[0], lead.planted[1], {
+        "instrument_id": lc.instrument_id, "raw_symbol": lc.symbol, "session": day.isoformat(),
+        "signal": signal.strength, "signal_kind": signal.kind,
+        "formula": "p_up = 1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1) after each event, bridge excluded "
+                   f"(s_B={signal.book}, s_H={signal.history})",
+        "drift_horizons": list(DRIFT_HORIZONS), "drift_paths": DRIFT_PATHS, "drift_unit": "ticks",
+        "drift_reliability": rel}, dr)
+    return str(side)
+
+
 def _session_job(
     day: datetime.date,
     seed: int,
@@ -94,7 +114,8 @@ def _session_job(
     """Simulate and write one session (and its planted-signal sidecar with ``signal_file``);
     returns the paths and a summary (JSON-able)."""
     t0, t1 = session_bounds(day)
-    sess = simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal)
+    sess = simulate_session(day, seed, scale, contracts, mc[1] if mc else 0, _POOL, "mbo" in schemas, signal,
+                            DRIFT_HORIZONS if signal_file else (), DRIFT_PATHS)
     stem = f"glbx-mdp3-{day:%Y%m%d}"
     counts: dict[str, int] = {}
     n_mbp = sum(r.mbp.shape[0] for r in sess.runs.values())
@@ -120,16 +141,7 @@ def _session_job(
             write_atomic(path, header, [recs.view(np.uint8).reshape(-1)], recs.nbytes, level)
         counts[schema] = int(n)
     paths = [str(out / f"{stem}.{schema}.dbn.zst") for schema in schemas]
-    lead = sess.runs.get(sess.leader)
-    side: str | None = None
-    if signal_file and lead is not None and lead.planted is not None:
-        lc = next(c for c in sess.contracts if c.symbol == sess.leader)
-        side = str(planted_path(out, day.isoformat()))
-        write_planted(Path(side), lead.planted[0], lead.planted[1], {
-            "instrument_id": lc.instrument_id, "raw_symbol": lc.symbol, "session": day.isoformat(),
-            "signal": signal.strength, "signal_kind": signal.kind,
-            "formula": "p_up = 1/2 + 1/2 clip(s_B I + s_H tanh(F / H0), -1, 1) after each event, bridge excluded "
-                       f"(s_B={signal.book}, s_H={signal.history})"})
+    side = _write_sidecar(out, day, sess, signal) if signal_file else None
     counts = {schema: counts[schema] for schema in schemas}  # in the order of ``schemas``
     inst = _instruments(sess)
     res: dict[str, Any] = {

@@ -18,6 +18,8 @@ from numba.np.arrayobj import populate_array
 
 from alphafeat.synth.records import (
     F_LAST,
+    MBO_W,
+    MBP_W,
     UNDEF_PRICE,
 )
 
@@ -800,6 +802,93 @@ def _step_lead(rng, p, st, fst, om, op):
 
 
 @numba.njit(cache=True)
+def _lead_drift(p, st, fst):
+    """Expected mid change (ticks) of the leader's next event given its state before it, no
+    bridge: what :func:`_step_lead` draws, averaged over its random choices. NaN on a locked
+    book (the next event unlocks it: a deterministic move, taken as realised on a path's first
+    step; later on a path it undoes a lock of random side, mean 0). At a two-tick or
+    wider spread an order opens inside it w.p. ``fill`` on the bid w.p. ``u`` (+1/2 tick) else on
+    the ask (-1/2); at one tick the mid moves w.p. ``p_move x vol``, up w.p. ``u``, over
+    ``1 + Geometric(1/3)`` ticks w.p. ``P_JUMP`` (mean ``1 + 3 P_JUMP`` ticks), the last tick
+    only half w.p. ``widen`` (a two-tick spread, closed by a later fill); locks are symmetric
+    (mean 0); nothing else moves the mid."""
+    if st[ILOCK] != 0:
+        return np.nan
+    sig = _planted(p, st, fst[FFLOW] * p[PHDECAY])
+    e = min(max(sig, -1.0), 1.0)  # 2u - 1
+    gap = st[IA] - st[IB]
+    if gap > 1:
+        return fst[FFILL] * 0.5 * e
+    if gap == 1:
+        return p[PMOVE] * fst[FVOL] * e * (1.0 + 3.0 * p[PJUMP] - 0.5 * fst[FWIDEN])
+    return 0.0
+
+
+@numba.njit(cache=True)
+def _drift_paths(rng, p, st0, fst0, st, fst, horizons, n_paths, out, w, dm, dp, acc):
+    """Monte-Carlo continuations of the leader's state ``st0``, ``fst0`` (after an event) under
+    the true model without the bridge, over ``horizons`` (H events, increasing).
+
+    On path r, ``S_h`` = the sum of :func:`_lead_drift` over the next ``horizons[h]`` events
+    (expected steps, not realised ones: Rao-Blackwell; the first is exact and the same on every
+    path) and ``Z_h`` = the sum of (realised - expected) steps, a control variate of mean 0 (a
+    realised move is followed by the queue imbalance it leaves, which pulls the expected steps
+    after it back). ``out`` (float64 (H, 2)) receives the paths' mean S and mean Z; ``w``
+    (float64 (2H, 2H)) accumulates the paths' sums of products of (S, Z) about their means
+    (pooled over events by :func:`drift_estimate`). The continuation keeps the time of day's
+    fill, widening and volatility of the event; nothing is written (``dm``, ``dp``: one-record
+    scratch buffers; ``acc``: float64 (n_paths, 2H))."""
+    nh = horizons.shape[0]
+    kmax = horizons[nh - 1]
+    ref_own = np.zeros(1)
+    ref = borrow(ref_own)
+    for r in range(n_paths):
+        st[:] = st0
+        fst[:] = fst0
+        for x in range(ET, CMBP + 1):  # no event context, nothing written
+            st[x] = 0
+        fst[FREM] = 0.0  # no bridge: the close the mid is bridged to is not known
+        s_sum = 0.0
+        z_sum = 0.0
+        h = 0
+        for j in range(1, kmax + 1):
+            c = _lead_drift(p, st, fst)
+            m0 = st[IB] + st[IA]
+            step(rng, p, ref, 0, st, fst, dm, dp)
+            d = 0.5 * (st[IB] + st[IA] - m0)
+            if np.isnan(c):  # a locked book: its unlock is deterministic from the first state;
+                # later in the path it undoes a lock of random side (mean 0): left in Z
+                c = d if j == 1 else 0.0
+            s_sum += c
+            z_sum += d - c
+            while h < nh and horizons[h] == j:
+                acc[r, h] = s_sum
+                acc[r, nh + h] = z_sum
+                h += 1
+    m = 2 * nh
+    for a in range(m):
+        mean = 0.0
+        for r in range(n_paths):
+            mean += acc[r, a]
+        mean /= n_paths
+        if a < nh:
+            out[a, 0] = mean
+        else:
+            out[a - nh, 1] = mean
+        for r in range(n_paths):
+            acc[r, a] -= mean
+    for a in range(m):
+        for b in range(a, m):
+            t = 0.0
+            for r in range(n_paths):
+                t += acc[r, a] * acc[r, b]
+            w[a, b] += t
+            if b != a:
+                w[b, a] += t
+    ref_own[0] = 0.0  # the owner stays alive to here
+
+
+@numba.njit(cache=True)
 def _mark_last(st, c0, c1, om, op):
     """Set F_LAST on the last MBO and MBP-10 record written since counts ``c0``, ``c1``."""
     if st[CMBO] > c0 and st[WMBO] != 0:
@@ -840,6 +929,11 @@ def simulate(
     lat_out,
     pup_out,
     rc_out,
+    rng_drift_own,
+    drift_h,
+    drift_n,
+    drift_out,
+    drift_w,
 ):
     """Run one instrument's session: opening snapshot, optional crossed pre-open and its
     uncrossing trade, then one :func:`step` per event time.
@@ -860,7 +954,12 @@ def simulate(
     ``lat_out`` (empty, or one per event) receives the mid (ticks) after each event, and then
     ``pup_out`` the planted up-move probability of the next mid move known after the event
     (:func:`_planted` on the book after it, the flow decayed once more as the next event does;
-    no bridge) and ``rc_out`` the event's ts_recv (ns).
+    no bridge) and ``rc_out`` the event's ts_recv (ns). With ``drift_h`` (int64 horizons in
+    events, increasing; empty: skipped) ``drift_out[e]`` (H, 2) and ``drift_w`` (2H, 2H) receive
+    the Monte-Carlo statistics of the mid change (ticks) over the ``drift_h[h]`` events after
+    event ``e``, no bridge (:func:`_drift_paths`, ``drift_n`` paths drawn from
+    ``rng_drift_own``, so the records do not change;
+    :func:`alphafeat.synth.simulator.drift_estimate` turns them into the expected change).
     Returns (n_mbo, n_mbp), or (-1, -1) when a buffer is too small.
     """
     tick = np.int64(p[PTICK])
@@ -876,6 +975,15 @@ def simulate(
     p = borrow(p)
     ref = borrow(ref)
     rng = borrow(rng_own)
+    rng_d = borrow(rng_drift_own)
+    d_st_own = np.zeros(NST, np.int64)
+    d_fst_own = np.zeros(NFST)
+    d_m_own = np.zeros((1, MBO_W), np.int64)
+    d_p_own = np.zeros((1, MBP_W), np.int64)
+    d_acc_own = np.zeros((max(drift_n, 1), 2 * drift_h.shape[0]))
+    d_st, d_fst, d_m, d_p = borrow(d_st_own), borrow(d_fst_own), borrow(d_m_own), borrow(d_p_own)
+    d_acc = borrow(d_acc_own)
+    keep_drift = drift_h.shape[0] > 0
     st[IB] = b0
     st[IA] = b0 + 1
     st[IOID] = oid0
@@ -956,6 +1064,8 @@ def simulate(
             lat_out[e] = 0.5 * (st[IB] + st[IA])
             pup_out[e] = 0.5 + 0.5 * min(max(_planted(p, st, fst[FFLOW] * p[PHDECAY]), -1.0), 1.0)
             rc_out[e] = rc
+        if keep_drift:
+            _drift_paths(rng_d, p, st, fst, d_st, d_fst, drift_h, drift_n, drift_out[e], drift_w, d_m, d_p, d_acc)
         _mark_last(st, c0, c1, om, op)
         stats[0] += 1
         if code == 3:
@@ -971,4 +1081,5 @@ def simulate(
     # the local owners stay alive to here (the views do not hold them; the caller holds the
     # arguments)
     fst_own[FFLOW] = fst[FFLOW]
+    d_st_own[0] = d_fst_own[0] + d_m_own[0, 0] + d_p_own[0, 0] + d_acc_own[0, 0]
     return st_own[CMBO], st_own[CMBP]

@@ -96,6 +96,12 @@ class InstrumentRun:
     latent: np.ndarray | None = None  # leading outright: its mid (ticks), 1 s grid
     # leading outright, per book event: ts_recv (int64 ns) and the planted p_up after it (float64)
     planted: tuple[np.ndarray, np.ndarray] | None = None
+    # leading outright with drift horizons: expected mid change (ticks) over each horizon (n, H)
+    # (alphafeat.synth.simulator.drift_estimate), the mid (ticks) after each event and the
+    # drift's reliability per horizon (H,)
+    drift: np.ndarray | None = None
+    mid: np.ndarray | None = None
+    drift_reliability: np.ndarray | None = None
 
 
 @dataclass

@@ -128,7 +128,7 @@ from alphafeat.synth.records import (
     Session,
 )
 
-__all__ = ["activity_segments", "simulate_session", "volatility_multipliers"]
+__all__ = ["activity_segments", "drift_estimate", "simulate_session", "volatility_multipliers"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,48 @@ def volatility_multipliers(day: datetime.date, seed: int, n: int) -> np.ndarray:
     return np.exp(_ou(_rng(seed, day, 0, 5), n, SV_SD, SV_TAU_MIN) - 0.5 * SV_SD**2)
 
 
+def drift_estimate(means: np.ndarray, w: np.ndarray, n_paths: int) -> tuple[np.ndarray, np.ndarray]:
+    """The expected mid change per event and horizon from the statistics of
+    :func:`alphafeat.synth.kernels._drift_paths`.
+
+    ``means`` float64 (n, H, 2): the paths' mean S and Z per event and horizon; ``w`` float64
+    (2H, 2H): the within-event sums of products of (S, Z), pooled over the n events. With the
+    per-path covariance ``C = w / (n (M - 1))`` (M = ``n_paths``):
+
+    1. control variate per horizon: ``v_h = mean S_h - beta_h mean Z_h``, ``beta_h = C_SZ / C_ZZ``
+       (unbiased for any beta: E[Z] = 0); its Monte-Carlo noise covariance ``N = A C A' / M``;
+    2. the noise left would flatten a regression of the realised change on ``v`` (errors in
+       variables), so ``v`` is replaced by the best linear predictor of the true drift given all
+       horizons' estimates, ``E[x | v] = v Sigma^-1 (Sigma - N)`` (``Sigma = v'v / n``, the model's
+       mean being 0; the true drifts' covariance ``Sigma - N`` with negative eigenvalues
+       clipped): the long horizons borrow the short ones' precision, and a regression of the
+       realised change on it has slope 1. Only the session's states enter, never its prices.
+
+    Returns (drift float64 (n, H) ticks, reliability float64 (H,): the share of each horizon's
+    true-drift variance the estimate carries)."""
+    n, nh, _ = means.shape
+    if n == 0 or n_paths < 2:
+        return means[:, :, 0].copy(), np.ones(nh)
+    c = w / (n * (n_paths - 1))
+    idx = np.arange(nh)
+    czz = c[nh + idx, nh + idx]
+    beta = np.where(czz > 0, c[idx, nh + idx] / np.where(czz > 0, czz, 1.0), 0.0)
+    a = np.zeros((nh, 2 * nh))
+    a[idx, idx] = 1.0
+    a[idx, nh + idx] = -beta
+    v = means[:, :, 0] - beta * means[:, :, 1]
+    noise = a @ c @ a.T / n_paths
+    sigma = v.T @ v / n
+    lam, vec = np.linalg.eigh(sigma - noise)
+    sx = (vec * np.maximum(lam, 0.0)) @ vec.T
+    coef = np.linalg.pinv(sigma, rcond=1e-10, hermitian=True) @ sx
+    drift = v @ coef
+    expl = np.diag(sx @ coef)
+    true = np.diag(sx)
+    rel = np.where(true > 0, expl / np.where(true > 0, true, 1.0), 1.0)
+    return drift, np.clip(rel, 0.0, 1.0)
+
+
 @dataclass
 class _Market:
     """What every instrument of a session shares: its bounds (ns), the one-minute activity
@@ -228,6 +270,10 @@ class _Market:
     seg: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     vol: np.ndarray
     signal: Signal
+    # the leader's expected mid change over these horizons (events) after each event, and the
+    # Monte-Carlo paths behind it (none: not computed)
+    drift: tuple[int, ...] = ()
+    drift_paths: int = 0
 
 
 def _simulate_instrument(
@@ -284,12 +330,18 @@ def _simulate_instrument(
     rc_ev = np.zeros(0, np.int64)
     lead = ref is None
     p_move = 0.0
+    drift_h = np.zeros(0, np.int64)
+    drift_ev = np.zeros((0, 0, 2))
+    drift_w = np.zeros((0, 0))
     if lead:
         p_move = min(P_MOVE_MAX, (vol * abs(lat0)) ** 2 / max(n, 1))
         ref = np.zeros(1)
         lat_ev = np.empty(n)
         pup_ev = np.empty(n)
         rc_ev = np.empty(n, np.int64)
+        if mk.drift:
+            drift_h = np.array(sorted(mk.drift), np.int64)
+            drift_ev = np.empty((n, drift_h.shape[0], 2))
     p = _params(c, mk.signal, FOLLOW_TICKS if follow else 0.0, p_move)
     seg_fw = np.stack(
         [np.minimum(FILL_MAX, FILL_PER_ACTIVITY * mults), np.minimum(0.9, P_WIDEN * widen), mk.vol], axis=1
@@ -323,6 +375,8 @@ def _simulate_instrument(
             mbo = bufs.get(("mbo", slot), MBO_DTYPE, cap_m)
             mbp = bufs.get(("mbp", slot), MBP10_DTYPE, cap_p)
         stats = np.zeros(8, np.int64)
+        if drift_h.shape[0]:
+            drift_w = np.zeros((2 * drift_h.shape[0], 2 * drift_h.shape[0]))
         tk = time.perf_counter()
         nm, npp = simulate(
             _rng(seed, day, c.instrument_id, 2),
@@ -351,6 +405,11 @@ def _simulate_instrument(
             lat_ev,
             pup_ev,
             rc_ev,
+            _rng(seed, day, c.instrument_id, 6),
+            drift_h,
+            mk.drift_paths,
+            drift_ev,
+            drift_w,
         )
         logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
         if nm >= 0:
@@ -367,7 +426,11 @@ def _simulate_instrument(
         mid0 = b0 + 0.5
         latent = np.where(i >= 0, lat_ev[np.maximum(i, 0)] if n else mid0, mid0)
     planted = (rc_ev, pup_ev) if lead else None
-    return InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted)
+    drift = rel = None
+    if lead and drift_h.shape[0]:
+        drift, rel = drift_estimate(drift_ev, drift_w, mk.drift_paths)
+    return InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted, drift,
+                         lat_ev if drift is not None else None, rel)
 
 
 def simulate_session(
@@ -379,13 +442,18 @@ def simulate_session(
     bufs: Buffers | None = None,
     write_mbo: bool = True,
     signal: Signal = Signal(),  # noqa: B008 (frozen dataclass)
+    drift: tuple[int, ...] = (),
+    drift_paths: int = 0,
 ) -> Session:
     """Simulate every instrument of session ``day``. ``n_samples`` states of the leading outright
     are saved for the Monte-Carlo AUC ceiling; ``bufs``: a buffer pool for the records; without
-    ``write_mbo`` MBO records are only counted; ``signal``: the planted predictability."""
+    ``write_mbo`` MBO records are only counted; ``signal``: the planted predictability;
+    ``drift`` (horizons in events) and ``drift_paths``: the leader's expected mid change after
+    each event (:func:`drift_estimate`; ``InstrumentRun.drift``)."""
     t0, t1 = session_bounds(day)
     seg = activity_segments(day, seed)
-    mk = _Market(t0, t1, seg, volatility_multipliers(day, seed, seg[0].shape[0]), signal)
+    mk = _Market(t0, t1, seg, volatility_multipliers(day, seed, seg[0].shape[0]), signal, tuple(drift),
+                 drift_paths if drift else 0)
     cons = contracts_for(day, contracts)
     s_open, s_close = index_level(day, seed, scale)
     vol = session_vol(scale, trend_level(day))

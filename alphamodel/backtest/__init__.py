@@ -7,7 +7,8 @@ Modules, each importing only those before it: :mod:`~alphamodel.backtest.config`
 (the cache's columns), :mod:`~alphamodel.backtest.env` (the taker-only vectorised environment),
 :mod:`~alphamodel.backtest.metrics` (Sharpe, PSR/DSR, Kelly),
 :mod:`~alphamodel.backtest.strategies`, :mod:`~alphamodel.backtest.walkforward` (folds, one
-fold's run), :mod:`~alphamodel.backtest.report`, :mod:`~alphamodel.backtest.run`.
+fold's run), :mod:`~alphamodel.backtest.overfit` (the probability of backtest overfitting),
+:mod:`~alphamodel.backtest.report`, :mod:`~alphamodel.backtest.run`.
 
 ``backtest`` is imported on first use: the config (and the command line that reads it) imports
 no torch.

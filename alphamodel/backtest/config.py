@@ -27,13 +27,14 @@ RESULT_COLUMNS = ("strategy", "fold", "cost_ticks", "sharpe", "deflated_sharpe",
                   "turnover", "max_drawdown", "pnl_ticks")
 #: USD per tick per contract by product root (CME contract specs); others need tick_value.
 TICK_VALUE = {"ES": 12.5, "MES": 1.25, "NQ": 5.0, "MNQ": 0.5}
-#: Probability margins of the ``oracle`` strategies. ``oracle`` (0): the sign of the true drift,
-#: the most expected mid gain per decision before costs. ``oracle-m0.2``: only where the next
-#: mid move's expected gain ``2 (p_up - 1/2)`` ticks is at least 0.4 tick, close to the half
-#: spread (0.5 tick at a one-tick spread) an entry pays; at the default signal strength p_up
-#: lies in [0.235, 0.765], so no margin covers a whole round trip (1 tick) from one move: the
-#: oracle knows the drift of the next move, not of the whole stride, and pays the spread.
-ORACLE_MARGINS = (0.0, 0.2)
+#: Margins (ticks) of the ``oracle`` strategies, which trade on the true model's expected mid
+#: change over the holding period (the planted-signal sidecar's ``drift_K`` at K = the stride,
+#: :func:`alphamodel.backtest.market.planted_drift_rows`): long where it is above the margin,
+#: short below minus it, else flat. ``oracle`` (0): the sign of the expected change, the most
+#: expected mid gain per decision before costs; ``oracle-m0.5``: only where the expected change
+#: covers half a tick, the round trip of a 1/4-tick fee per side (at the default signal strength
+#: and stride 200 its SD is about 0.3 tick: it trades rarely).
+ORACLE_MARGINS = (0.0, 0.5)
 ORACLE_NAMES = tuple("oracle" if m == 0 else f"oracle-m{m:g}" for m in ORACLE_MARGINS)
 NOT_TRIALS = ("hindsight", *ORACLE_NAMES)
 #: Execution models (:mod:`alphamodel.backtest.execution`): ``mid`` is an upper bound.

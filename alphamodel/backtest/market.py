@@ -16,14 +16,15 @@ import numpy as np
 import torch
 
 from alphafeat.cache import META_KEY
-from alphafeat.synth.planted import SIGNAL_SUFFIX, asof, planted_path, read_planted
+from alphafeat.errors import InputError
+from alphafeat.synth.planted import SIGNAL_SUFFIX, asof, asof_events, planted_path, read_drift, read_planted
 from alphamodel.backtest.config import ORACLE_MARGINS, ORACLE_NAMES, TICK_VALUE, BacktestConfig
 from alphamodel.backtest.execution import Book
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import CacheError, DataError
 
 __all__ = ["PASSIVE_COLUMNS", "Market", "Rows", "column", "ffill_quotes", "load_market", "market_from_arrays",
-           "planted_rows"]
+           "planted_drift_rows", "planted_rows"]
 
 
 @dataclass
@@ -205,6 +206,69 @@ def _book(data: CacheData, cfg: BacktestConfig, market: Market, bids: list, asks
                 ts, market.end, market.mid, market.half_spread)
 
 
+def _sidecar(data: CacheData, k: int) -> tuple[Path | None, dict]:
+    """The planted-signal sidecar of segment ``k`` beside its partition's sources (None when
+    there is none) and the partition's metadata."""
+    seg = data.segments[k]
+    try:
+        meta = json.loads((seg.table.schema.metadata or {})[META_KEY])
+    except (KeyError, ValueError, AttributeError):
+        meta = {}
+    folders = sorted({str(Path(e["path"]).parent) for e in meta.get("sources", []) if "path" in e})
+    return next((q for f in folders if (q := planted_path(f, seg.session)).is_file()), None), meta
+
+
+def planted_drift_rows(data: CacheData, stride: int) -> tuple[np.ndarray, int | None, str]:
+    """The true model's expected mid change over the holding period per cache row: the sidecar's
+    ``drift_K`` (ticks; :mod:`alphafeat.synth.planted`) at K = ``stride`` rows, or the stored K
+    nearest to it; float64 (T,), NaN where unknown. Each row is joined to its own event
+    (:func:`alphafeat.synth.planted.asof_events`: by ts_recv, then order among events sharing
+    it; never an event stamped after the row). Returns (drift, the K used or None, a note).
+
+    Segments without a sidecar, of another instrument than the sidecar's, or whose sidecar
+    predates the drift columns (the note gives the reader's one line) stay NaN."""
+    out = np.full(data.n_rows, np.nan)
+    found, missing, other, old = [], [], [], []
+    used: set[int] = set()
+    for k, seg in enumerate(data.segments):
+        path, meta = _sidecar(data, k)
+        if path is None:
+            missing.append(seg.session)
+            continue
+        _, _, side = read_planted(path)
+        if meta.get("instrument_id") is not None and side.get("instrument_id") != meta.get("instrument_id"):
+            other.append(seg.session)
+            continue
+        try:
+            ts, drift = read_drift(path)
+        except InputError as e:
+            old.append(str(e))
+            continue
+        kk = min(drift, key=lambda h: (abs(h - stride), -h))
+        used.add(kk)
+        j = asof_events(seg.ts, ts)
+        out[data.offsets[k]:data.offsets[k + 1]] = np.where(j >= 0, drift[kk][np.maximum(j, 0)], np.nan)
+        found.append(seg.session)
+    kk = max(used) if used else None
+    if not found:
+        note = (f"oracle not available: no planted-signal sidecar with the drift_K columns (glbx-mdp3-YYYYMMDD."
+                f"{SIGNAL_SUFFIX}, written by `alphafeat synth --signal-file`) beside the cache's sources")
+        note += f"; {old[0]}" if old else "; 'hindsight' (look-ahead) is reported as an upper bound instead"
+        return out, None, note
+    k_note = f"K = {kk} rows = the stride" if kk == stride else f"K = {kk} rows, the stored horizon nearest the " \
+        f"stride {stride}"
+    note = (f"the generator's true model's expected mid change over the holding period (drift_K, {k_note}; bridge "
+            f"to the close excluded: no trader knows it) joined to each row's own event for {len(found)} of "
+            f"{len(data.segments)} segments; oracle: long where it is above the margin, short below minus it, "
+            f"margins {list(ORACLE_MARGINS)} ticks ({', '.join(ORACLE_NAMES)}); an upper reference, not a trial")
+    for what, ss in (("no sidecar", missing), ("a sidecar of another instrument than the cache's front month", other)):
+        if ss:
+            note += f"; {what} for {', '.join(ss)} (flat there)"
+    if old:
+        note += f"; {len(old)} sidecar(s) without drift_K (flat there): {old[0]}"
+    return out, kk, note
+
+
 def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:
     """The generator's planted ``p_up`` per cache row (float64 (T,), NaN where unknown) and a
     note saying where it came from.
@@ -219,12 +283,7 @@ def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:
     out = np.full(data.n_rows, np.nan)
     found, missing, other = [], [], []
     for k, seg in enumerate(data.segments):
-        try:
-            meta = json.loads((seg.table.schema.metadata or {})[META_KEY])
-        except (KeyError, ValueError, AttributeError):
-            meta = {}
-        folders = sorted({str(Path(e["path"]).parent) for e in meta.get("sources", []) if "path" in e})
-        path = next((q for f in folders if (q := planted_path(f, seg.session)).is_file()), None)
+        path, meta = _sidecar(data, k)
         if path is None:
             missing.append(seg.session)
             continue
@@ -240,9 +299,7 @@ def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:
                 "over the next stride, look-ahead) is reported as an upper bound instead")
     else:
         note = (f"p_up of the generator's true model (bridge to the close excluded: no trader knows it) joined as "
-                f"of ts_recv for {len(found)} of {len(data.segments)} segments; long above 1/2 + margin, short "
-                f"below 1/2 - margin, margins {list(ORACLE_MARGINS)} ({', '.join(ORACLE_NAMES)}); an upper "
-                "reference, not a trial")
+                f"of ts_recv for {len(found)} of {len(data.segments)} segments")
         if missing:
             note += f"; no sidecar for {', '.join(missing)} (flat there)"
         if other:

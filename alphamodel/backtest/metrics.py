@@ -50,7 +50,9 @@ import numpy as np
 import torch
 from scipy.stats import kurtosis, norm, skew
 
-__all__ = ["sharpe", "psr", "expected_max_sharpe", "deflated_sharpe", "max_drawdown", "sharpe_stats",
+from alphamodel.readout import MIN_SHARPE_SESSIONS, bootstrap_ci, sessions_needed
+
+__all__ = ["session_readout", "sharpe", "psr", "expected_max_sharpe", "deflated_sharpe", "max_drawdown", "sharpe_stats",
            "TRADING_DAYS", "kelly_size"]
 
 TRADING_DAYS = 252
@@ -136,3 +138,25 @@ def kelly_size(edge: torch.Tensor, rv: torch.Tensor, horizon_s: float, k: float 
     """
     var = torch.nan_to_num(rv.float(), nan=0.0).square() * float(horizon_s)
     return (k * edge.float() / var.clamp_min(var_floor)).clamp(0.0, max_size)
+
+
+def session_readout(daily: np.ndarray, min_sessions: int = MIN_SHARPE_SESSIONS, seed: int = 0) -> dict:
+    """What a fold's per-session PnL ``daily`` (1-D float, one value per test session, any unit)
+    can report: always ``pnl_per_session`` (mean), its 95% bootstrap interval ``pnl_ci`` and
+    ``sessions_needed`` (for the interval to exclude 0); ``sharpe`` (annualised,
+    :func:`sharpe_stats`) and ``psr`` only when there are at least
+    ``min_sessions`` sessions (``sharpe_reportable``), else None with the reason in ``note``."""
+    d = np.asarray(daily, np.float64)
+    n = int(d.size)
+    lo, hi = bootstrap_ci(d, seed=seed)
+    out = {"sessions": n, "pnl_per_session": float(d.mean()) if n else math.nan, "pnl_ci": [lo, hi],
+           "sessions_needed": sessions_needed(n, lo, hi), "sharpe_reportable": n >= min_sessions,
+           "sharpe": None, "psr": None, "note": ""}
+    if n >= min_sessions:
+        st = sharpe_stats(d)
+        out.update(sharpe=st["sharpe"], psr=st["psr"])
+    else:
+        out["note"] = (f"{n} test session(s) < {min_sessions}: a Sharpe ratio would not mean anything (its standard "
+                       f"error is about {math.sqrt(252 / max(n, 1)):.0f} annualised); PnL per session with its 95% "
+                       "bootstrap interval instead")
+    return out

@@ -36,11 +36,11 @@ mode it is evaluated in) in :class:`alphamodel.backtest.execution.ExecEnv`:
    threshold), ``hindsight`` (the sign of the mid's move over the next stride: look-ahead,
    an upper bound, never a trial) and, on a generated cache whose sources have the planted
    signal's sidecar (``alphafeat synth --signal-file``, :mod:`alphafeat.synth.planted`),
-   ``oracle`` / ``oracle-m0.2``: long where the true model's ``p_up`` (the probability that the
-   next mid move is up, known at the row: the last sidecar value at or before the row's
-   ts_recv) exceeds ``1/2 + margin``, short below ``1/2 - margin``, else flat (margins
-   :data:`~alphamodel.backtest.config.ORACLE_MARGINS`; not trials either) — all in the same
-   environment, costs and stride.
+   ``oracle`` / ``oracle-m0.5``: long where the true model's expected mid change over the
+   holding period (the sidecar's ``drift_K``, K = the stride, known at the row: its own event,
+   :func:`~alphamodel.backtest.market.planted_drift_rows`) exceeds the margin, short below minus
+   it, else flat (margins :data:`~alphamodel.backtest.config.ORACLE_MARGINS`, ticks; not trials
+   either) — all in the same environment, costs and stride.
 
 Per strategy x fill mode x fold x cost: the fill statistics (fill rate, time to fill, markouts),
 annualised Sharpe of the daily (per session) PnL, deflated Sharpe
@@ -62,10 +62,22 @@ import torch
 from alphafeat.cache import check_folder
 from alphamodel.backtest.config import RESULT_COLUMNS, BacktestConfig
 from alphamodel.backtest.market import load_market
-from alphamodel.backtest.report import aggregate, cfg_dict, clean, given_model_note, plots, standing_notes
+from alphamodel.backtest.report import (
+    aggregate,
+    cfg_dict,
+    clean,
+    fill_description,
+    given_model_note,
+    head_summary,
+    pbo_by_cost,
+    plots,
+    pooled_readout,
+    standing_notes,
+)
 from alphamodel.backtest.walkforward import default_folds, fold_sessions, make_run, run_fold
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import DataError
+from alphamodel.readout import MIN_SHARPE_SESSIONS
 from alphamodel.supervised.checkpoint import load_model, resolve_device
 from alphamodel.supervised.embed import check_model_inputs
 from alphamodel.supervised.outputs import staged_outputs
@@ -143,10 +155,18 @@ def _run(run, folds: list, ts: np.ndarray, notes: dict) -> dict:
 
     cfg = run.cfg
     done = []
+    use_aux = cfg.c51.aux_weight > 0 and "aux_head" not in notes
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not run.progress, transient=False, console=Console(stderr=True)) as bar:
         for k, (tr_s, te_s) in enumerate(folds):
-            done.append(run_fold(run, k, tr_s, te_s, ts, bar, len(folds)))
+            done.append(run_fold(run, k, tr_s, te_s, ts, bar, len(folds), use_aux))
+            # walk-forward: the head is used in the next fold only while the folds so far show it learns
+            use_aux = use_aux and bool(head_summary([f["aux"] for f in done], cfg.seed).get("learns", True))
+    aux = [f["aux"] for f in done]
+    head = head_summary(aux, cfg.seed)
+    for a in aux:
+        a.pop("pred", None)
+        a.pop("labels", None)
     results = [r for f in done for r in f["results"]]
     curves = {key: eq for f in done for key, eq in f["curves"].items()}
     (run.tmp / "policy_config.json").write_text(json.dumps(clean({
@@ -154,8 +174,15 @@ def _run(run, folds: list, ts: np.ndarray, notes: dict) -> dict:
         "actions": ["short", "flat", "long"], "embedding_dim": done[-1]["embedding_dim"], "backtest": cfg_dict(cfg),
         "checkpoints": [f"policy_fold{k}.safetensors" for k in range(len(folds))]}), indent=1))
     names = plots(run.tmp, curves, cfg) if cfg.plots else []
-    return {"results": results, "aggregate": aggregate(results), "folds": [f["fold"] for f in done],
-            "aux_head": [f["aux"] for f in done], "plots": names,
+    daily = {key: np.concatenate([f["daily"][key] for f in done]) for key in done[0]["daily"]}
+    pbo = pbo_by_cost(daily, cfg, run.tmp if cfg.plots else None)
+    names += [p["plot"] for by_cost in pbo.values() for p in by_cost.values() if p.get("plot")]
+    n_test = sum(len(te) for _, te in folds)
+    return {"results": results, "aggregate": aggregate(results), "pooled": pooled_readout(daily, cfg.seed),
+            "pbo": pbo, "folds": [f["fold"] for f in done], "test_sessions": n_test,
+            "folds_reporting_sharpe": sum(len(te) >= MIN_SHARPE_SESSIONS for _, te in folds),
+            "min_sharpe_sessions": MIN_SHARPE_SESSIONS, "fill": fill_description(cfg),
+            "aux_head": aux, "aux_head_verdict": head, "plots": names,
             "notes": {**standing_notes(cfg, results), **notes}, "config": cfg_dict(cfg),
             "columns": list(RESULT_COLUMNS), "tick_value_usd": run.market.tick_value,
             "direction_horizon": run.data.horizons[run.h_pick]}

@@ -6,6 +6,7 @@ metrics."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -20,12 +21,13 @@ import torch
 from alphafeat.cache import MANIFEST
 from alphafeat.splits import purged_walk_forward
 from alphamodel.backtest.config import NOT_TRIALS, ORACLE_MARGINS, ORACLE_NAMES, BacktestConfig
-from alphamodel.backtest.market import Market, Rows, planted_rows
-from alphamodel.backtest.metrics import max_drawdown, sharpe, sharpe_stats
+from alphamodel.backtest.market import Market, Rows, planted_drift_rows
+from alphamodel.backtest.metrics import max_drawdown, session_readout, sharpe, sharpe_stats
 from alphamodel.backtest.strategies import c51_targets, evaluate, fill_env, logistic_scores, rule, threshold_dir
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import DataError
 from alphamodel.nn.model import ModelConfig
+from alphamodel.readout import MIN_SHARPE_SESSIONS, head_verdict
 from alphamodel.rl.c51 import C51Net, balanced_accuracy, class_weights, support
 from alphamodel.rl.learner import EncoderObs, Learner, Obs, train_policy
 from alphamodel.supervised.checkpoint import load_model
@@ -114,7 +116,10 @@ def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestC
 def aux_report(learner: Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, te_rows: np.ndarray,
                cfg: BacktestConfig, device: torch.device, k: int) -> dict:
     """Class balance and loss weights (training rows), test accuracy and balanced accuracy
-    (mean per-class recall) at decision rows beside the majority rate."""
+    (mean per-class recall) at decision rows beside the majority rate, the balanced accuracy's
+    95% bootstrap interval and whether it lies above chance (``learns``,
+    :func:`alphamodel.readout.head_verdict`); ``pred`` / ``labels`` (numpy, the test decisions)
+    for the verdict pooled over folds (the caller drops them from the summary)."""
     y_tr = tb[torch.as_tensor(tr_rows, device=device)]
     y_tr = y_tr[y_tr >= 0]
     dec = torch.as_tensor(te_rows[:: cfg.stride], device=device)
@@ -126,7 +131,10 @@ def aux_report(learner: Learner, obs, tb: torch.Tensor, tr_rows: np.ndarray, te_
     z = torch.zeros_like(dec, dtype=torch.float32)
     pred = learner.net(obs(dec[ok], z[ok], z[ok]))[1].argmax(-1)
     majority = int(bal.argmax())
+    verdict = head_verdict(pred.cpu().numpy(), y[ok].cpu().numpy(), seed=cfg.seed + k)
     return {"fold": k, "available": True, "classes": ["stop (-1)", "timeout (0)", "profit (+1)"],
+            "balanced_accuracy_ci": verdict["interval"], "learns": verdict["learns"],
+            "pred": pred.cpu().numpy(), "labels": y[ok].cpu().numpy(),
             "train_balance": bal.tolist(), "test_decisions": int(ok.sum()),
             "loss_weights": learner.aux_w.tolist() if learner.aux_w is not None else None,
             "test_accuracy": float((pred == y[ok]).float().mean()),
@@ -189,7 +197,8 @@ class Run:
 def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, cfg: BacktestConfig,
              device: torch.device, tmp: Path, notes: dict, progress: bool) -> Run:
     """The :class:`Run` of a backtest; ``notes["oracle"]`` says where the planted signal came from
-    (:func:`~alphamodel.backtest.market.planted_rows`)."""
+    (:func:`~alphamodel.backtest.market.planted_drift_rows`: the oracle trades on the expected
+    mid change over the holding period, ``stride`` rows)."""
     c = cfg.c51
     z = support(c.n_atoms, c.v_min, c.v_max, device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -199,10 +208,11 @@ def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, c
     mid, end = market.mid, market.end
     ahead = torch.minimum(torch.arange(T, device=device) + cfg.stride, end)
     hindsight = torch.sign(mid[ahead] - mid)
-    p_up, notes["oracle"] = planted_rows(data)
-    oracle = {name: torch.as_tensor(threshold_dir(np.nan_to_num(p_up, nan=0.5), m), dtype=torch.float32,
+    drift, k_used, notes["oracle"] = planted_drift_rows(data, cfg.stride)
+    drift = np.nan_to_num(drift, nan=0.0)
+    oracle = {name: torch.as_tensor(np.where(drift > m, 1.0, np.where(drift < -m, -1.0, 0.0)), dtype=torch.float32,
                                     device=device)
-              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if np.isfinite(p_up).any() else {}
+              for name, m in zip(ORACLE_NAMES, ORACLE_MARGINS)} if k_used is not None else {}
     ofi_dir = torch.as_tensor(np.sign(np.nan_to_num(rows.ofi)), dtype=torch.float32, device=device)
     h_pick = int(np.argmin([abs(h - cfg.stride) for h in data.horizons]))
     return Run(data, market, cfg, device, tmp, progress, z, gen, tb, rv, h_pick, hindsight,
@@ -268,12 +278,15 @@ def horizon_seconds(run: Run, ts: np.ndarray, tr_s: np.ndarray) -> float:
     return float(np.mean(dts)) * run.cfg.c51.n_step if dts else 1.0
 
 
-def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int, mode: str = "taker"
-                ) -> tuple[Learner, Obs, int]:
+def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int, mode: str = "taker",
+                use_aux: bool = True) -> tuple[Learner, Obs, int]:
     """The C51 policy of fold ``k`` trained, filled by ``mode``, on the frozen embeddings of its
     training rows (``pool``: the rows an episode may start at), its inputs, and its task on the
-    progress bar ``bar``."""
+    progress bar ``bar``; without ``use_aux`` the K=3 trade-outcome head is not trained (its loss
+    weight 0)."""
     cfg, c, device = run.cfg, run.cfg.c51, run.device
+    if not use_aux:
+        c = dataclasses.replace(c, aux_weight=0.0)
     obs = Obs(fi.emb, cfg.fee_max)
     torch.manual_seed(cfg.seed + k)
     net = C51Net(fi.emb.shape[1] + 2, 3, c.n_atoms, c.hidden).to(device)
@@ -321,17 +334,25 @@ def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict,
                  ) -> tuple[list[dict], dict]:
     """The result rows of fold ``k`` filled by ``mode`` (strategy x cost; the deflated Sharpe over
     the strategies tried at this fold, cost and mode; the fill statistics) and each one's equity
-    curve over the test sessions end to end, keyed ``(fold, cost, strategy, mode)``."""
+    curve over the test sessions end to end, keyed ``(fold, cost, strategy, mode)``. With fewer
+    than :data:`alphamodel.readout.MIN_SHARPE_SESSIONS` test sessions the fold's Sharpe, PSR and
+    DSR are NaN (they would not mean anything); its PnL per session and 95% bootstrap interval
+    are always there."""
     results, curves = [], {}
     J = len(te_s)
+    enough = J >= MIN_SHARPE_SESSIONS  # else no Sharpe, PSR or DSR: PnL per session with its interval
     for cost in run.cfg.costs:
         trials = [sharpe(ev[(s, cost)]["daily"]) for s in strategies if s not in NOT_TRIALS]
         for s in strategies:
             r = ev[(s, cost)]
             st = sharpe_stats(r["daily"], np.array(trials))
+            if not enough:
+                st = {m: math.nan for m in st}
+            ro = session_readout(r["daily"], seed=run.cfg.seed)
             eq = np.concatenate([r["curve"][j] + (r["daily"][:j].sum() if j else 0.0) for j in range(J)])
             results.append({
                 "strategy": s, "fold": k, "cost_ticks": cost, "sharpe": st["sharpe"],
+                "pnl_per_session": ro["pnl_per_session"], "pnl_ci": ro["pnl_ci"],
                 "deflated_sharpe": st["deflated_sharpe"] if s not in NOT_TRIALS else math.nan,
                 "win_rate": float(r["wins"].sum() / r["closed"].sum()) if r["closed"].sum() else math.nan,
                 "trades_per_session": float(r["entries"].sum() / J), "turnover": float(r["turnover"].sum() / J),
@@ -343,27 +364,33 @@ def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict,
     return results, curves
 
 
-def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarray, bar, n_folds: int) -> dict:
+def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarray, bar, n_folds: int,
+             use_aux: bool = True) -> dict:
     """Fold ``k`` (training sessions ``tr_s``, test sessions ``te_s``) end to end, one policy per
     fill mode (trained in the mode it is evaluated in); writes its policies
     (``policy_fold{k}.safetensors`` for the first mode, ``policy_fold{k}_{mode}.safetensors`` for
     the others) to ``run.tmp``. Returns ``results``, ``curves``, ``aux`` (:func:`aux_report`, of
-    the first mode's policy), ``fold`` (the summary's record of it) and ``embedding_dim``."""
+    the first mode's policy; without ``use_aux`` the head is not trained and not reported),
+    ``daily`` (``{(strategy, cost, mode): PnL per test session}``), ``fold`` (the summary's record
+    of it) and ``embedding_dim``."""
     data, device = run.data, run.device
     fi = fold_inputs(run, k, tr_s, te_s)
     horizon_s = horizon_seconds(run, ts, tr_s)
     pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
-    results, curves, losses, ft_infos, aux = [], {}, {}, {}, None
+    results, curves, losses, ft_infos, daily, aux = [], {}, {}, {}, {}, None
     for mode in run.cfg.fills:
-        learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds, mode)
+        learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds, mode, use_aux)
         strategies, ft_infos[mode] = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task, mode)
         ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg, mode)
         res, cur = fold_results(run, k, te_s, strategies, ev, mode)
         results += res
         curves.update(cur)
+        daily.update({(s, c, mode): r["daily"] for (s, c), r in ev.items()})
         losses[mode] = float(np.mean(learner.losses[-20:])) if learner.losses else None
         if aux is None:
-            aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k)
+            aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k) if use_aux else {
+                "fold": k, "available": False, "off": "not trained: aux_weight 0, or it did not learn in the earlier "
+                "folds (aux_head_verdict)"}
         state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in learner.net.state_dict().items()}
         state.update({"emb.mean": fi.mu.cpu(), "emb.std": fi.sd.cpu(), "support": run.z.cpu()})
         name = f"policy_fold{k}.safetensors" if mode == run.cfg.fills[0] else f"policy_fold{k}_{mode}.safetensors"
@@ -376,4 +403,5 @@ def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarra
         "test_rows": [int(fi.te_rows.min()), int(fi.te_rows.max())],
         "policy_loss_last": losses[first], "policy_loss_last_by_fill": losses,
         "horizon_s": horizon_s, "fine_tune": ft_infos[first]}
-    return {"results": results, "curves": curves, "aux": aux, "fold": fold, "embedding_dim": fi.emb.shape[1]}
+    return {"results": results, "curves": curves, "aux": aux, "daily": daily, "fold": fold,
+            "embedding_dim": fi.emb.shape[1]}

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["baseline_inputs", "fit_logistic", "fit_lightgbm", "fit_mlp", "generator_ceiling", "lightgbm_missing"]
+__all__ = ["baseline_inputs", "ceiling_note", "fit_logistic", "fit_lightgbm", "fit_mlp", "generator_ceiling",
+           "lightgbm_missing"]
 
 
 def baseline_inputs(data: CacheData, train_rows: np.ndarray, test_rows: np.ndarray, max_rows: int, seed: int,
@@ -148,3 +149,25 @@ def generator_ceiling(manifest: dict) -> tuple[dict[int, float], str | None]:
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("%s: no AUC ceiling read (%s)", p, e)
     return {}, None
+
+
+def ceiling_note(path: str | None) -> str | None:
+    """Where the generator's AUC ceiling (:func:`generator_ceiling`, read from ``path``) comes
+    from, in one line: its method, session, saved states and paths, and its 95% interval per
+    horizon; None without a ceiling. A model's AUC above the ceiling is within the two
+    intervals' noise (the model's over its test sessions, the ceiling's over the saved states
+    of one session), not a model beating the true model."""
+    if path is None:
+        return None
+    try:
+        c = json.loads(Path(path).read_text())["auc_ceiling"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ci = c.get("interval_95") or {}
+    ivs = ", ".join(f"{h}: [{v[0]:.3f}, {v[1]:.3f}]" for h, v in ci.items() if isinstance(v, (list, tuple)) and
+                    len(v) == 2 and None not in v)
+    return (f"generator ceiling from {path}: Monte-Carlo continuations under the true model of {c.get('states')} saved "
+            f"states of one session ({c.get('session')}, {c.get('instrument')}), paths per state by horizon "
+            f"{c.get('paths_per_state')}; 95% interval over the states by horizon {{{ivs}}}. It is an estimate on "
+            "that session: a model above it is within the two intervals (the model's over its test sessions, the "
+            "ceiling's over its states), not above the true model")

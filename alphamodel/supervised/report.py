@@ -138,3 +138,15 @@ def per_horizon(evaluation: list[dict], y: np.ndarray, horizons: list[int], last
         row.update(lifts.get(h, {"best_baseline": None, "lift": None, "lift_ci_low": None, "lift_ci_high": None}))
         out.append(row)
     return out
+
+
+def add_sessions_needed(per_h: list[dict], n_test_sessions: int) -> None:
+    """Per horizon row of the pooled table (:func:`per_horizon`), ``sessions_needed``: about how
+    many test sessions the lift's 95% interval needs to exclude 0 (its half-width shrinking as
+    1/sqrt(sessions) from the ``n_test_sessions`` it has; :func:`alphamodel.readout.sessions_needed`),
+    None without an interval."""
+    from alphamodel.readout import sessions_needed
+
+    for row in per_h:
+        lo, hi = row.get("lift_ci_low"), row.get("lift_ci_high")
+        row["sessions_needed"] = None if lo is None or hi is None else sessions_needed(n_test_sessions, lo, hi)

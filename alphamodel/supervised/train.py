@@ -55,7 +55,7 @@ from alphamodel.supervised.config import BASELINES, TrainConfig
 from alphamodel.supervised.evaluation import Fold, block_stats, walk_forward_folds
 from alphamodel.supervised.metrics import auc, base_rate
 from alphamodel.supervised.outputs import staged_outputs
-from alphamodel.supervised.report import nan_none, per_horizon, plots, records, warnings_of
+from alphamodel.supervised.report import add_sessions_needed, nan_none, per_horizon, plots, records, warnings_of
 from alphamodel.supervised.scoring import fit_input_ema, score_rows, to_device
 
 log = logging.getLogger(__name__)
@@ -370,6 +370,8 @@ def train(
     for w in warnings:  # in the summary (the CLI prints them once); logged for API callers at info
         log.info("%s", w)
     per_h = per_horizon(evaluation, y, data.horizons, fold_info[-1], lifts)
+    n_test = int(np.unique(skey[np.concatenate(pooled["rows"])]).size) if pooled["rows"] else 0
+    add_sessions_needed(per_h, n_test)
     fr, norm = runs[-1]
     meta = {
         "model": dataclasses.asdict(mc), "train": dataclasses.asdict(tc),
@@ -389,7 +391,8 @@ def train(
                      "test_pooled": sum(len(r) for r in pooled["rows"])},
             "folds": fold_info, "best_epoch": fr.best_epoch, "epochs_run": len(fr.history),
             "horizons": per_h, "evaluation": evaluation, "warnings": warnings, "baselines_skipped": skipped,
-            "ceiling_source": ceiling_src, "history": fr.history, "plots": names,
+            "ceiling_source": ceiling_src, "ceiling_note": bl.ceiling_note(ceiling_src), "test_sessions": n_test,
+            "history": fr.history, "plots": names,
             "config": {"model": meta["model"], "train": meta["train"]}, "replaced": st.replacing("summary.json"),
         }
         (st.dir / "summary.json").write_text(json.dumps(summary, indent=1))
