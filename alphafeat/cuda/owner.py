@@ -56,7 +56,7 @@ IN_COLS = ("ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sel
 BLOCK_ROWS = 1 << 16
 #: Device buffer sets of an owner, each with its CUDA stream: at most this many blocks in flight
 #: (a block's kernels fill a small part of the device, so blocks of different segments can run
-#: side by side; with two, 16 segments queued behind the owner: docs/performance-gpu-draft.md).
+#: side by side; with two, 16 segments queued behind the owner: docs/performance.md, "--device cuda").
 SETS = 4
 
 

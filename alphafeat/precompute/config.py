@@ -237,7 +237,7 @@ def resolve_device(device: str) -> str:
 
 #: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on, where the
 #: streamed GPU path measured faster than the CPU's; None: no case has measured faster yet
-#: (docs/performance-gpu-draft.md: on an H100 host, one session on 2 cores and 16 sessions on
+#: (docs/performance.md, "--device cuda": on an H100 host, one session on 2 cores and 16 sessions on
 #: 16 cores were both slower on the GPU path), so ``auto`` stays on the CPU.
 AUTO_GPU_MIN_JOBS: int | None = None
 
