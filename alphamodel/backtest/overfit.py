@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from alphamodel.errors import DataError, UsageError
+
 __all__ = ["DEFAULT_BLOCKS", "PBOResult", "block_count", "pbo", "pbo_section", "plot_logits"]
 
 #: Blocks of the CSCV (the paper's S; its experiments use 16).
@@ -86,12 +88,12 @@ def _finite(x: float) -> float | None:
 
 def block_count(rows: int, blocks: int = DEFAULT_BLOCKS) -> int:
     """The S used for ``rows`` periods: ``blocks`` (even, >= 2), or ``2 * (rows // 4)`` when
-    there are fewer than two rows per half. Raises ValueError when ``rows < 4`` or ``blocks``
-    is odd or below 2."""
+    there are fewer than two rows per half. Raises alphamodel.errors.DataError when ``rows < 4``, UsageError when
+    ``blocks`` is odd or below 2 (both ValueErrors)."""
     if blocks < 2 or blocks % 2:
-        raise ValueError(f"blocks {blocks}: out of range, an even number >= 2")
+        raise UsageError("blocks", "out of range: an even number >= 2", blocks)
     if rows < 4:
-        raise ValueError(f"{rows} periods: too few for CSCV (at least 4, two per half)")
+        raise DataError(f"{rows} periods: too few for CSCV (at least 4, two per half)")
     return min(blocks, 2 * (rows // 4))
 
 
@@ -130,17 +132,17 @@ def pbo(pnl: np.ndarray, blocks: int = DEFAULT_BLOCKS, statistic: str = "sharpe"
 
     Raises
     ------
-    ValueError
+    alphamodel.errors.DataError, alphamodel.errors.UsageError (ValueErrors)
         ``pnl`` not 2-D, with fewer than 2 trials or 4 rows, non-finite values, an odd
         ``blocks`` or an unknown ``statistic``.
     """
     m = np.asarray(pnl, np.float64)
     if m.ndim != 2 or m.shape[1] < 2:
-        raise ValueError(f"pnl of shape {m.shape}: need a 2-D (sessions, trials) matrix with >= 2 trials")
+        raise DataError(f"pnl of shape {m.shape}: need a 2-D (sessions, trials) matrix with >= 2 trials")
     if not np.isfinite(m).all():
-        raise ValueError("pnl has non-finite values")
+        raise DataError("pnl has non-finite values")
     if statistic not in ("sharpe", "mean"):
-        raise ValueError(f"statistic {statistic!r}: unknown, 'sharpe' or 'mean'")
+        raise UsageError("statistic", "unknown: 'sharpe' or 'mean'", statistic)
     T, N = m.shape
     S = block_count(T, blocks)
     parts = np.array_split(np.arange(T), S)
@@ -211,7 +213,7 @@ def pbo_section(trials: dict[str, np.ndarray], out_dir: str | Path | None = None
         return {"pbo": None, "note": f"{len(names)} trial(s): the PBO needs at least 2"}
     lens = {len(trials[n]) for n in names}
     if len(lens) != 1:
-        raise ValueError(f"trials cover different numbers of sessions: {sorted(lens)}")
+        raise DataError(f"trials cover different numbers of sessions: {sorted(lens)}")
     m = np.nan_to_num(np.stack([np.asarray(trials[n], np.float64) for n in names], axis=1), nan=0.0,
                       posinf=0.0, neginf=0.0)
     if m.shape[0] < 4:
