@@ -329,7 +329,8 @@ def _section(parser: argparse.ArgumentParser, level: int) -> list[str]:
         if isinstance(a, argparse._SubParsersAction):
             subs = [(name, p) for name, p in a.choices.items()]
             continue
-        rows.append(f"| `{_signature(a)}` | {_cell(a.help)} |")
+        sig = _signature(a).replace("|", "\\|")  # a pipe splits a table cell, code span or not (GFM)
+        rows.append(f"| `{sig}` | {_cell(a.help)} |")
     if rows:
         out += ["| option | what it does |", "| --- | --- |", *rows, ""]
     for _, p in subs:

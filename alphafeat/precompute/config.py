@@ -209,7 +209,7 @@ class PrecomputeConfig:
     prune: bool = opt(False, check=validate_bool,
                       help="delete the cache's partitions of sessions not in this run (without it they are kept, "
                            "listed in the manifest as earlier_partitions)")
-    schema: str | None = opt(None, check=validate_book_schema, metavar="mbo|mbp-10|mbp-1",
+    schema: str | None = opt(None, check=validate_book_schema, metavar="{mbo,mbp-10,mbp-1}",
                              default_text="per session the richest the inputs hold: mbo, then mbp-10, then mbp-1",
                              help="use the book files of this schema only")
     preopen: str = opt("keep", check=validate_preopen, metavar="{keep,drop}",
