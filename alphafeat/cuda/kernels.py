@@ -645,13 +645,13 @@ def to_device_rows(dst, src: np.ndarray, lo: int, hi: int, stream) -> None:
     driver.host_to_device(dst.gpu_data.view(lo * row, lo * row + nbytes), src, nbytes, stream)
 
 
-def _to_host_cols(back, host: np.ndarray, lo: int, hi: int, stream) -> None:
-    """``host[k, lo:hi] = back[k, lo:hi]`` for every row k of ``host``: one asynchronous 2-D
-    copy (``cuMemcpy2DAsync``: ``host.shape[0]`` rows of ``(hi - lo)`` items, each side with its
-    own row pitch), instead of one copy per column."""
+def to_host_2d(back, host: np.ndarray, src_lo: int, dst_lo: int, width: int, rows: int, stream) -> None:
+    """``host[k, dst_lo:dst_lo + width] = back[k, src_lo:src_lo + width]`` for k < ``rows``: one
+    asynchronous 2-D copy (``cuMemcpy2DAsync``: ``rows`` rows of ``width`` items, each side with
+    its own row pitch; ``back`` and ``host`` of one dtype), instead of one copy per row."""
     if config.ENABLE_CUDASIM:
-        for k in range(host.shape[0]):
-            back[k, lo:hi].copy_to_host(host[k, lo:hi], stream=stream)
+        for k in range(rows):
+            back[k, src_lo : src_lo + width].copy_to_host(host[k, dst_lo : dst_lo + width], stream=stream)
         return
     from numba.cuda.cudadrv import driver
 
@@ -659,13 +659,13 @@ def _to_host_cols(back, host: np.ndarray, lo: int, hi: int, stream) -> None:
     item = back.dtype.itemsize
     p = b.CUDA_MEMCPY2D()
     p.srcMemoryType = b.CUmemorytype.CU_MEMORYTYPE_DEVICE
-    p.srcDevice = driver.device_pointer(back.gpu_data) + lo * item
+    p.srcDevice = driver.device_pointer(back.gpu_data) + src_lo * item
     p.srcPitch = back.strides[0]
     p.dstMemoryType = b.CUmemorytype.CU_MEMORYTYPE_HOST
-    p.dstHost = host.ctypes.data + lo * item
+    p.dstHost = host.ctypes.data + dst_lo * item
     p.dstPitch = host.strides[0]
-    p.WidthInBytes = (hi - lo) * item
-    p.Height = host.shape[0]
+    p.WidthInBytes = width * item
+    p.Height = rows
     driver.driver.cuMemcpy2DAsync(p, driver._stream_handle(stream))
 
 
@@ -787,7 +787,7 @@ def submit_features(
             ev_done.record(s_comp)
             # ---- device -> host, one 2-D copy --------------------------------------------
             ev_done.wait(s_d2h)
-            _to_host_cols(back, host, lo, hi, s_d2h)
+            to_host_2d(back, host, lo, lo, hi - lo, host.shape[0], s_d2h)
         inputs_read, done = cuda.event(), cuda.event()
         inputs_read.record(s_comp)
         done.record(s_d2h)

@@ -419,7 +419,7 @@ class Owner:
         elif self.dtype == np.float32:
             K.cast_kernel[_cfg(k * m, s)](dv.out, out32, lo, lo + m)
             back = out32
-        _to_host_rows(back, st.host_out, lo, m, k, s)
+        K.to_host_2d(back, st.host_out, lo, 0, m, k, s)
         job.done = cuda.event()
         job.done.record(s)
 
@@ -434,28 +434,6 @@ def _cfg(n_items: int, stream) -> tuple:
     if config.ENABLE_CUDASIM:
         return 1, max(1, min(K.SIM_THREADS, n_items)), stream
     return max(1, (n_items + K.THREADS - 1) // K.THREADS), K.THREADS, stream
-
-
-def _to_host_rows(back, host: np.ndarray, lo: int, m: int, rows: int, stream) -> None:
-    """``host[k, :m] = back[k, lo:lo + m]`` for k < ``rows``: one asynchronous 2-D copy."""
-    if config.ENABLE_CUDASIM:
-        for k in range(rows):
-            back[k, lo : lo + m].copy_to_host(host[k, :m], stream=stream)
-        return
-    from numba.cuda.cudadrv import driver
-
-    b = driver.binding
-    item = back.dtype.itemsize
-    p = b.CUDA_MEMCPY2D()
-    p.srcMemoryType = b.CUmemorytype.CU_MEMORYTYPE_DEVICE
-    p.srcDevice = driver.device_pointer(back.gpu_data) + lo * item
-    p.srcPitch = back.strides[0]
-    p.dstMemoryType = b.CUmemorytype.CU_MEMORYTYPE_HOST
-    p.dstHost = host.ctypes.data
-    p.dstPitch = host.strides[0]
-    p.WidthInBytes = m * item
-    p.Height = rows
-    driver.driver.cuMemcpy2DAsync(p, driver._stream_handle(stream))
 
 
 class OwnerStream:
