@@ -87,8 +87,6 @@ LONG_ALLOWED: dict[str, str] = {
     "alphafeat/synth/generate.py:generate": "the generator's entry point: its 15 options and their documentation "
                                             "(60 lines) are most of it",
     "alphafeat/synth/report.py:stylised_facts": "a list of stylised facts, each a few lines of measurement",
-    "alphafeat/synth/simulator.py:_simulate_instrument": "one instrument's buffers, parameters and kernel call; "
-                                                         "to split into steps",
 }
 
 #: ``path:module._name`` -> why that file imports another module's private name.
