@@ -17,7 +17,7 @@ inside :mod:`alphafeat.precompute`):
 5. :mod:`alphafeat.features` (the CPU path);
 6. :mod:`alphafeat.cuda` (the GPU path);
 7. :mod:`~alphafeat.labels`, :mod:`~alphafeat.devices` (the features on either device);
-8. :mod:`~alphafeat.plan`, :mod:`~alphafeat.inspection`;
+8. :mod:`~alphafeat.plan` (its scans: :mod:`~alphafeat.plan_scan`), :mod:`~alphafeat.inspection`;
 9. :mod:`alphafeat.precompute`;
 10. :mod:`alphafeat.synth` (the session generator);
 11. :mod:`~alphafeat.commandline` (what both command lines share), :mod:`~alphafeat.cli` (the

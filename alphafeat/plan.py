@@ -2,7 +2,7 @@
 
 A *segment* is the unit of work, memory and resumption of :func:`alphafeat.precompute.precompute`:
 one CME Globex trade session x one chosen instrument x the files that hold its records. The
-plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
+plan reads, per file (in joblib processes where that pays: :func:`scan_jobs`):
 
 * the DBN header (``databento_dbn.Metadata``: schema, start/end, symbol mappings) of every file;
 * the records of trades and definition files (small), for traded volume and expirations;
@@ -12,7 +12,7 @@ plan reads, per file (in joblib processes where that pays: :func:`_scan_jobs`):
   records and the first ``ts_recv``, plus in-band symbol mappings: a few kilobytes.
 
 Scans are kept in ``<predecoded dir>/survey/`` keyed by the file's path, size, mtime, ctime and
-inode (:func:`_identity`), so a rerun plans without decoding; the plan itself is kept in
+inode (:func:`identity`), so a rerun plans without decoding; the plan itself is kept in
 ``<predecoded dir>/plan/`` (:func:`plan_key`: every input file's identity, the plan options
 and a hash of the planning code), so a rerun over the same files plans without opening them
 (nor building the symbology). Front-month selection itself is
@@ -30,17 +30,14 @@ import json
 import logging
 import os
 import re
-import signal
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from alphafeat import kept as kept_data
-from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, RecordScanner, open_dbn
+from alphafeat.dbn import BOOK_SCHEMAS, SCHEMA_RTYPES, DBNFile, open_dbn
 from alphafeat.errors import InputError, SelectionError
 from alphafeat.instruments import (
     CONTINUOUS_RE,
@@ -51,11 +48,10 @@ from alphafeat.instruments import (
     front_month_schedule,
     is_candidate,
     outright_pattern,
-    session_dates,
     session_end_ns,
 )
+from alphafeat.plan_scan import file_range, groups_of, identity, run_surveys, scan_jobs, sessions_of, spawning_workers
 from alphafeat.sources import BOOK_RANK, force_schema, foreign_files, richest
-from alphafeat.types import UNDEF_TIMESTAMP
 from alphafeat.validation import (
     ModeKind,
     OnError,
@@ -68,19 +64,16 @@ from alphafeat.validation import (
     validate_root,
 )
 
-__all__ = ["Plan", "Segment", "discover", "make_plan", "session_bounds"]
+__all__ = ["Plan", "Segment", "discover", "make_plan", "session_bounds", "spawning_workers"]
 
 log = logging.getLogger(__name__)
 
-_TRADES, _DEFINITION, _SYMBOL_MAPPING = 0x00, 0x13, 0x16
-_BOOK_RTYPES = {SCHEMA_RTYPES[s] for s in BOOK_SCHEMAS}
 _ROOT_RE = re.compile(rf"^(.+?)[{MONTH_CODES}]\d{{1,2}}(?:-.*)?$")
-#: Version of the survey records kept on disk; bump to invalidate them.
-SURVEY_VERSION = 2
 #: Version of the plans kept on disk (:func:`plan_key`); bump to invalidate them.
 PLAN_VERSION = 1
 #: The modules whose code decides a plan: their source is hashed into :func:`plan_key`.
-_PLAN_CODE = ("plan.py", "sources.py", "instruments.py", "dbn.py", "types.py", "validation.py", "errors.py")
+_PLAN_CODE = ("plan.py", "plan_scan.py", "sources.py", "instruments.py", "dbn.py", "types.py", "validation.py",
+              "errors.py")
 
 
 @dataclass(frozen=True)
@@ -192,85 +185,6 @@ def root_of(symbol: str) -> str:
     return m.group(1) if m else symbol
 
 
-def _file_range(f: DBNFile) -> tuple[int, int | None]:
-    start = int(f.metadata.start)
-    end = getattr(f.metadata, "end", None)
-    end = None if end is None or int(end) in (0, UNDEF_TIMESTAMP) else int(end)
-    return start, end
-
-
-def _identity(path: Path) -> list:
-    """What a kept scan or plan is keyed by for one file: its path as given and resolved, size,
-    mtime, ctime, inode and device. Stricter than :func:`alphafeat.dbn.file_identity` (path,
-    size, mtime): a file replaced by another of the same size whose mtime was kept (``cp -p``,
-    ``rsync -t``) has another inode or ctime, so it is read again.
-
-    Raises
-    ------
-    OSError
-        The file cannot be stat'ed.
-    """
-    st = os.stat(path)
-    return [str(path), os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
-def _survey_key(path: Path) -> str:
-    ident = [*_identity(path), SURVEY_VERSION]
-    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
-
-
-def _scan_file(path: Path, trades_only: bool) -> dict:
-    """Per rtype of market data, per (session, instrument): [records, traded contracts, first
-    ts_recv]; in-band symbol mappings and definitions. Book records count the size of their
-    ``T`` records as volume. A live recording holds several rtypes: they are kept apart."""
-    groups: dict[int, dict[tuple[int, int], list]] = {}
-    maps: list[np.ndarray] = []
-    defs: list[np.ndarray] = []
-    epoch = dt.date(1970, 1, 1)
-    for chunk in RecordScanner(path, chunk_bytes=16 << 20):
-        for rt, arr in chunk.items():
-            if rt == _SYMBOL_MAPPING:
-                maps.append(arr.copy())
-                continue
-            if rt == _DEFINITION:
-                defs.append(arr.copy())
-                continue
-            if rt not in _BOOK_RTYPES and rt != _TRADES:
-                continue
-            if trades_only and rt != _TRADES:
-                continue
-            ts = np.asarray(arr["ts_recv"]).astype(np.int64)
-            days = (session_dates(ts) - np.datetime64(epoch)).astype(np.int64)
-            key = days * (1 << 32) + np.asarray(arr["instrument_id"]).astype(np.int64)
-            if rt == _TRADES:
-                w = np.asarray(arr["size"]).astype(np.float64)
-            else:
-                w = np.where(np.asarray(arr["action"]) == b"T", np.asarray(arr["size"]), 0).astype(np.float64)
-            uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-            cnt = np.bincount(inv, minlength=len(uniq))
-            vol = np.bincount(inv, weights=w, minlength=len(uniq))
-            g_rt = groups.setdefault(int(rt), {})
-            for k, f0, c, v in zip(uniq.tolist(), first.tolist(), cnt.tolist(), vol.tolist()):
-                g = g_rt.setdefault((k >> 32, k & 0xFFFFFFFF), [0, 0.0, int(ts[f0])])
-                g[0] += c
-                g[1] += v
-    cat = lambda xs: np.concatenate(xs) if xs else None  # noqa: E731
-    rtypes = sorted(groups) + ([_DEFINITION] if defs else []) + ([_SYMBOL_MAPPING] if maps else [])
-    return {"by_rtype": groups, "rtypes": rtypes, "maps": cat(maps), "defs": cat(defs)}
-
-
-def _groups_of(survey: dict, schema: str) -> dict[tuple[int, int], list]:
-    """The scan's (session, instrument) groups of the file's schema; a book file that also
-    holds trade records (a live recording) takes its volume from those."""
-    by_rt = survey["by_rtype"]
-    groups = {k: list(v) for k, v in by_rt.get(SCHEMA_RTYPES[schema], {}).items()}
-    if schema in BOOK_SCHEMAS and _TRADES in by_rt:
-        for k, g in groups.items():
-            t = by_rt[_TRADES].get(k)
-            g[1] = t[1] if t else 0.0
-    return groups
-
-
 def _load_kept(kept: Path) -> object | None:
     """What :func:`_keep` kept at ``kept``, or None when there is none or it cannot be read
     (:func:`alphafeat.kept.load`: JSON data, never code)."""
@@ -283,32 +197,9 @@ def _keep(kept: Path, obj: object, what: str) -> None:
     kept_data.dump(kept, obj, what)
 
 
-def _kept_scan(path: Path, store: str | None) -> tuple[Path | None, dict | None]:
-    """Where the scan of ``path`` is kept in ``store`` (None: no store) and the scan kept there
-    (None when there is none, or it cannot be read)."""
-    if not store:
-        return None, None
-    kept = Path(store) / f"{_survey_key(path)}.json"
-    scan = _load_kept(kept)
-    return kept, scan if isinstance(scan, dict) and "by_rtype" in scan else None
-
-
-def _survey(path: str, trades_only: bool, kept: Path | None) -> dict:
-    """One task: the scan of ``path``, kept at ``kept`` (its place in the store, found by
-    :func:`_run_surveys`, which reads the scans kept there; None: not kept). A bad file's
-    InputError is returned (the other tasks go on), itself."""
-    p = Path(path)
-    try:
-        res = _scan_file(p, trades_only)
-        if kept is not None:
-            _keep(kept, res, f"scan of {p}")
-        return res
-    except InputError as e:
-        return {"error": e}
-
 
 def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
-    """Key of a kept plan: each input file's :func:`_identity` (a touched, rewritten or replaced
+    """Key of a kept plan: each input file's :func:`identity` (a touched, rewritten or replaced
     file, or one added to or taken from an input folder, gives another key), the plan
     ``options``, :data:`PLAN_VERSION`, a hash of the planning code (:data:`_PLAN_CODE`) and the
     identity of the installed databento_dbn (its metadata decides the symbols).
@@ -329,7 +220,7 @@ def plan_key(files: Sequence[Path], options: Sequence[object]) -> str:
         spec = importlib.util.find_spec(mod)
         origin = spec.origin if spec is not None else None
         libs.append([origin, os.stat(origin).st_mtime_ns if origin else None])
-    key = [PLAN_VERSION, code.hexdigest(), libs, [_identity(p) for p in files], [str(o) for o in options]]
+    key = [PLAN_VERSION, code.hexdigest(), libs, [identity(p) for p in files], [str(o) for o in options]]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
 
 
@@ -437,73 +328,6 @@ def _check_symbology(book: list[DBNFile], surveys: dict[Path, dict]) -> str | No
     return kinds[cont[0].path] if cont else None
 
 
-def _run_surveys(tasks: list[tuple[DBNFile, bool]], jobs: int, store: str | None, on_error: str,
-                 skipped: list) -> dict[Path, dict]:  # fmt: skip
-    """The scans of ``tasks`` (file, trades only): those kept in ``store`` read here, the others
-    in parallel with ``jobs`` processes; a bad file raises, or is skipped with ``on_error="skip"``."""
-    kept: dict[Path, tuple[Path | None, dict | None]] = {}  # where each scan is kept, and the kept scan
-    for f, _ in tasks:
-        try:
-            kept[f.path] = _kept_scan(f.path, store)
-        except (OSError, InputError):  # the task reports it
-            kept[f.path] = (None, None)
-    calls = [(str(f.path), only, kept[f.path][0]) for f, only in tasks if kept[f.path][1] is None]
-    if jobs == 1 or len(calls) <= 1:
-        scanned = [_survey(*c) for c in calls]
-    else:
-        import joblib  # here: a one-process plan need not load it
-
-        with spawning_workers():
-            gen = joblib.Parallel(n_jobs=jobs, return_as="generator")(joblib.delayed(_survey)(*c) for c in calls)
-        scanned = list(gen)
-    new = iter(scanned)
-    results = [kept[f.path][1] if kept[f.path][1] is not None else next(new) for f, _ in tasks]
-    surveys: dict[Path, dict] = {}
-    for (f, _), res in zip(tasks, results, strict=True):
-        if "error" in res:
-            err = res["error"]
-            if on_error != "skip":
-                raise err
-            log.warning("skipping %s", err)
-            skipped.append((f.path, err.detail))
-            continue
-        surveys[f.path] = res
-    return surveys
-
-
-@contextmanager
-def spawning_workers() -> Iterator[None]:
-    """Around the call that starts joblib's worker processes (a ``Parallel(...)(...)`` returning a
-    generator: it starts its workers and its first tasks before it returns): SIGINT is ignored
-    meanwhile in the main thread, so the workers start with it ignored and keep it so (Python
-    installs no Ctrl-C handler when SIGINT is ignored at start). A Ctrl-C then interrupts only
-    this process, which stops the pool: no worker prints a traceback of its own, while starting,
-    working or idle after the run. A no-op outside the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-def _scan_jobs(jobs: int, tasks: list[tuple[DBNFile, bool]], book: list[DBNFile]) -> int:
-    """Processes for the scans of ``tasks``: ``jobs`` when some read a book file (large) or the
-    book files span more than one session (the map then runs on worker processes too, and joblib
-    reuses those the plan started); else 1: starting workers (an interpreter, imports, numba's
-    cache: ~1 CPU-second each) to read the trades and definition files of one session costs more
-    than reading them."""
-    if jobs == 1 or any(not trades_only for _, trades_only in tasks):
-        return jobs
-    sessions: set[dt.date] = set()
-    for f in book:
-        if _file_range(f)[1] is None:  # open-ended (a live recording)
-            return jobs
-        sessions.update(_sessions_of(f))
-    return jobs if len(sessions) > 1 else 1
-
 
 def _mapped_ids(f: DBNFile) -> set[int] | None:
     """Instrument ids the metadata maps (None when it maps none: unknown)."""
@@ -528,7 +352,7 @@ def _check_overlaps(files: list[DBNFile]) -> None:
     """
     spans = []
     for f in files:
-        start, end = _file_range(f)
+        start, end = file_range(f)
         if end is not None:
             spans.append((start, end, f, _mapped_ids(f)))
     spans.sort(key=lambda x: x[0])
@@ -542,19 +366,13 @@ def _check_overlaps(files: list[DBNFile]) -> None:
                                           "copy?); give each period once")  # fmt: skip
 
 
-def _sessions_of(f: DBNFile) -> list[dt.date]:
-    """The sessions the file's time range (metadata start and end) overlaps."""
-    start, end = _file_range(f)
-    days = session_dates(np.array([start, max(start, end - 1)], dtype=np.int64)).astype(object)
-    return [days[0] + dt.timedelta(days=k) for k in range((days[1] - days[0]).days + 1)]
-
 
 def _overlaps(f: DBNFile, groups: dict | None, day: dt.date, iid: int | None = None) -> bool:
     if groups is not None:
         d = (day - dt.date(1970, 1, 1)).days
         return any(k[0] == d and (iid is None or k[1] == iid) for k in groups)
     s0, s1 = session_bounds(day)
-    start, end = _file_range(f)
+    start, end = file_range(f)
     return start < s1 and (end is None or end > s0)  # no end time (a live recording): open-ended
 
 
@@ -638,29 +456,19 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
                jobs: int, store: str | None, forced: str | None) -> Plan:  # fmt: skip
     """The body of :func:`make_plan` (options checked, files discovered, no kept plan)."""
     skipped: list[tuple[Path, str]] = []
-    headers = _headers(files, on_error, skipped)
-    live = [f for f in headers if f.schema is None]  # live recordings: the schema comes from the records
-    surveys = _run_surveys([(f, False) for f in live], jobs, store, on_error, skipped)
-    headers = [f if f.schema else dataclasses.replace(f, schema=infer_schema(f, surveys[f.path]["rtypes"]))
-               for f in headers if f.schema or f.path in surveys]  # fmt: skip
-    book, trades, defs = _classify(headers)
-    book, notes = force_schema(book, forced)
-    if mode.kind == "front-month":  # files of other roots or venues are left out, named
-        kept, foreign = foreign_files(book + trades + defs, root)
-        notes += foreign
-        used = {f.path for f in kept}
-        book, trades, defs = ([f for f in group if f.path in used] for group in (book, trades, defs))
+    headers, live, surveys, (book, trades, defs), notes = _inputs(files, mode, root, on_error, jobs, store, forced,
+                                                                  skipped)  # fmt: skip
     continuous = _check_symbology(book, surveys)
     _check_overlaps(book)
     _check_overlaps(trades)
     schema = richest(f.schema for f in book)
-    no_maps = [f for f in book if not f.metadata.mappings or _file_range(f)[1] is None]
+    no_maps = [f for f in book if not f.metadata.mappings or file_range(f)[1] is None]
     need_volume = mode.kind == "front-month" and roll_rule == "volume" and not trades and not continuous
     scan_book = book if (need_volume or mode.kind != "front-month") else no_maps
     tasks = [(f, True) for f in trades + defs] + [(f, False) for f in scan_book]
     tasks = [t for t in tasks if t[0].path not in surveys]
-    n_scan = _scan_jobs(jobs, tasks, book)
-    surveys.update(_run_surveys(tasks, n_scan, store, on_error, skipped))
+    n_scan = scan_jobs(jobs, tasks, book)
+    surveys.update(run_surveys(tasks, n_scan, store, on_error, skipped))
     dropped = {p for p, _ in skipped}
     book = [f for f in book if f.path not in dropped]
     trades = [f for f in trades if f.path not in dropped]
@@ -672,7 +480,48 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
         [s["defs"] for s in surveys.values() if s["defs"] is not None],
         [s["maps"] for s in surveys.values() if s["maps"] is not None],
     )
-    groups = {f.path: _groups_of(surveys[f.path], f.schema) for f in book if f.path in surveys}
+    groups = {f.path: groups_of(surveys[f.path], f.schema) for f in book if f.path in surveys}
+    schedule = _schedule(mode, root, roll_rule, roll_days, continuous, symbology, book, trades, groups, surveys)
+    cont_root = CONTINUOUS_RE.fullmatch(continuous).group("root") if continuous and continuous != "continuous" else root
+    segments = _segments(schedule, mode, cont_root if continuous else None, root, book, trades, groups)
+    schema = richest(s.schema for s in segments) if segments else schema
+    notes += _notes(mode, scan_book, need_volume, headers, live, dropped, continuous, schedule)
+    return Plan(schema, book + trades + defs, schedule, segments, skipped, notes, len(scan_book), continuous)
+
+
+def _inputs(files: list[Path], mode: InstrumentMode, root: str, on_error: str, jobs: int, store: str | None,
+            forced: str | None, skipped: list) -> tuple[list[DBNFile], list[DBNFile], dict[Path, dict],
+                                                         tuple[list, list, list], list[str]]:  # fmt: skip
+    """Step 1 of :func:`_make_plan`: the headers (a live recording's schema inferred from its
+    records), the live recordings as read (no schema), their scans, the book, trades and
+    definition files used (of schema ``forced``; in front-month mode, files of other roots or
+    venues left out, named) and the notes so far."""
+    headers = _headers(files, on_error, skipped)
+    live = [f for f in headers if f.schema is None]  # live recordings: the schema comes from the records
+    surveys = run_surveys([(f, False) for f in live], jobs, store, on_error, skipped)
+    headers = [f if f.schema else dataclasses.replace(f, schema=infer_schema(f, surveys[f.path]["rtypes"]))
+               for f in headers if f.schema or f.path in surveys]  # fmt: skip
+    book, trades, defs = _classify(headers)
+    book, notes = force_schema(book, forced)
+    if mode.kind == "front-month":  # files of other roots or venues are left out, named
+        kept, foreign = foreign_files(book + trades + defs, root)
+        notes += foreign
+        used = {f.path for f in kept}
+        book, trades, defs = ([f for f in group if f.path in used] for group in (book, trades, defs))
+    return headers, live, surveys, (book, trades, defs), notes
+
+
+def _schedule(mode: InstrumentMode, root: str, roll_rule: str, roll_days: int, continuous: str | None,
+              symbology: Symbology, book: list[DBNFile], trades: list[DBNFile], groups: dict[Path, dict],
+              surveys: dict[Path, dict]) -> list[Choice]:  # fmt: skip
+    """Step 2 of :func:`_make_plan`: the instruments chosen per session (front month, ``id=N`` or
+    all; a continuous file's mapped contracts).
+
+    Raises
+    ------
+    SelectionError
+        No instrument matches the mode, or no outright contract of ``root`` is present.
+    """
     present = _present(book, groups, symbology)
     if continuous:  # name each instrument by its contract (definitions, in-band mappings), else by its id
         present = {k: (v if not CONTINUOUS_RE.fullmatch(v) else f"id{k[1]}") for k, v in present.items()}
@@ -681,31 +530,34 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
     if not present:
         raise SelectionError(_no_match(mode, "/".join(sorted({f.schema for f in book}, key=BOOK_RANK.index)), book,
                                        groups))  # fmt: skip
-    if mode.kind == "front-month":
-        cand: dict[dt.date, dict[int, str]] = {}
-        for (day, iid), sym in present.items():
-            mapped = symbology.mapped(iid, day - dt.timedelta(days=1)) or symbology.mapped(iid, day) or sym
-            if is_candidate(sym, root) or (continuous and is_candidate(mapped, root)):
-                cand.setdefault(day, {})[iid] = sym
-        if not cand:
-            found = sorted(set(present.values()))
-            raise SelectionError(
-                f"no outright contract of root {root!r} (a whole symbol matching "
-                f"{outright_pattern(root).pattern}) in the inputs; symbols found: {', '.join(found[:20]) or 'none'}"
-            )
-        if continuous:  # the file's mapping chose the contract of each date: keep every one, drop no record
-            schedule = [Choice(d, i, s, symbology.expiration(s, root, d), f"{continuous}: the mapped contract")
-                        for d in sorted(cand)
-                        for i, s in sorted(cand[d].items(), key=lambda x: (_first_seen(book, groups, d, x[0]), x[0]))]
-        else:
-            volume = _volume(trades if trades else book, surveys)
-            schedule = front_month_schedule(cand, volume, symbology, root, roll_days, rule=roll_rule)
-    else:
+    if mode.kind != "front-month":
         order = (lambda x: (x[0][0], _first_seen(book, groups, *x[0]), x[0][1])) if continuous else None  # noqa: E731
-        schedule = [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items(), key=order)]
-    cont_root = CONTINUOUS_RE.fullmatch(continuous).group("root") if continuous and continuous != "continuous" else root
-    segments = _segments(schedule, mode, cont_root if continuous else None, root, book, trades, groups)
-    schema = richest(s.schema for s in segments) if segments else schema
+        return [Choice(d, i, s, None, str(mode)) for (d, i), s in sorted(present.items(), key=order)]
+    cand: dict[dt.date, dict[int, str]] = {}
+    for (day, iid), sym in present.items():
+        mapped = symbology.mapped(iid, day - dt.timedelta(days=1)) or symbology.mapped(iid, day) or sym
+        if is_candidate(sym, root) or (continuous and is_candidate(mapped, root)):
+            cand.setdefault(day, {})[iid] = sym
+    if not cand:
+        found = sorted(set(present.values()))
+        raise SelectionError(
+            f"no outright contract of root {root!r} (a whole symbol matching "
+            f"{outright_pattern(root).pattern}) in the inputs; symbols found: {', '.join(found[:20]) or 'none'}"
+        )
+    if continuous:  # the file's mapping chose the contract of each date: keep every one, drop no record
+        return [Choice(d, i, s, symbology.expiration(s, root, d), f"{continuous}: the mapped contract")
+                for d in sorted(cand)
+                for i, s in sorted(cand[d].items(), key=lambda x: (_first_seen(book, groups, d, x[0]), x[0]))]
+    volume = _volume(trades if trades else book, surveys)
+    return front_month_schedule(cand, volume, symbology, root, roll_days, rule=roll_rule)
+
+
+def _notes(mode: InstrumentMode, scan_book: list[DBNFile], need_volume: bool, headers: list[DBNFile],
+           live: list[DBNFile], dropped: set[Path], continuous: str | None,
+           schedule: list[Choice]) -> list[str]:  # fmt: skip
+    """Step 3 of :func:`_make_plan`: what the summary says of the book files whose records were
+    read, of the live recordings and of a continuous run."""
+    notes = []
     if scan_book:
         why = "no symbol mappings or end time in the metadata"
         if need_volume:
@@ -720,7 +572,7 @@ def _make_plan(files: list[Path], mode: InstrumentMode, root: str, roll_rule: st
                          "in-band symbol mappings used")  # fmt: skip
     if continuous:
         notes += _continuous_notes(continuous, schedule)
-    return Plan(schema, book + trades + defs, schedule, segments, skipped, notes, len(scan_book), continuous)
+    return notes
 
 
 def _volume(files: list[DBNFile], surveys: dict[Path, dict]) -> dict[tuple[dt.date, int], float]:
@@ -731,7 +583,7 @@ def _volume(files: list[DBNFile], surveys: dict[Path, dict]) -> dict[tuple[dt.da
     epoch = dt.date(1970, 1, 1)
     for f in files:
         rank = BOOK_RANK.index(f.schema) if f.schema in BOOK_RANK else -1
-        for (d, iid), (_, v, _) in (_groups_of(surveys[f.path], f.schema) if f.path in surveys else {}).items():
+        for (d, iid), (_, v, _) in (groups_of(surveys[f.path], f.schema) if f.path in surveys else {}).items():
             key = (epoch + dt.timedelta(days=int(d)), int(iid))
             r, have = by.get(key, (rank, 0.0))
             if rank < r:
@@ -824,7 +676,7 @@ def _present(book: list[DBNFile], groups: dict[Path, dict], symbology: Symbology
                 sym = symbology.resolve(int(iid), utc) or f"id{iid}"
                 out.setdefault((epoch + dt.timedelta(days=int(d)), int(iid)), sym)
             continue
-        for day in _sessions_of(f):
+        for day in sessions_of(f):
             for sym, ivs in (f.metadata.mappings or {}).items():
                 for iv in ivs:  # the session spans UTC dates day-1 and day
                     if iv["start_date"] <= day and iv["end_date"] > day - dt.timedelta(days=1):
@@ -835,4 +687,3 @@ def _present(book: list[DBNFile], groups: dict[Path, dict], symbology: Symbology
                         utc = max(iv["start_date"], day - dt.timedelta(days=1))
                         out.setdefault((day, iid), symbology.resolve(iid, utc) or sym)
     return out
-

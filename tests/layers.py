@@ -51,7 +51,7 @@ ALPHAFEAT_LAYERS: tuple[tuple[str, ...], ...] = (
     ("alphafeat.features",),
     ("alphafeat.cuda",),
     ("alphafeat.labels", "alphafeat.devices"),
-    ("alphafeat.plan", "alphafeat.sources", "alphafeat.inspection"),
+    ("alphafeat.plan", "alphafeat.plan_scan", "alphafeat.sources", "alphafeat.inspection"),
     ("alphafeat.precompute",),
     ("alphafeat.synth",),
     ("alphafeat.commandline", "alphafeat.cli"),
@@ -84,13 +84,9 @@ LONG_ALLOWED: dict[str, str] = {
     "alphafeat/cuda/kernels.py:submit_features": "one launch sequence of the CUDA features (copies, kernels, "
                                                  "events in stream order); to split with the GPU at hand",
     "alphafeat/features/registry.py:_build": "the registry's declarations: one entry per feature, read as a table",
-    "alphafeat/plan.py": "edited in parallel (mixed schemas, issue 38's other helper); to split after that merge",
-    "alphafeat/plan.py:_make_plan": "edited in parallel (mixed schemas); to split after that merge",
     "alphafeat/synth/generate.py:generate": "the generator's entry point: its 15 options and their documentation "
                                             "(60 lines) are most of it",
     "alphafeat/synth/report.py:stylised_facts": "a list of stylised facts, each a few lines of measurement",
-    "alphafeat/synth/simulator.py:_simulate_instrument": "one instrument's buffers, parameters and kernel call; "
-                                                         "to split into steps",
 }
 
 #: ``path:module._name`` -> why that file imports another module's private name.

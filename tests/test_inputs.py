@@ -16,6 +16,7 @@ from test_dbn import _mbp10, _metadata
 
 from alphafeat import book as bk
 from alphafeat import plan as plan_mod
+from alphafeat import plan_scan
 from alphafeat.cli import main
 from alphafeat.errors import InputError
 from alphafeat.instruments import InstrumentMode
@@ -79,17 +80,17 @@ def test_plan_scans_kept_and_invalidated(tmp_path: Path, monkeypatch: pytest.Mon
     cold = make_plan([p], mode=ALL, survey_dir=pre)
     kept = sorted((pre / "survey").iterdir())
     assert len(kept) == 1 and kept[0].suffix == ".json"
-    scan = plan_mod._scan_file
-    monkeypatch.setattr(plan_mod, "_scan_file", lambda *a: pytest.fail("a kept scan was read again"))
+    scan = plan_scan._scan_file
+    monkeypatch.setattr(plan_scan, "_scan_file", lambda *a: pytest.fail("a kept scan was read again"))
     assert _segments(make_plan([p], mode=ALL, survey_dir=pre)) == _segments(cold)
     # a changed source (mtime) is scanned again under a new key, so is a new survey version
-    monkeypatch.setattr(plan_mod, "_scan_file", scan)
+    monkeypatch.setattr(plan_scan, "_scan_file", scan)
     os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
     assert _segments(make_plan([p], mode=ALL, survey_dir=pre)) == _segments(cold)
     assert len(list((pre / "survey").iterdir())) == 2
-    key = plan_mod._survey_key(p)
-    monkeypatch.setattr(plan_mod, "SURVEY_VERSION", plan_mod.SURVEY_VERSION + 1)
-    assert plan_mod._survey_key(p) != key
+    key = plan_scan._survey_key(p)
+    monkeypatch.setattr(plan_scan, "SURVEY_VERSION", plan_scan.SURVEY_VERSION + 1)
+    assert plan_scan._survey_key(p) != key
     assert not [c for c in (pre / "survey").iterdir() if c.name.startswith(".")]  # no temporary left
 
 

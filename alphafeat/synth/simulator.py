@@ -276,6 +276,102 @@ class _Market:
     drift_paths: int = 0
 
 
+@dataclass
+class _LeadOut:
+    """The leading outright's per-event outputs, filled by the kernel (empty for the other
+    instruments): its mid (ticks), the planted p_up, the ts_recv, the drift horizons (events) and
+    the Monte-Carlo mid changes over them."""
+
+    lat: np.ndarray
+    pup: np.ndarray
+    rc: np.ndarray
+    drift_h: np.ndarray
+    drift_ev: np.ndarray
+
+
+def _lead_out(lead: bool, n: int, drift: tuple[int, ...]) -> _LeadOut:
+    """Step of :func:`_simulate_instrument`: the arrays the kernel fills for the leader of ``n``
+    events (``drift``: its horizons), empty ones for another instrument."""
+    if not lead:
+        return _LeadOut(np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0, 2)))
+    drift_h = np.array(sorted(drift), np.int64) if drift else np.zeros(0, np.int64)
+    drift_ev = np.empty((n, drift_h.shape[0], 2)) if drift else np.zeros((0, 0, 2))
+    return _LeadOut(np.empty(n), np.empty(n), np.empty(n, np.int64), drift_h, drift_ev)
+
+
+def _times(c: Contract, day: datetime.date, seed: int, rate: float, mk: _Market) -> tuple[np.ndarray, np.ndarray]:
+    """Step of :func:`_simulate_instrument`: the book-event times (ns) of the instrument and the
+    activity segments' ends (ns), clipped to its expiration and the session's close."""
+    starts, ends, mults, _ = mk.seg
+    stop = min(mk.t1 - 10_000_000, c.expiration_ns)
+    ends = np.minimum(ends, stop)
+    starts = np.maximum(starts, mk.t0 + OPEN_DELAY_NS)  # continuous trading after the opening
+    times = event_times(
+        _rng(seed, day, c.instrument_id, 1),
+        starts,
+        ends,
+        mults * rate,
+        BURST_MEAN,
+        BURST_P_SHORT,
+        BURST_SHORT_NS,
+        BURST_LONG_NS,
+    )
+    return times, ends
+
+
+def _run_kernel(c: Contract, day: datetime.date, seed: int, args: tuple, sampled: tuple, out: _LeadOut,
+                drift_paths: int, bufs: Buffers | None, slot: int, caps: tuple[int, int]) -> tuple:  # fmt: skip
+    """Step of :func:`_simulate_instrument`: the kernel run (``args``: its arguments before the
+    buffers; ``sampled``: the sample indices and their state arrays) into buffers of ``caps``
+    (MBO, MBP-10) records, doubled and run again until they hold every record. Returns the MBO
+    and MBP-10 record counts, both buffers, the stats and the drift's weights."""
+    cap_m, cap_p = caps
+    n = args[0].shape[0]
+    while True:
+        # the kernel writes every byte of every record (header included): no zeroing needed
+        if bufs is None:
+            mbo = np.empty(cap_m, MBO_DTYPE)
+            mbp = np.empty(cap_p, MBP10_DTYPE)
+        else:
+            mbo = bufs.get(("mbo", slot), MBO_DTYPE, cap_m)
+            mbp = bufs.get(("mbp", slot), MBP10_DTYPE, cap_p)
+        stats = np.zeros(8, np.int64)
+        drift_w = np.zeros((0, 0))
+        if out.drift_h.shape[0]:
+            drift_w = np.zeros((2 * out.drift_h.shape[0], 2 * out.drift_h.shape[0]))
+        tk = time.perf_counter()
+        nm, npp = simulate(
+            _rng(seed, day, c.instrument_id, 2),
+            *args,
+            mbo.view(np.int64).reshape(cap_m, MBO_W),
+            mbp.view(np.int64).reshape(cap_p, MBP_W),
+            *sampled,
+            stats,
+            out.lat,
+            out.pup,
+            out.rc,
+            _rng(seed, day, c.instrument_id, 6),
+            out.drift_h,
+            drift_paths,
+            out.drift_ev,
+            drift_w,
+        )
+        logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
+        if nm >= 0:
+            return nm, npp, mbo, mbp, stats, drift_w
+        cap_m *= 2
+        cap_p *= 2
+
+
+def _latent(times: np.ndarray, t0: int, t1: int, mid0: float, lat: np.ndarray) -> np.ndarray:
+    """Step of :func:`_simulate_instrument`: the leader's mid (ticks) at the end of every 1 s step
+    from ``t0`` to ``t1`` (ns), from its mid ``lat`` after each event at ``times``; ``mid0``
+    (the opening mid) before the first event."""
+    grid = t0 + np.arange((t1 - t0) // 1_000_000_000 + 1, dtype=np.int64) * 1_000_000_000
+    i = np.searchsorted(times, grid, side="right") - 1
+    return np.where(i >= 0, lat[np.maximum(i, 0)] if times.shape[0] else mid0, mid0)
+
+
 def _simulate_instrument(
     c: Contract,
     day: datetime.date,
@@ -306,47 +402,22 @@ def _simulate_instrument(
     the slot is served again). Without ``write_mbo`` the MBO records are only counted.
     """
     t0, t1 = mk.t0, mk.t1
-    starts, ends, mults, widen = mk.seg
-    stop = min(t1 - 10_000_000, c.expiration_ns)
-    ends = np.minimum(ends, stop)
-    starts = np.maximum(starts, t0 + OPEN_DELAY_NS)  # continuous trading after the opening
-    times = event_times(
-        _rng(seed, day, c.instrument_id, 1),
-        starts,
-        ends,
-        mults * rate,
-        BURST_MEAN,
-        BURST_P_SHORT,
-        BURST_SHORT_NS,
-        BURST_LONG_NS,
-    )
+    _, _, mults, widen = mk.seg
+    times, ends = _times(c, day, seed, rate, mk)
     tick = c.tick
     lat0 = fair * 1e9 / tick
     lat1 = close * 1e9 / tick
     b0 = int(math.floor(lat0 - 0.5))  # the opening mid b0 + 0.5 within half a tick of fair
     n = times.shape[0]
-    lat_ev = np.zeros(0)
-    pup_ev = np.zeros(0)
-    rc_ev = np.zeros(0, np.int64)
     lead = ref is None
-    p_move = 0.0
-    drift_h = np.zeros(0, np.int64)
-    drift_ev = np.zeros((0, 0, 2))
-    drift_w = np.zeros((0, 0))
+    out = _lead_out(lead, n, mk.drift)
+    p_move = min(P_MOVE_MAX, (vol * abs(lat0)) ** 2 / max(n, 1)) if lead else 0.0
     if lead:
-        p_move = min(P_MOVE_MAX, (vol * abs(lat0)) ** 2 / max(n, 1))
         ref = np.zeros(1)
-        lat_ev = np.empty(n)
-        pup_ev = np.empty(n)
-        rc_ev = np.empty(n, np.int64)
-        if mk.drift:
-            drift_h = np.array(sorted(mk.drift), np.int64)
-            drift_ev = np.empty((n, drift_h.shape[0], 2))
     p = _params(c, mk.signal, FOLLOW_TICKS if follow else 0.0, p_move)
     seg_fw = np.stack(
         [np.minimum(FILL_MAX, FILL_PER_ACTIVITY * mults), np.minimum(0.9, P_WIDEN * widen), mk.vol], axis=1
     )
-    lmax = int(p[PLMAX])
     rng_x = _rng(seed, day, c.instrument_id, 3)
     cross = -1
     if not c.is_spread and rng_x.random() < P_CROSSED_PREOPEN:
@@ -366,71 +437,19 @@ def _simulate_instrument(
     per_ev = 2.0 if lead else (6.0 if follow else 2.0)
     cap_m = int((per_ev + 0.4) * n) + 8 * RESERVE if write_mbo else 0
     cap_p = int(per_ev * n) + 8 * RESERVE
-    while True:
-        # the kernel writes every byte of every record (header included): no zeroing needed
-        if bufs is None:
-            mbo = np.empty(cap_m, MBO_DTYPE)
-            mbp = np.empty(cap_p, MBP10_DTYPE)
-        else:
-            mbo = bufs.get(("mbo", slot), MBO_DTYPE, cap_m)
-            mbp = bufs.get(("mbp", slot), MBP10_DTYPE, cap_p)
-        stats = np.zeros(8, np.int64)
-        if drift_h.shape[0]:
-            drift_w = np.zeros((2 * drift_h.shape[0], 2 * drift_h.shape[0]))
-        tk = time.perf_counter()
-        nm, npp = simulate(
-            _rng(seed, day, c.instrument_id, 2),
-            times,
-            t0,
-            b0,
-            lat0,
-            lat1,
-            p,
-            ends,
-            seg_fw,
-            ref,
-            t0,
-            seq0,
-            oid0,
-            cross,
-            lmax,
-            hdr_mbo,
-            hdr_mbp,
-            mbo.view(np.int64).reshape(cap_m, MBO_W),
-            mbp.view(np.int64).reshape(cap_p, MBP_W),
-            sample_at,
-            s_st,
-            s_fst,
-            stats,
-            lat_ev,
-            pup_ev,
-            rc_ev,
-            _rng(seed, day, c.instrument_id, 6),
-            drift_h,
-            mk.drift_paths,
-            drift_ev,
-            drift_w,
-        )
-        logger.debug("%s %s: %d events, %d MBP-10 records in %.3f s", c.symbol, day, n, npp, time.perf_counter() - tk)
-        if nm >= 0:
-            break
-        cap_m *= 2
-        cap_p *= 2
+    args = (times, t0, b0, lat0, lat1, p, ends, seg_fw, ref, t0, seq0, oid0, cross, int(p[PLMAX]), hdr_mbo, hdr_mbp)
+    nm, npp, mbo, mbp, stats, drift_w = _run_kernel(c, day, seed, args, (sample_at, s_st, s_fst), out,
+                                                    mk.drift_paths, bufs, slot, (cap_m, cap_p))  # fmt: skip
     mbo = mbo[: nm if write_mbo else 0]
     mbp = mbp[:npp]
     saved = (s_st, s_fst) if ns else None
-    latent = None
-    if lead:  # the mid at the end of every 1 s step from t0
-        grid = t0 + np.arange((t1 - t0) // 1_000_000_000 + 1, dtype=np.int64) * 1_000_000_000
-        i = np.searchsorted(times, grid, side="right") - 1
-        mid0 = b0 + 0.5
-        latent = np.where(i >= 0, lat_ev[np.maximum(i, 0)] if n else mid0, mid0)
-    planted = (rc_ev, pup_ev) if lead else None
+    latent = _latent(times, t0, t1, b0 + 0.5, out.lat) if lead else None
+    planted = (out.rc, out.pup) if lead else None
     drift = rel = None
-    if lead and drift_h.shape[0]:
-        drift, rel = drift_estimate(drift_ev, drift_w, mk.drift_paths)
+    if lead and out.drift_h.shape[0]:
+        drift, rel = drift_estimate(out.drift_ev, drift_w, mk.drift_paths)
     return InstrumentRun(int(nm), mbo, mbp, stats, cross >= 0, saved, p, latent, planted, drift,
-                         lat_ev if drift is not None else None, rel)
+                         out.lat if drift is not None else None, rel)
 
 
 def simulate_session(
