@@ -218,6 +218,25 @@ def _sidecar(data: CacheData, k: int) -> tuple[Path | None, dict]:
     return next((q for f in folders if (q := planted_path(f, seg.session)).is_file()), None), meta
 
 
+def _sidecars(data: CacheData) -> tuple[list[tuple[int, Path, tuple]], list[str], list[str]]:
+    """The segments whose planted-signal sidecar (:func:`_sidecar`) is of their own instrument, as
+    ``(k, path, read_planted(path))``; and the sessions with no sidecar, and with one of another
+    instrument (the generator's leading outright on a roll day where the cache's front month
+    differs)."""
+    found, missing, other = [], [], []
+    for k, seg in enumerate(data.segments):
+        path, meta = _sidecar(data, k)
+        if path is None:
+            missing.append(seg.session)
+            continue
+        planted = read_planted(path)
+        if meta.get("instrument_id") is not None and planted[2].get("instrument_id") != meta.get("instrument_id"):
+            other.append(seg.session)
+            continue
+        found.append((k, path, planted))
+    return found, missing, other
+
+
 def planted_drift_rows(data: CacheData, stride: int) -> tuple[np.ndarray, int | None, str]:
     """The true model's expected mid change over the holding period per cache row: the sidecar's
     ``drift_K`` (ticks; :mod:`alphafeat.synth.planted`) at K = ``stride`` rows, or the stored K
@@ -228,17 +247,11 @@ def planted_drift_rows(data: CacheData, stride: int) -> tuple[np.ndarray, int | 
     Segments without a sidecar, of another instrument than the sidecar's, or whose sidecar
     predates the drift columns (the note gives the reader's one line) stay NaN."""
     out = np.full(data.n_rows, np.nan)
-    found, missing, other, old = [], [], [], []
+    found, old = [], []
     used: set[int] = set()
-    for k, seg in enumerate(data.segments):
-        path, meta = _sidecar(data, k)
-        if path is None:
-            missing.append(seg.session)
-            continue
-        _, _, side = read_planted(path)
-        if meta.get("instrument_id") is not None and side.get("instrument_id") != meta.get("instrument_id"):
-            other.append(seg.session)
-            continue
+    with_sidecar, missing, other = _sidecars(data)
+    for k, path, _ in with_sidecar:
+        seg = data.segments[k]
         try:
             ts, drift = read_drift(path)
         except InputError as e:
@@ -281,18 +294,11 @@ def planted_rows(data: CacheData) -> tuple[np.ndarray, str]:
     with no sidecar stays NaN.
     """
     out = np.full(data.n_rows, np.nan)
-    found, missing, other = [], [], []
-    for k, seg in enumerate(data.segments):
-        path, meta = _sidecar(data, k)
-        if path is None:
-            missing.append(seg.session)
-            continue
-        ts, p_up, side = read_planted(path)
-        if meta.get("instrument_id") is not None and side.get("instrument_id") != meta.get("instrument_id"):
-            other.append(seg.session)
-            continue
-        out[data.offsets[k]:data.offsets[k + 1]] = asof(seg.ts, ts, p_up)
-        found.append(seg.session)
+    with_sidecar, missing, other = _sidecars(data)
+    found = []
+    for k, _, (ts, p_up, _) in with_sidecar:
+        out[data.offsets[k]:data.offsets[k + 1]] = asof(data.segments[k].ts, ts, p_up)
+        found.append(data.segments[k].session)
     if not found:
         note = (f"oracle not available: no planted-signal sidecar (glbx-mdp3-YYYYMMDD.{SIGNAL_SUFFIX}, written by "
                 "`alphafeat synth --signal-file`) beside the cache's sources; 'hindsight' (sign of the mid's move "
