@@ -26,8 +26,9 @@ import pytest
 from test_features import random_book
 
 from alphafeat.devices import compute_features
-from alphafeat.features import FeatureParams, _prepare, cuda_available, feature_specs
+from alphafeat.features import FeatureParams, cuda_available, feature_specs
 from alphafeat.features.cpu import FeatureStream
+from alphafeat.features.inputs import prepare
 from alphafeat.features.registry import Decay, Feature, make_plan, registered
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +97,7 @@ def test_declared_features_on_the_cpu() -> None:
         chunked = compute_features(book, n_chunks=5, n_jobs=2)
         # streamed in blocks (each after the first with the previous block's last row)
         stream = FeatureStream(make_plan(FeatureParams()), 700)
-        cols = _prepare(book, FeatureParams())
+        cols = prepare(book, FeatureParams())
         parts, pos = [], 0
         while pos < len(book):
             hi = min(pos + 613, len(book))

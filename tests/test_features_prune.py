@@ -8,8 +8,9 @@ import pytest
 from test_declared_feature import TOYS
 from test_features import random_book
 
-from alphafeat.features import FeatureParams, _prepare, compute_features, feature_specs
+from alphafeat.features import FeatureParams, compute_features, feature_specs
 from alphafeat.features.cpu import FeatureStream
+from alphafeat.features.inputs import prepare
 from alphafeat.features.registry import FEATURE_GROUPS, make_plan, prune_plan, registered, select_features
 
 
@@ -40,7 +41,7 @@ def test_pruned_plan_gives_the_wanted_columns_bit_for_bit(want: str, declared) -
         full = compute_features(book, params, device="cpu")
         plan = make_plan(params)
         pruned = prune_plan(plan, cols)
-        got = _stream(pruned, _prepare(book, params), n)
+        got = _stream(pruned, prepare(book, params), n)
     for w, c in zip(wanted, cols):
         assert np.array_equal(got[c], full[w], equal_nan=True), w
     assert pruned.s_kind.shape[0] <= plan.s_kind.shape[0] and pruned.p_int.shape[0] <= plan.p_int.shape[0]
@@ -59,12 +60,12 @@ def test_a_wrong_series_index_would_be_seen() -> None:
     names = [s.name for s in feature_specs(params)]
     c = names.index("mid_z_600s")
     pruned = prune_plan(make_plan(params), [c, names.index("realized_vol_10s")])
-    good = _stream(pruned, _prepare(book, params), n)[c]
+    good = _stream(pruned, prepare(book, params), n)[c]
     bad = pruned.p_int.copy()
     row = int(np.flatnonzero(bad[:, 1] == c)[0])
     bad[row, 3] = (bad[row, 3] + 1) % pruned.s_kind.shape[0]
     import dataclasses
 
     wrong = dataclasses.replace(pruned, p_int=bad, derived={})
-    assert not np.array_equal(_stream(wrong, _prepare(book, params), n)[c], good, equal_nan=True)
+    assert not np.array_equal(_stream(wrong, prepare(book, params), n)[c], good, equal_nan=True)
     assert set(FEATURE_GROUPS) >= {"flow", "vol"}

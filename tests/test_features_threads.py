@@ -20,8 +20,9 @@ import pytest
 from test_declared_feature import TOYS
 from test_features import random_book
 
-from alphafeat.features import FeatureParams, _prepare, compute_features, feature_specs
+from alphafeat.features import FeatureParams, compute_features, feature_specs
 from alphafeat.features.cpu import FeatureStream
+from alphafeat.features.inputs import prepare
 from alphafeat.features.registry import make_plan, registered
 from alphafeat.precompute import PrecomputeConfig, books, precompute, run, table
 from alphafeat.precompute import job as job_mod
@@ -39,7 +40,7 @@ def test_row_columns_are_what_the_row_stage_writes(declared) -> None:
         specs = feature_specs(FeatureParams())
         stream = FeatureStream(make_plan(FeatureParams()), 700)
         out = np.full((len(specs), 700), 12345.0)
-        stream._row_stage(_prepare(book, FeatureParams()), False, out)
+        stream._row_stage(prepare(book, FeatureParams()), False, out)
     written = {c for c in range(len(specs)) if not (out[c] == 12345.0).all()}
     assert stream.row_cols == {k for k, s in enumerate(specs) if not s.state}
     # besides: the row values of declared features with state, which their recurrence replaces
@@ -60,7 +61,7 @@ def test_push_block_equals_one_call_bit_for_bit(threads: int, declared) -> None:
     main = threading.get_ident()
     with registered(*declared):
         ref = compute_features(book)
-        cols = _prepare(book, FeatureParams())
+        cols = prepare(book, FeatureParams())
         stream = FeatureStream(make_plan(FeatureParams()), 97, threads)
         got = np.full((len(ref), n), -7.0)
         seen = np.zeros((len(ref), n), dtype=np.int64)
@@ -95,7 +96,7 @@ def test_push_block_threads_changing_block_to_block_bit_for_bit() -> None:
     book = random_book(n, 5)
     main = threading.get_ident()
     ref = compute_features(book)
-    cols = _prepare(book, FeatureParams())
+    cols = prepare(book, FeatureParams())
     stream = FeatureStream(make_plan(FeatureParams()), 97, 4)
     got = np.full((len(ref), n), -7.0)
     cuts = list(range(0, n, 700)) + [n]

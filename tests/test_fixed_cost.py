@@ -84,7 +84,8 @@ def test_feature_stream_gives_the_kernel_one_layout(monkeypatch) -> None:
     numba loads one compiled version of it per process, not one per layout."""
     from test_features import random_book
 
-    from alphafeat.features import FeatureParams, _prepare, cpu
+    from alphafeat.features import FeatureParams, cpu
+    from alphafeat.features.inputs import prepare
     from alphafeat.features.registry import make_plan as feature_plan
 
     book = random_book(25, 3)
@@ -97,7 +98,7 @@ def test_feature_stream_gives_the_kernel_one_layout(monkeypatch) -> None:
 
     monkeypatch.setattr(cpu, "_run_chunk", spy)
     stream = cpu.FeatureStream(feature_plan(FeatureParams()), 10)
-    cols = _prepare(book, FeatureParams())
+    cols = prepare(book, FeatureParams())
     for a, b in ((0, 10), (10, 20), (20, 25)):  # no halo, then each led by the row before
         stream.push({k: v[max(a - 1, 0) : b] for k, v in cols.items()}, a > 0)
     assert {w for w, _ in seen} >= {10, 11, 6} and all(c for _, c in seen)

@@ -22,10 +22,10 @@ from conftest import ESH4_MBO, need
 from test_features import make_book
 
 import alphafeat.book as bk
-from alphafeat.features import FeatureParams, _prepare, compute_features, feature_specs
+from alphafeat.features import FeatureParams, compute_features, feature_specs
 from alphafeat.features.cpu import FeatureStream
 from alphafeat.features.crossed import X_FLOW, X_NAN
-from alphafeat.features.inputs import crossed_rows
+from alphafeat.features.inputs import crossed_rows, prepare
 from alphafeat.features.registry import Decay, Feature, make_plan, registered
 from alphafeat.types import BookArrays
 
@@ -83,7 +83,7 @@ def _streamed(b: BookArrays, params: FeatureParams, block: int) -> dict[str, np.
     while pos < len(b):
         hi, lo = min(pos + block, len(b)), max(pos - 1, 0)
         piece = _rows(b, slice(lo, hi))
-        parts.append(stream.push(_prepare(piece, params), pos > 0).copy())
+        parts.append(stream.push(prepare(piece, params), pos > 0).copy())
         pos = hi
     out = np.concatenate(parts, axis=1)
     return {name: out[k] for k, name in enumerate(names)}

@@ -26,6 +26,7 @@ from alphafeat import book as bk
 from alphafeat import labels as lb
 from alphafeat.dbn import RecordScanner, read_dbn
 from alphafeat.features import compute_features
+from alphafeat.features.inputs import prepare
 from alphafeat.instruments import session_dates
 from alphafeat.plan import session_bounds
 from alphafeat.precompute.table import book_mid
@@ -498,7 +499,7 @@ def test_direction_labels_equal_numpy_on_real_mids():
 def test_feature_stream_equals_one_call_on_random_blocks() -> None:
     """FeatureStream over random block splits (each block after the first led by its halo row)
     gives every feature bit for bit as one compute_features call over the whole segment."""
-    from alphafeat.features import FeatureParams, _prepare
+    from alphafeat.features import FeatureParams
     from alphafeat.features.cpu import FeatureStream
     from alphafeat.features.registry import make_plan
 
@@ -512,7 +513,7 @@ def test_feature_stream_equals_one_call_on_random_blocks() -> None:
         books.append(b.finish())
     for book in books:
         ref = compute_features(book, params)
-        cols = _prepare(book, params)
+        cols = prepare(book, params)
         n = len(book)
         for k in (1, 2, 17, 60):
             cuts = np.sort(rng.choice(np.arange(1, n), size=k - 1, replace=False)) if k > 1 else np.array([], int)

@@ -85,7 +85,7 @@ from __future__ import annotations
 import numpy as np
 
 from alphafeat.errors import UsageError
-from alphafeat.features.inputs import prepare as _prepare
+from alphafeat.features.inputs import prepare
 from alphafeat.features.registry import (
     INTERPOLATIONS,
     FeatureParams,
@@ -175,7 +175,7 @@ def compute_features(
     from alphafeat.features.cpu import compute_cpu
 
     names = [s.name for s in feature_specs(params)]
-    out = compute_cpu(_prepare(book, params), make_plan(params), n_chunks=n_chunks, n_jobs=n_jobs)
+    out = compute_cpu(prepare(book, params), make_plan(params), n_chunks=n_chunks, n_jobs=n_jobs)
     return {name: out[k] for k, name in enumerate(names)}
 
 

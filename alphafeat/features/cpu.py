@@ -155,7 +155,7 @@ def kernel_of(plan: Plan) -> Kernel:
 
 
 def inputs_of(cols: dict[str, np.ndarray]) -> Inputs:
-    """:class:`Inputs` of the prepared columns (:func:`alphafeat.features._prepare`)."""
+    """:class:`Inputs` of the prepared columns (:func:`alphafeat.features.inputs.prepare`)."""
     return Inputs(cols["bid_px"], cols["ask_px"], cols["bid_sz"], cols["ask_sz"], cols["ts_recv"],
                   cols["buy_volume"], cols["sell_volume"], cols["trade_count"])  # fmt: skip
 
@@ -201,7 +201,7 @@ def _bounds(n: int, k: int) -> list[tuple[int, int]]:
 def compute_cpu(cols: dict[str, np.ndarray], plan: Plan, n_chunks: int = 1, n_jobs: int | None = 1) -> np.ndarray:
     """All features as a float64 matrix ``(n_out, n)``.
 
-    ``cols``: contiguous input columns (:func:`alphafeat.features._prepare`). ``n_chunks``:
+    ``cols``: contiguous input columns (:func:`alphafeat.features.inputs.prepare`). ``n_chunks``:
     number of contiguous chunks (>= 1); ``n_jobs``: worker threads for the chunks (1:
     in-process, None or -1: all cores; joblib's threading backend, the kernels release the
     GIL). Results equal the sequential ones to rounding, on any split. The declared features
@@ -345,7 +345,7 @@ class FeatureStream:
         """Features of the new rows of ``cols`` as a float64 view ``(n_out, m)``, valid until
         the next push.
 
-        ``cols``: contiguous input columns (:func:`alphafeat.features._prepare`) of the new
+        ``cols``: contiguous input columns (:func:`alphafeat.features.inputs.prepare`) of the new
         rows, preceded when ``halo`` by the last row of the previous push (the row-wise
         differences read it). The first push has no halo.
         """
