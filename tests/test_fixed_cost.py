@@ -11,6 +11,7 @@ import sys
 import time
 
 import joblib
+import numpy as np
 import pytest
 from conftest import PROJECT
 
@@ -156,6 +157,51 @@ print(numba.njit(lambda a: np.dot(a, a))(np.arange(3.0)), "scipy.linalg" in sys.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
                          env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
     assert out.stdout.split() == ["False", "5.0", "True"]
+
+
+_LEAN = """
+import sys
+import numpy as np
+import alphafeat.cli
+from alphafeat.zstd_frames import _walk_blocks
+win = np.random.default_rng(5).integers(0, 256, 4096, dtype=np.uint8)
+got = [_walk_blocks(win, k) for k in range(0, 64, 3)]
+want = [_walk_blocks.py_func(win, k) for k in range(0, 64, 3)]
+registries = ["numba.np.arraymath", "numba.typed.typedlist", "numba.np.linalg", "numba.experimental.jitclass.base"]
+print(got == want, sum(_walk_blocks.stats.cache_hits.values()), sorted(m for m in registries if m in sys.modules))
+import numba
+print(numba.njit(lambda a: np.sort(a)[0])(np.array([3.0, 1.0])), "numba.np.arraymath" in sys.modules)
+"""
+
+
+def test_cli_process_loads_cached_kernels_without_numba_start_up() -> None:
+    """In the command's process a cached CPU kernel is loaded without numba's target refresh
+    (every typing and lowering registry numba has: ~0.1 s, a third of the time before the first
+    book record) and computes what its Python function computes; a function compiled after it
+    still gets the whole refresh (``alphafeat._command.LeanKernelLoads``)."""
+    out = subprocess.run([sys.executable, "-c", _LEAN], capture_output=True, text=True, timeout=300, cwd=PROJECT,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
+    assert out.stdout.split("\n")[:2] == ["True 1 []", "1.0 True"], out.stdout + out.stderr
+
+
+def _lean_load_in_worker() -> tuple[bool, bool]:
+    """In a worker: load a cached kernel; whether numba's registries got imported, and whether
+    the result is the Python function's."""
+    from alphafeat.zstd_frames import _walk_blocks
+
+    win = np.random.default_rng(6).integers(0, 256, 1024, dtype=np.uint8)
+    same = _walk_blocks(win, 1) == _walk_blocks.py_func(win, 1)
+    return "numba.np.arraymath" in sys.modules, same
+
+
+def test_command_workers_load_cached_kernels_without_numba_start_up() -> None:
+    """The command's joblib workers get the lean kernel loads through its initializer."""
+    from alphafeat import _command
+
+    with joblib.parallel_config("loky", initializer=_command.worker_start):
+        lean = joblib.Parallel(2)(joblib.delayed(_lean_load_in_worker)() for _ in range(2))
+    plain = joblib.Parallel(2)(joblib.delayed(_lean_load_in_worker)() for _ in range(2))
+    assert lean == [(False, True)] * 2 and plain == [(True, True)] * 2
 
 
 def _loads_scipy_linalg() -> bool:
