@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import sys
 from importlib.machinery import PathFinder
@@ -48,7 +49,8 @@ class LeanKernelLoads:
     be compiled still gets the whole refresh (numba's compiler does it itself), and a cache
     that cannot be read falls back to a compile as before. numba's entry points (extensions
     that add types and lowerings for other libraries' objects: no alphafeat kernel takes
-    one) are not run. Reads numba's private ``Cache._load_overload``,
+    one) are not run, nor is PyYAML imported without a numba config file to read
+    (:meth:`skip_yaml`). Reads numba's private ``Cache._load_overload``,
     ``_guard_against_spurious_io_errors``, ``rtsys`` and ``entrypoints._already_initialized``:
     should they move, the loads are numba's own again (:func:`_lean_loads` leaves a numba it
     does not recognise as it is)."""
@@ -57,6 +59,8 @@ class LeanKernelLoads:
 
     @classmethod
     def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
+        if name == "yaml":
+            cls.skip_yaml()
         if name not in cls.hooks:
             return None
         spec = PathFinder.find_spec(name, path)
@@ -70,6 +74,18 @@ class LeanKernelLoads:
 
         spec.loader.exec_module = exec_module
         return spec
+
+    @staticmethod
+    def skip_yaml() -> None:
+        """Fail the import of ``yaml`` by ``numba.core.config`` when there is no
+        ``.numba_config.yaml`` in the working directory: numba imports PyYAML only to read that
+        file (~0.01 s of every process). With the file there, numba reads it as before."""
+        config = sys.modules.get("numba.core.config")
+        if getattr(getattr(config, "__spec__", None), "_initializing", False) and not os.path.isfile(
+            ".numba_config.yaml"
+        ):
+            raise ModuleNotFoundError("yaml: not needed by numba without .numba_config.yaml (alphafeat's command)",
+                                      name="yaml")  # fmt: skip
 
 
 def _lean_loads(module: object) -> None:

@@ -55,8 +55,9 @@ import time
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
-HEAVY = ("pandas", "torch", "matplotlib", "dask", "distributed", "databento", "aiohttp", "scipy", "requests",
-         "pyarrow", "numba.cuda")  # fmt: skip
+HEAVY = ("pandas", "torch", "matplotlib", "dask", "distributed", "databento", "aiohttp", "scipy", "scipy.linalg",
+         "requests", "pyarrow", "pyarrow.compute", "numba.cuda", "numba.np.arraymath", "joblib", "yaml",
+         "rich.table")  # fmt: skip
 LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 PARTS = ("start_s", "setup_s", "plan_s", "segment_s")
 DEFAULT_INPUT = sorted((PROJECT / "data").glob("glbx-mdp3-20240306.*.dbn.zst"))
@@ -67,8 +68,8 @@ DEFAULT_INPUT = sorted((PROJECT / "data").glob("glbx-mdp3-20240306.*.dbn.zst"))
 PROBE = r"""
 import json, os, sys, time
 stamps = {"start": time.monotonic()}
-out, stop = sys.argv[1], sys.argv[2] == "1"
-sys.argv = ["alphafeat", *sys.argv[3:]]
+out, stop, HEAVY = sys.argv[1], sys.argv[2] == "1", sys.argv[3].split(",")
+sys.argv = ["alphafeat", *sys.argv[4:]]
 
 def dump():
     with open(out, "w") as fh:
@@ -93,6 +94,7 @@ def on_dbn(mod):
             if "plan_end" in stamps and "first_record" not in stamps and any(
                     rt in book and len(a) for rt, a in chunk.items()):
                 stamps["first_record"] = time.monotonic()
+                stamps["loaded"] = sorted(m for m in HEAVY if m in sys.modules)
                 dump()
                 if stop:
                     os._exit(0)
@@ -157,7 +159,8 @@ def timed_run(root: Path, args: list[str], scratch: Path, stop: bool) -> dict[st
     """One probed run of ``alphafeat ARGS`` from checkout ``root``: its parts (module docstring), seconds."""
     stamps_file = scratch / "stamps.json"
     stamps_file.unlink(missing_ok=True)
-    t0, wall, _ = _run([sys.executable, "-c", PROBE, str(stamps_file), "1" if stop else "0", *args], root)
+    probe = [sys.executable, "-c", PROBE, str(stamps_file), "1" if stop else "0", ",".join(HEAVY)]
+    t0, wall, _ = _run([*probe, *args], root)
     s = json.loads(stamps_file.read_text()) if stamps_file.is_file() else {}
     if "first_record" not in s:
         raise SystemExit(f"no book record decoded in this process after the plan ({root}: {shlex.join(args)}): "
@@ -167,6 +170,7 @@ def timed_run(root: Path, args: list[str], scratch: Path, stop: bool) -> dict[st
            "first_record_s": s["first_record"] - t0}  # fmt: skip
     if not stop:
         got["wall_s"] = wall
+    got["loaded"] = s.get("loaded", [])
     return got
 
 
@@ -203,6 +207,7 @@ def report(res: dict) -> None:
             if k in r["runs"]:
                 st = r["runs"][k]
                 print(f"  {k:<16} {st['median']:>9.3f} {st['min']:>7.3f} {st['max']:>7.3f}")
+        print(f"  heavy modules loaded at the first book record: {', '.join(r['heavy_at_first_record']) or 'none'}")
         imp = r["imports"]
         print(f"  imports (sum of top-level -X importtime, one run): {imp['import_s']:.3f} s; "
               f"heavy modules imported: {', '.join(imp['heavy']) or 'none'}")  # fmt: skip
@@ -245,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     res = {"bench": "import_profile", "input": [str(p) for p in inputs] if not args.synth else f"synth {args.synth}",
            "extra": args.extra, "repeat": args.repeat, "cores": os.cpu_count(), "checkouts": {}}  # fmt: skip
     for who, root in roots.items():
-        keys = runs[who][0].keys()
+        keys = [k for k in runs[who][0] if k != "loaded"]
         res["checkouts"][who] = {"root": str(root), "runs": {k: _stat([r[k] for r in runs[who]]) for k in keys},
-                                 "imports": imports[who]}  # fmt: skip
+                                 "heavy_at_first_record": runs[who][-1]["loaded"], "imports": imports[who]}  # fmt: skip
     if args.baseline:
         this, base = res["checkouts"]["this"]["runs"], res["checkouts"]["baseline"]["runs"]
         res["ratio_median"] = {k: round(this[k]["median"] / base[k]["median"], 3) for k in this}

@@ -330,17 +330,30 @@ def test_a_cold_precompute_imports_no_heavy_library(tmp_path) -> None:
     pandas, aiohttp, requests), torch, matplotlib, dask, nor numba.cuda (``--device auto``
     probes no GPU while the CPU is its choice: ~0.2 s): the symbology comes from
     ``databento_dbn``'s metadata (:class:`alphafeat.instruments.InstrumentMap`), the rest is
-    imported where it is used (``bench/import_profile.py`` measures what is left)."""
+    imported where it is used (``bench/import_profile.py`` measures what is left). Nor does it
+    load numba's registries (its cached kernels load without them: ``numba.np.arraymath`` and
+    with it ``scipy.linalg``), nor PyYAML; pyarrow is not loaded before the first book record
+    (it is imported where a partition is written)."""
     if not any(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
-    heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "pandas", "requests", "torch"]
+    heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "numba.np.arraymath", "pandas",
+             "requests", "scipy.linalg", "torch", "yaml"]  # fmt: skip
     code = f"""
 import sys
 from alphafeat.cli import main
-rc = main(["precompute", "-q", "--input", {str(DATA)!r}, "--out", {str(tmp_path / "fresh" / "out")!r}])
-print(rc, sorted(m for m in {heavy!r} if m in sys.modules))
+from alphafeat import dbn
+at_first = []
+scan = dbn.RecordScanner.__iter__
+def records(self):
+    for chunk in scan(self):
+        if not at_first and any(rt == dbn.SCHEMA_RTYPES["mbp-10"] and len(a) for rt, a in chunk.items()):
+            at_first.append(sorted(m for m in ("pyarrow", "pyarrow.compute", "joblib") if m in sys.modules))
+        yield chunk
+dbn.RecordScanner.__iter__ = records
+rc = main(["precompute", "-q", "--jobs", "1", "--input", {str(DATA)!r}, "--out", {str(tmp_path / "fresh" / "out")!r}])
+print(rc, sorted(m for m in {heavy!r} if m in sys.modules), at_first[0], "pyarrow" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
                          env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
-    assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "0 [] [] True", out.stdout[-2000:] + out.stderr[-2000:]
     assert len(list((tmp_path / "fresh" / "out").rglob("*.arrow"))) == 3  # the sample's three sessions
