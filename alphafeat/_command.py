@@ -49,7 +49,8 @@ class LeanKernelLoads:
     be compiled still gets the whole refresh (numba's compiler does it itself), and a cache
     that cannot be read falls back to a compile as before. numba's entry points (extensions
     that add types and lowerings for other libraries' objects: no alphafeat kernel takes
-    one) are not run, nor is PyYAML imported without a numba config file to read
+    one) are not run (and ``importlib.metadata``, which finds them, is loaded only if used:
+    :meth:`lazy`), nor is PyYAML imported without a numba config file to read
     (:meth:`skip_yaml`). Reads numba's private ``Cache._load_overload``,
     ``_guard_against_spurious_io_errors``, ``rtsys`` and ``entrypoints._already_initialized``:
     should they move, the loads are numba's own again (:func:`_lean_loads` leaves a numba it
@@ -61,6 +62,8 @@ class LeanKernelLoads:
     def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
         if name == "yaml":
             cls.skip_yaml()
+        if name == "importlib.metadata" and _initializing("numba.core.entrypoints"):
+            return cls.lazy(name, path)
         if name not in cls.hooks:
             return None
         spec = PathFinder.find_spec(name, path)
@@ -76,16 +79,31 @@ class LeanKernelLoads:
         return spec
 
     @staticmethod
+    def lazy(name: str, path: object) -> object:
+        """``name`` imported lazily (``importlib.util.LazyLoader``: executed at its first
+        attribute access): ``importlib.metadata``, which numba's entry points module imports
+        for the entry points that are not run here (~0.015 s: its ``email`` parsing)."""
+        from importlib.util import LazyLoader
+
+        spec = PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = LazyLoader(spec.loader)
+        return spec
+
+    @staticmethod
     def skip_yaml() -> None:
         """Fail the import of ``yaml`` by ``numba.core.config`` when there is no
         ``.numba_config.yaml`` in the working directory: numba imports PyYAML only to read that
         file (~0.01 s of every process). With the file there, numba reads it as before."""
-        config = sys.modules.get("numba.core.config")
-        if getattr(getattr(config, "__spec__", None), "_initializing", False) and not os.path.isfile(
-            ".numba_config.yaml"
-        ):
+        if _initializing("numba.core.config") and not os.path.isfile(".numba_config.yaml"):
             raise ModuleNotFoundError("yaml: not needed by numba without .numba_config.yaml (alphafeat's command)",
                                       name="yaml")  # fmt: skip
+
+
+def _initializing(name: str) -> bool:
+    """Whether module ``name`` is being executed (its import not finished): importlib's private
+    ``__spec__._initializing``; False should it change (the hooks then do nothing)."""
+    return getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False)
 
 
 def _lean_loads(module: object) -> None:

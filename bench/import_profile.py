@@ -23,7 +23,9 @@ processes, where the probe sees no record: give one session (the default input).
 
 One more run under ``python -X importtime`` (per checkout) gives ``import_s`` (the sum of the
 top-level cumulative import times: what the process spent importing, whoever asked), the
-heaviest modules (``--top``) and which heavy libraries were loaded.
+heaviest modules (``--top``). Which heavy libraries a run loaded (:data:`HEAVY`) is noted
+by the probe at the first book record and at the command's end (``heavy_at_first_record``,
+``heavy_at_exit``; a module imported lazily and never used does not count).
 
 ``--baseline DIR`` times another checkout of the project too (its packages first on
 ``PYTHONPATH``), the two alternating run by run, so that both come from the same minutes of
@@ -57,7 +59,7 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[1]
 HEAVY = ("pandas", "torch", "matplotlib", "dask", "distributed", "databento", "aiohttp", "scipy", "scipy.linalg",
          "requests", "pyarrow", "pyarrow.compute", "numba.cuda", "numba.np.arraymath", "joblib", "yaml",
-         "rich.table")  # fmt: skip
+         "rich.table", "importlib.metadata")  # fmt: skip
 LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 PARTS = ("start_s", "setup_s", "plan_s", "segment_s")
 DEFAULT_INPUT = sorted((PROJECT / "data").glob("glbx-mdp3-20240306.*.dbn.zst"))
@@ -94,7 +96,7 @@ def on_dbn(mod):
             if "plan_end" in stamps and "first_record" not in stamps and any(
                     rt in book and len(a) for rt, a in chunk.items()):
                 stamps["first_record"] = time.monotonic()
-                stamps["loaded"] = sorted(m for m in HEAVY if m in sys.modules)
+                stamps["loaded"] = sorted(m for m in HEAVY if type(sys.modules.get(m)).__name__ == "module")
                 dump()
                 if stop:
                     os._exit(0)
@@ -116,6 +118,12 @@ class Hook:
         spec.loader.exec_module = exec_module
         return spec
 
+def at_exit():
+    stamps["at_exit"] = sorted(m for m in HEAVY if type(sys.modules.get(m)).__name__ == "module")
+    dump()
+
+import atexit
+atexit.register(at_exit)
 sys.meta_path.insert(0, Hook)
 from alphafeat.cli import main
 main()
@@ -171,17 +179,16 @@ def timed_run(root: Path, args: list[str], scratch: Path, stop: bool) -> dict[st
     if not stop:
         got["wall_s"] = wall
     got["loaded"] = s.get("loaded", [])
+    got["at_exit"] = s.get("at_exit", [])
     return got
 
 
 def import_profile(root: Path, args: list[str], top: int) -> dict:
-    """``-X importtime`` of one run of ``alphafeat ARGS`` from ``root``: the sum, the heaviest, the heavy."""
+    """``-X importtime`` of one run of ``alphafeat ARGS`` from ``root``: the sum and the heaviest."""
     _, _, err = _run([sys.executable, "-X", "importtime", "-m", "alphafeat.cli", *args], root)
     rows = parse_importtime(err)
-    seen = {name for name, *_ in rows}
     return {
         "import_s": round(sum(c for _, _, c, d in rows if d == 0) / 1e6, 4),
-        "heavy": sorted(m for m in HEAVY if m in seen),
         "top": [{"module": n, "self_ms": round(s / 1e3, 1), "cumulative_ms": round(c / 1e3, 1)}
                 for c, s, n in sorted(((c, s, n) for n, s, c, _ in rows), reverse=True)[:top]],
     }  # fmt: skip
@@ -207,10 +214,10 @@ def report(res: dict) -> None:
             if k in r["runs"]:
                 st = r["runs"][k]
                 print(f"  {k:<16} {st['median']:>9.3f} {st['min']:>7.3f} {st['max']:>7.3f}")
-        print(f"  heavy modules loaded at the first book record: {', '.join(r['heavy_at_first_record']) or 'none'}")
+        print(f"  heavy modules loaded at the first book record: {', '.join(r['heavy_at_first_record']) or 'none'}; "
+              f"at the end: {', '.join(r['heavy_at_exit']) or 'none'}")  # fmt: skip
         imp = r["imports"]
-        print(f"  imports (sum of top-level -X importtime, one run): {imp['import_s']:.3f} s; "
-              f"heavy modules imported: {', '.join(imp['heavy']) or 'none'}")  # fmt: skip
+        print(f"  imports (sum of top-level -X importtime, one run): {imp['import_s']:.3f} s")
         print(f"  {'module':46s} {'self ms':>9s} {'cumul ms':>9s}")
         for t in imp["top"]:
             print(f"  {t['module']:46s} {t['self_ms']:9.1f} {t['cumulative_ms']:9.1f}")
@@ -250,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     res = {"bench": "import_profile", "input": [str(p) for p in inputs] if not args.synth else f"synth {args.synth}",
            "extra": args.extra, "repeat": args.repeat, "cores": os.cpu_count(), "checkouts": {}}  # fmt: skip
     for who, root in roots.items():
-        keys = [k for k in runs[who][0] if k != "loaded"]
+        keys = [k for k in runs[who][0] if k not in ("loaded", "at_exit")]
         res["checkouts"][who] = {"root": str(root), "runs": {k: _stat([r[k] for r in runs[who]]) for k in keys},
-                                 "heavy_at_first_record": runs[who][-1]["loaded"], "imports": imports[who]}  # fmt: skip
+                                 "heavy_at_first_record": runs[who][-1]["loaded"],
+                                 "heavy_at_exit": runs[who][-1]["at_exit"], "imports": imports[who]}  # fmt: skip
     if args.baseline:
         this, base = res["checkouts"]["this"]["runs"], res["checkouts"]["baseline"]["runs"]
         res["ratio_median"] = {k: round(this[k]["median"] / base[k]["median"], 3) for k in this}
