@@ -51,10 +51,11 @@ class LeanKernelLoads:
     that add types and lowerings for other libraries' objects: no alphafeat kernel takes
     one) are not run (and ``importlib.metadata``, which finds them, is loaded only if used:
     :meth:`lazy`), nor is PyYAML imported without a numba config file to read
-    (:meth:`skip_yaml`). Reads numba's private ``Cache._load_overload``,
-    ``_guard_against_spurious_io_errors``, ``rtsys`` and ``entrypoints._already_initialized``:
-    should they move, the loads are numba's own again (:func:`_lean_loads` leaves a numba it
-    does not recognise as it is)."""
+    (:meth:`skip_yaml`), nor SciPy for the version check numba makes first thing (this
+    project requires SciPy >= 1.10; numba's BLAS users import it as before). Reads numba's
+    private ``Cache._load_overload``, ``_guard_against_spurious_io_errors``, ``rtsys`` and
+    ``entrypoints._already_initialized``: should they move, the loads are numba's own again
+    (:func:`_lean_loads` leaves a numba it does not recognise as it is)."""
 
     hooks = ("numba.core.caching", "numba.core.entrypoints")
 
@@ -62,6 +63,8 @@ class LeanKernelLoads:
     def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
         if name == "yaml":
             cls.skip_yaml()
+        if name == "scipy" and _initializing("numba") and "numba.core" not in sys.modules:
+            raise ModuleNotFoundError("scipy: numba's version check skipped (alphafeat's command)", name="scipy")
         if name == "importlib.metadata" and _initializing("numba.core.entrypoints"):
             return cls.lazy(name, path)
         if name not in cls.hooks:

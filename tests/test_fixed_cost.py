@@ -332,12 +332,12 @@ def test_a_cold_precompute_imports_no_heavy_library(tmp_path) -> None:
     ``databento_dbn``'s metadata (:class:`alphafeat.instruments.InstrumentMap`), the rest is
     imported where it is used (``bench/import_profile.py`` measures what is left). Nor does it
     load numba's registries (its cached kernels load without them: ``numba.np.arraymath`` and
-    with it ``scipy.linalg``), nor PyYAML; pyarrow is not loaded before the first book record
-    (it is imported where a partition is written)."""
+    with it ``scipy.linalg``), nor SciPy or PyYAML (numba's checks at import); pyarrow is not
+    loaded before the first book record (it is imported where a partition is written)."""
     if not any(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
     heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "numba.np.arraymath", "pandas",
-             "requests", "scipy.linalg", "torch", "yaml"]  # fmt: skip
+             "requests", "scipy", "torch", "yaml"]  # fmt: skip
     code = f"""
 import sys
 from alphafeat.cli import main
