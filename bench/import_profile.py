@@ -179,7 +179,7 @@ def timed_run(root: Path, args: list[str], scratch: Path, stop: bool) -> dict[st
     if not stop:
         got["wall_s"] = wall
     got["loaded"] = s.get("loaded", [])
-    got["at_exit"] = s.get("at_exit", [])
+    got["at_exit"] = s.get("at_exit", ["(not noted: stopped at the first record)"] if stop else [])
     return got
 
 
