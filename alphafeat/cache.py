@@ -53,11 +53,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from alphafeat.errors import CacheError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow is imported where it is used: a run decodes its first records without it
+    import pyarrow as pa
     import pyarrow.dataset as pads
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,10 @@ META_KEY = b"alphafeat"
 
 def partition_metadata(path: str | os.PathLike[str]) -> dict | None:
     """The ``alphafeat`` schema metadata of one partition file, or None if unreadable."""
+    if not os.path.isfile(path):  # none there (a cold run's every partition): pyarrow not needed yet
+        return None
+    import pyarrow as pa
+
     try:
         with pa.memory_map(str(path)) as src:
             meta = pa.ipc.open_file(src).schema.metadata or {}
@@ -100,6 +103,8 @@ def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dic
         The file system refused the write (disk full: the bytes needed); the partial file is
         removed.
     """
+    import pyarrow as pa
+
     path = Path(path)
     meta = dict(table.schema.metadata or {})
     meta[META_KEY] = json.dumps(metadata, sort_keys=True).encode()
@@ -116,6 +121,8 @@ def write_partition(path: str | os.PathLike[str], table: pa.Table, metadata: dic
 def _write_ipc(path: Path, table: pa.Table, options: pa.ipc.IpcWriteOptions) -> None:
     """Write ``table`` as an IPC file at ``path``; uncompressed, into blocks allocated first
     (:func:`_preallocate`), the file then cut to what was written."""
+    import pyarrow as pa
+
     with open(path, "wb", buffering=0) as fh, pa.PythonFile(fh, mode="w") as sink:
         bound = 0 if options.compression else table.nbytes + _IPC_SLACK
         if bound:
@@ -531,6 +538,7 @@ def compare(a: str | os.PathLike[str], b: str | os.PathLike[str], rtol: float = 
     ``mismatches`` (list of column names that differ beyond the tolerance; empty when equal).
     """
     import numpy as np
+    import pyarrow as pa
 
     ta = open_dataset(a).to_table()
     tb = open_dataset(b).to_table()

@@ -44,6 +44,7 @@ from alphafeat.commandline import (
 from alphafeat.errors import InputError, UsageError
 
 _command.skip_blas_probe()  # in this process; in its worker processes: _precompute
+_command.lean_kernel_loads()
 
 _PATH = option(val.validate_path)
 _JOBS = option(val.validate_jobs)

@@ -11,6 +11,7 @@ import sys
 import time
 
 import joblib
+import numpy as np
 import pytest
 from conftest import PROJECT
 
@@ -158,6 +159,51 @@ print(numba.njit(lambda a: np.dot(a, a))(np.arange(3.0)), "scipy.linalg" in sys.
     assert out.stdout.split() == ["False", "5.0", "True"]
 
 
+_LEAN = """
+import sys
+import numpy as np
+import alphafeat.cli
+from alphafeat.zstd_frames import _walk_blocks
+win = np.random.default_rng(5).integers(0, 256, 4096, dtype=np.uint8)
+got = [_walk_blocks(win, k) for k in range(0, 64, 3)]
+want = [_walk_blocks.py_func(win, k) for k in range(0, 64, 3)]
+registries = ["numba.np.arraymath", "numba.typed.typedlist", "numba.np.linalg", "numba.experimental.jitclass.base"]
+print(got == want, sum(_walk_blocks.stats.cache_hits.values()), sorted(m for m in registries if m in sys.modules))
+import numba
+print(numba.njit(lambda a: np.sort(a)[0])(np.array([3.0, 1.0])), "numba.np.arraymath" in sys.modules)
+"""
+
+
+def test_cli_process_loads_cached_kernels_without_numba_start_up() -> None:
+    """In the command's process a cached CPU kernel is loaded without numba's target refresh
+    (every typing and lowering registry numba has: ~0.1 s, a third of the time before the first
+    book record) and computes what its Python function computes; a function compiled after it
+    still gets the whole refresh (``alphafeat._command.LeanKernelLoads``)."""
+    out = subprocess.run([sys.executable, "-c", _LEAN], capture_output=True, text=True, timeout=300, cwd=PROJECT,
+                         env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
+    assert out.stdout.split("\n")[:2] == ["True 1 []", "1.0 True"], out.stdout + out.stderr
+
+
+def _lean_load_in_worker() -> tuple[bool, bool]:
+    """In a worker: load a cached kernel; whether numba's registries got imported, and whether
+    the result is the Python function's."""
+    from alphafeat.zstd_frames import _walk_blocks
+
+    win = np.random.default_rng(6).integers(0, 256, 1024, dtype=np.uint8)
+    same = _walk_blocks(win, 1) == _walk_blocks.py_func(win, 1)
+    return "numba.np.arraymath" in sys.modules, same
+
+
+def test_command_workers_load_cached_kernels_without_numba_start_up() -> None:
+    """The command's joblib workers get the lean kernel loads through its initializer."""
+    from alphafeat import _command
+
+    with joblib.parallel_config("loky", initializer=_command.worker_start):
+        lean = joblib.Parallel(2)(joblib.delayed(_lean_load_in_worker)() for _ in range(2))
+    plain = joblib.Parallel(2)(joblib.delayed(_lean_load_in_worker)() for _ in range(2))
+    assert lean == [(False, True)] * 2 and plain == [(True, True)] * 2
+
+
 def _loads_scipy_linalg() -> bool:
     """In a worker: load a cached kernel; whether scipy.linalg got imported."""
     from alphafeat.features.cpu import _lut
@@ -284,17 +330,30 @@ def test_a_cold_precompute_imports_no_heavy_library(tmp_path) -> None:
     pandas, aiohttp, requests), torch, matplotlib, dask, nor numba.cuda (``--device auto``
     probes no GPU while the CPU is its choice: ~0.2 s): the symbology comes from
     ``databento_dbn``'s metadata (:class:`alphafeat.instruments.InstrumentMap`), the rest is
-    imported where it is used (``bench/import_profile.py`` measures what is left)."""
+    imported where it is used (``bench/import_profile.py`` measures what is left). Nor does it
+    load numba's registries (its cached kernels load without them: ``numba.np.arraymath`` and
+    with it ``scipy.linalg``), nor SciPy or PyYAML (numba's checks at import); pyarrow is not
+    loaded before the first book record (it is imported where a partition is written)."""
     if not any(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
-    heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "pandas", "requests", "torch"]
+    heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "numba.np.arraymath", "pandas",
+             "requests", "scipy", "torch", "yaml"]  # fmt: skip
     code = f"""
 import sys
 from alphafeat.cli import main
-rc = main(["precompute", "-q", "--input", {str(DATA)!r}, "--out", {str(tmp_path / "fresh" / "out")!r}])
-print(rc, sorted(m for m in {heavy!r} if m in sys.modules))
+from alphafeat import dbn
+at_first = []
+scan = dbn.RecordScanner.__iter__
+def records(self):
+    for chunk in scan(self):
+        if not at_first and any(rt == dbn.SCHEMA_RTYPES["mbp-10"] and len(a) for rt, a in chunk.items()):
+            at_first.append(sorted(m for m in ("pyarrow", "pyarrow.compute", "joblib") if m in sys.modules))
+        yield chunk
+dbn.RecordScanner.__iter__ = records
+rc = main(["precompute", "-q", "--jobs", "1", "--input", {str(DATA)!r}, "--out", {str(tmp_path / "fresh" / "out")!r}])
+print(rc, sorted(m for m in {heavy!r} if m in sys.modules), at_first[0], "pyarrow" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=PROJECT,
                          env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
-    assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "0 [] [] True", out.stdout[-2000:] + out.stderr[-2000:]
     assert len(list((tmp_path / "fresh" / "out").rglob("*.arrow"))) == 3  # the sample's three sessions

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 import alphafeat
 from alphafeat.cache import FORMAT_VERSION, CacheWriter
@@ -117,6 +116,8 @@ def earlier_manifest(out: Path) -> dict:
 
 def partition_stats(path: Path) -> tuple[int, int]:
     """Rows and crossed-book rows of a partition file (memory-mapped; one column read)."""
+    import pyarrow as pa
+
     with pa.memory_map(str(path)) as src:
         table = pa.ipc.open_file(src).read_all()
         return table.num_rows, int(column_array(table, "book_crossed", np.bool_).sum())

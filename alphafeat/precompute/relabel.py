@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from alphafeat.features import feature_specs
 from alphafeat.features.inputs import prepare
@@ -30,6 +30,9 @@ from alphafeat.precompute.table import (
 )
 from alphafeat.types import BookArrays
 from alphafeat.validation import validate_barrier
+
+if TYPE_CHECKING:  # pyarrow is imported where it is used: a run decodes its first records without it
+    import pyarrow as pa
 
 __all__ = ["added_features", "can_relabel", "relabel_changes", "relabel_table"]
 
@@ -72,6 +75,8 @@ def relabel_table(table: pa.Table, job: Job, added: dict[str, np.ndarray] | None
     (:func:`alphafeat.labels.direction_labels`, numpy; :func:`alphafeat.labels.triple_barrier`
     and :func:`alphafeat.labels.direction_labels_seconds`), which equal the streamed labels of
     a fresh run bit for bit. Requires :func:`can_relabel`."""
+    import pyarrow as pa
+
     from alphafeat.labels import direction_labels, triple_barrier
 
     old = _label_params(table)

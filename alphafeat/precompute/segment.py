@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from alphafeat import book as bk
 from alphafeat.cache import staged_path, write_partition
@@ -328,6 +327,7 @@ def _relabel_segment(seg: Segment, staging: str, meta: dict, job: object, src: s
     """The body of :func:`run_segment` for ``relabel``: read the partition ``src``, compute the
     features it lacks from the book kept under ``kept``, recompute its labels, write it to
     staging; fills ``res`` (``relabelled``, ``rows``, ``crossed``)."""
+    import pyarrow as pa  # here: a segment computed afresh decodes its first records without it
 
     t0 = time.perf_counter()
     with pa.memory_map(src) as f:

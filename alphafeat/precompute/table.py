@@ -9,10 +9,9 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from alphafeat.bars import volume_bars
 from alphafeat.errors import AlphafeatError
@@ -23,6 +22,9 @@ from alphafeat.plan import Segment
 from alphafeat.precompute.job import MAX_FEATURE_THREADS, Job, live_threads
 from alphafeat.types import BookArrays
 from alphafeat.validation import Barrier, validate_barrier
+
+if TYPE_CHECKING:  # pyarrow is imported where it is used: a run decodes its first records without it
+    import pyarrow as pa
 
 __all__ = ["SegmentColumns", "book_mid", "column_array", "column_specs", "crossed", "device_features",
            "feature_dtypes", "from_numpy", "label_mid", "segment_table"]
@@ -317,6 +319,8 @@ class SegmentColumns:
         labels = _finish_labels(self.labels, c["_mid"], c["ts_recv"], c.get("_w"), self.job)
         seconds["features"] = seconds.get("features", 0.0) + self.seconds["features"] + self.seconds["store"]
         seconds["labels"] = self.seconds["labels"] + time.perf_counter() - t0
+        import pyarrow as pa
+
         ts = pa.timestamp("ns", tz="UTC")
         cols: dict[str, pa.Array] = {
             "ts_event": from_numpy(c["ts_event"], ts),
@@ -331,6 +335,8 @@ class SegmentColumns:
         cols.update(label_arrays(labels))
         table = pa.table(cols)
         if self.job.preopen == "drop" and self.crossed:
+            import pyarrow.compute as pc
+
             table = table.filter(pc.invert(table.column("book_crossed")))
         return table, self.crossed
 
@@ -357,6 +363,8 @@ def is_label(name: str) -> bool:
 def label_arrays(labels: dict[str, np.ndarray | pa.ChunkedArray]) -> dict[str, pa.Array | pa.ChunkedArray]:
     """The label columns as Arrow arrays: end times as UTC timestamps, null where unknown (< 0);
     a column already in Arrow (kept from a partition) as it is."""
+    import pyarrow as pa
+
     ts = pa.timestamp("ns", tz="UTC")
     return {k: v if isinstance(v, pa.ChunkedArray) else
             from_numpy(v, ts, v < 0) if k.startswith("t1_") or k == "tb_t1" else from_numpy(v, pa.float32())
@@ -368,6 +376,8 @@ def from_numpy(v: np.ndarray, type: pa.DataType | None = None, null: np.ndarray 
     the dtype's) over its buffer (bools packed), null where ``null``: what ``pa.array(v, type,
     mask=null)`` gives (the same IPC bytes), without the pandas that any ``pa.array`` call loads
     (~0.2-0.3 s: of a relabel, and of every worker process that writes a partition)."""
+    import pyarrow as pa
+
     v = np.ascontiguousarray(v)
     type = pa.from_numpy_dtype(v.dtype) if type is None else type
     if v.ndim != 1 or (8 * v.dtype.itemsize != type.bit_width and not (v.dtype == np.bool_ and type == pa.bool_())):
@@ -381,6 +391,8 @@ def from_numpy(v: np.ndarray, type: pa.DataType | None = None, null: np.ndarray 
 def _symbol_column(symbol: str, n: int) -> pa.DictionaryArray:
     """``raw_symbol`` of ``n`` rows: a dictionary of the one symbol (int8 indices), built from
     buffers (no pandas; see :func:`from_numpy`)."""
+    import pyarrow as pa
+
     text = symbol.encode()
     offsets = np.array([0, len(text)], dtype=np.int32)
     dictionary = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(text)])
@@ -392,6 +404,8 @@ def column_array(table: pa.Table, name: str, dtype: type) -> np.ndarray:
     Arrow's buffer for fixed-width values (timestamps as their int64 ns), bools unpacked from
     their bits; a copy where the column has nulls or several chunks. Unlike pyarrow's
     ``to_numpy``, it never loads pandas (~0.2-0.3 s, which a relabel would otherwise spend)."""
+    import pyarrow as pa
+
     col = table.column(name)
     arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     n, off = len(arr), arr.offset
