@@ -291,7 +291,7 @@ def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: p
     from alphafeat.cuda import owner
     from alphafeat.precompute import PrecomputeConfig, precompute
 
-    monkeypatch.setattr(owner, "BLOCK_ROWS", 7)
+    monkeypatch.setenv("ALPHAFEAT_GPU_ROWS", "7")  # the hub's blocks on the GPU side
     files = [_tiny_session(tmp_path / f"tiny{k}.mbp-10.dbn.zst", 40 - 9 * k, k) for k in range(2)]
     tables = {}
     for device in ("cpu", "cuda"):

@@ -47,11 +47,10 @@ import numpy as np
 from numba import config, cuda
 
 from alphafeat.cuda import kernels as K
+from alphafeat.cuda.slots import IN_COLS
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features.registry import N_LF, Plan
 
-#: The input columns of a block (:func:`alphafeat.features.inputs.prepare`), in transfer order.
-IN_COLS = ("ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sell_volume", "trade_count")
 #: Rows of a block at most by default (the device buffers and pinned buffers are sized for it).
 BLOCK_ROWS = 1 << 16
 #: Device buffer sets of an owner, each with its CUDA stream: at most this many blocks in flight
@@ -210,10 +209,13 @@ class _Set:
 
 
 class _Job:
-    """One block of one stream, in flight through the owner."""
+    """One block of one stream, in flight through the owner: its inputs ``host_in`` (rows
+    ``[0, n)``) and where its results go (``host_out``), both page-locked host memory."""
 
-    def __init__(self, stream: OwnerStream, n: int, halo: bool) -> None:
+    def __init__(self, stream: OwnerStream, n: int, halo: bool, host_in: dict[str, np.ndarray],
+                 host_out: np.ndarray) -> None:  # fmt: skip
         self.stream, self.n, self.halo = stream, n, halo
+        self.host_in, self.host_out = host_in, host_out
         self.future: Future = Future()
         self.done = None  # the CUDA event after its copy back
 
@@ -370,6 +372,17 @@ class Owner:
         host_out = K.pinned_empty((int(rows), self.block_rows), self.dtype)
         return host_in, host_out
 
+    def pin(self, arr: np.ndarray) -> object:
+        """Page-lock the host memory of ``arr`` (e.g. a shared-memory mapping) for this owner's
+        device copies (``cuMemHostRegister``, in the owner's context: call it through
+        :meth:`call`); unlocked when the returned object is dropped (None under the simulator)."""
+        if config.ENABLE_CUDASIM:
+            return None
+        from numba.cuda.cudadrv import driver
+
+        self.pinned_allocations += 1
+        return cuda.current_context().mempin(arr, driver.host_pointer(arr), driver.host_memory_size(arr), mapped=False)
+
     def _rows_on_device(self, select: tuple[int, ...]):
         """The device copy of a stream's selected rows (one per distinct selection)."""
         got = self._selected.get(select)
@@ -396,7 +409,7 @@ class Owner:
             self._sets = [_Set(self) for _ in range(self.sets)]
         sx = self._sets[self._jobs % self.sets]
         self._jobs += 1
-        levels = int(st.host_in["bid_px"].shape[1])
+        levels = int(job.host_in["bid_px"].shape[1])
         G, d, dv, out32 = sx.arrays(st.plan, levels)
         if st.carry is None:
             st.carry = self._carry(st.plan)
@@ -404,23 +417,25 @@ class Owner:
         lo = G if job.halo else 0
         row0 = lo - 1 if job.halo else 0
         s = sx.stream
+        if st.last_done is not None:  # the stream's block before (another set's stream) has left its carry
+            st.last_done.wait(s)
         for k in IN_COLS:
-            K.to_device_rows(d[k], st.host_in[k][: job.n], row0, row0 + job.n, s)
+            K.to_device_rows(d[k], job.host_in[k][: job.n], row0, row0 + job.n, s)
         if job.halo:
             load_prefix_kernel[_cfg(_items(st.carry), s)](G, *st.carry.args(), dv.out, d["ts_recv"], d["buy_volume"],
                                                          d["sell_volume"], d["trade_count"], dv.last, dv.X)  # fmt: skip
         dv.step(lo, lo + m)
         save_carry_kernel[_cfg(_items(st.carry), s)](lo, m, dv.out, d["ts_recv"], d["buy_volume"], d["sell_volume"],
                                                     d["trade_count"], dv.last, dv.X, *st.carry.args())  # fmt: skip
-        back, k = dv.out, int(st.host_out.shape[0])
+        back, k = dv.out, int(job.host_out.shape[0])
         if st.select is not None:  # the rows asked for (rounded once to float32 if so), packed
             pack_rows_kernel[_cfg(k * m, s)](dv.out, self._rows_on_device(st.select), out32, lo, m)
             back = out32
         elif self.dtype == np.float32:
             K.cast_kernel[_cfg(k * m, s)](dv.out, out32, lo, lo + m)
             back = out32
-        K.to_host_2d(back, st.host_out, lo, 0, m, k, s)
-        job.done = cuda.event()
+        K.to_host_2d(back, job.host_out, lo, 0, m, k, s)
+        job.done = st.last_done = cuda.event()
         job.done.record(s)
 
 
@@ -450,6 +465,7 @@ class OwnerStream:
         self.owner, self.plan, self.where = owner, plan, where
         self.rows = 0
         self.carry: _Carry | None = None
+        self.last_done = None  # the CUDA event after its last block (the next one's stream waits for it)
         self.select = None if select is None else tuple(int(r) for r in select)
         n = int(plan.n_out)
         if self.select is not None and (not self.select or not all(0 <= r < n for r in self.select)):
@@ -480,14 +496,31 @@ class OwnerStream:
         if m <= 0:
             return self.host_out[:, :0]
         self._stage(cols, n)
-        job = _Job(self, n, halo)
-        self.owner._q.put(job)
         try:
-            job.future.result()
+            self.submit(self.host_in, self.host_out, n, halo).result()
         except Exception as e:
-            raise _one_line(e, self.where, m) from None
-        self.rows += m
+            raise oom_line(e, self.where, m) from None
         return self.host_out[:, :m]
+
+    def submit(self, host_in: dict[str, np.ndarray], host_out: np.ndarray, n: int, halo: bool) -> Future:
+        """Queue a block whose ``n`` input rows (the halo row first when ``halo``) lie in the
+        page-locked columns ``host_in`` (:data:`IN_COLS`, as :meth:`push` takes them) and whose
+        results go to ``host_out`` (page-locked, ``(rows, >= n - halo)``): returns at once, a
+        Future set when the results are there. Blocks of one stream are computed in the order
+        submitted, each continuing the one before (several may be queued: the device orders
+        them); the caller keeps both buffers untouched until the Future is done. ``UsageError``
+        as :meth:`push`."""
+        if self._closed:
+            raise UsageError("stream", "OwnerStream.submit after close")
+        if halo != (self.rows > 0):
+            raise UsageError("halo", "OwnerStream.push: the first push has no halo row, every later push has one")
+        m = n - halo
+        if m > self.owner.block_rows or m > host_out.shape[1]:
+            raise UsageError("cols", f"OwnerStream.push: {m} rows, more than block_rows = {self.owner.block_rows}")
+        self.rows += m
+        job = _Job(self, n, halo, host_in, host_out)
+        self.owner._q.put(job)
+        return job.future
 
     def _stage(self, cols: dict[str, np.ndarray], n: int) -> None:
         """Copy the block's columns into this stream's pinned input buffers (made at the first push)."""
@@ -505,10 +538,10 @@ class OwnerStream:
         if not self._closed:
             self._closed = True
             self.owner.call(self.owner._release, self)
-            self.carry, self.host_in = None, {}
+            self.carry, self.host_in, self.last_done = None, {}, None
 
 
-def _one_line(e: Exception, where: str, m: int) -> Exception:
+def oom_line(e: Exception, where: str, m: int) -> Exception:
     """A GPU out of memory as one line naming the segment; other errors as they are."""
     if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):
         return AlphafeatError(f"{where or 'a segment'}: --device cuda: the GPU ran out of memory for a block of "

@@ -49,7 +49,7 @@ from alphafeat.cores import usable_cores
 from alphafeat.errors import DataError, InputError
 from alphafeat.instruments import Choice
 from alphafeat.plan import Plan, Segment, make_plan
-from alphafeat.precompute.books import BLOCK_ROWS, peak_rss, stream_rows
+from alphafeat.precompute.books import peak_rss, stream_rows
 from alphafeat.precompute.config import PrecomputeConfig, check_config, choose_device, default_predecoded_dir
 from alphafeat.precompute.job import IN_FLIGHT, Job, feature_threads, job_of, segments_at_once, set_in_flight
 from alphafeat.precompute.manifest import (
@@ -271,7 +271,7 @@ def _sized(cfg: PrecomputeConfig, job: Job, staging: Path, segments: int) -> tup
     if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores
         set_in_flight(staging, at_once)
         in_flight = str(staging / IN_FLIGHT)
-    rows = BLOCK_ROWS if job.device == "cuda" else stream_rows(at_once)  # the GPU: fewer, larger pushes
+    rows = stream_rows(at_once)  # book blocks (the GPU hub gathers them into larger blocks of its own)
     return dataclasses.replace(job, feature_threads=threads, block_rows=rows, in_flight=in_flight), at_once
 
 
@@ -394,9 +394,10 @@ def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | N
         metas = [segment_metadata(common, seg, schedule, sources) for seg in plan.segments]
         decided = _decide(plan, fold, metas, job, pre, lambda: advance(t_map))
         job_t, at_once = _sized(cfg, job, writer.staging, len(decided))
-        calls = [(seg, str(writer.staging), meta, job_t, pre, _keep(cfg, seg), relabel)
-                 for seg, meta, relabel in decided]
-        _run_map(cfg, fold, calls, at_once, job_t.in_flight is not None, lambda: advance(t_map))
+        with _gpu_hub(cfg, job_t, bool(decided)) as job_t:
+            calls = [(seg, str(writer.staging), meta, job_t, pre, _keep(cfg, seg), relabel)
+                     for seg, meta, relabel in decided]
+            _run_map(cfg, fold, calls, at_once, job_t.in_flight is not None, lambda: advance(t_map))
         if not summary.partitions:
             raise DataError("no book rows for the chosen instruments in the inputs; nothing to write", cfg.out)
         summary.notes += other_partition_notes(others, fold.recomputed)
@@ -404,6 +405,22 @@ def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | N
         summary.notes += data_notes(cfg, job, plan, others["skipped"], fold.n_crossed, fold.min_rows)
         summary.seconds = time.perf_counter() - t0
         writer.commit(_manifest(fold, common, schedule, sources))
+
+
+@contextmanager
+def _gpu_hub(cfg: PrecomputeConfig, job: Job, any_calls: bool) -> Iterator[Job]:
+    """``job`` with the address of this process's GPU hub (:class:`alphafeat.cuda.hub.Hub`: the
+    GPU owners of every visible device, serving the segments' workers through shared memory)
+    for a ``--device cuda`` run of snapshots on local workers, stopped after; else ``job`` as it
+    is (volume bars keep whole books; a Dask cluster's workers use their own GPU owner)."""
+    if job.device != "cuda" or job.bar_volume or cfg.scheduler or cfg.dask_local or not any_calls:
+        yield job
+        return
+    from alphafeat.cuda.hub import Hub
+    from alphafeat.cuda.owner import parse_devices
+
+    with Hub(parse_devices("cuda")) as hub:
+        yield dataclasses.replace(job, gpu=hub.address)
 
 
 def _where(pre: Path | None, out: Path) -> str | None:

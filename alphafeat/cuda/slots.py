@@ -1,0 +1,61 @@
+"""The layout of one shared-memory *slot* of the GPU hub (:mod:`alphafeat.cuda.hub`): a block's
+feature inputs and its results, laid out once, read the same way by the parent that made it
+and by the worker process that fills it. A leaf module: numpy only (no CUDA)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+#: The input columns of a block (:func:`alphafeat.features.inputs.prepare`), in transfer order.
+IN_COLS = ("ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sell_volume", "trade_count")
+#: Column of the book levels: (rows, levels); the others are (rows,).
+LEVEL_COLS = ("bid_px", "ask_px", "bid_sz", "ask_sz")
+#: Alignment of each array in a slot, bytes.
+ALIGN = 64
+
+
+def layout(levels: int, k: int, rows: int) -> tuple[list[tuple[str, tuple[int, ...], np.dtype, int]], int]:
+    """``([(name, shape, dtype, offset), ...], total bytes)`` of a slot for blocks of up to
+    ``rows`` new rows (``rows + 1`` input rows: the halo row first), books of ``levels``
+    levels and ``k`` result rows (float64 ``out``, ``(k, rows)``)."""
+    items, off = [], 0
+    for name in (*IN_COLS, "out"):
+        if name == "out":
+            shape: tuple[int, ...] = (int(k), int(rows))
+        else:
+            shape = (int(rows) + 1, int(levels)) if name in LEVEL_COLS else (int(rows) + 1,)
+        dt = np.dtype(np.int64 if name == "ts_recv" else np.float64)
+        items.append((name, shape, dt, off))
+        off += -(-int(np.prod(shape)) * dt.itemsize // ALIGN) * ALIGN
+    return items, max(off, ALIGN)
+
+
+def views(buf: object, levels: int, k: int, rows: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``(input columns, out)``: numpy views of the slot ``buf`` (a writable buffer of at least
+    :func:`layout`'s bytes)."""
+    items, _ = layout(levels, k, rows)
+    arrs = {name: np.ndarray(shape, dt, buffer=buf, offset=off) for name, shape, dt, off in items}
+    out = arrs.pop("out")
+    return arrs, out
+
+
+def create(path: str, nbytes: int) -> mmap.mmap:
+    """A new file ``path`` of ``nbytes`` (in ``/dev/shm``: shared memory), mapped shared."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def attach(path: str, nbytes: int) -> mmap.mmap:
+    """The slot file ``path`` made by :func:`create`, mapped shared."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
