@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 HAVE_DEVICE = IN_SIM or cuda_available()
 needs_device = pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (see test_owner_under_simulator)")
-N_INPROCESS = 6  # test_inprocess_* items below (checked by the runner)
+N_INPROCESS = 8  # test_inprocess_* items below (checked by the runner)
 #: a short fractional-difference window (a few dozen rows), so that blocks cut it
 PARAMS = FeatureParams(fracdiff_threshold=0.02)
 
@@ -259,6 +259,90 @@ def test_inprocess_two_devices_one_owner_each() -> None:
             st.close()
         _same(_streamed(owners, plan, prepare(books[2], PARAMS), _blocks(6, [6])), _cpu(books[2], PARAMS))
         assert all(o.allocations > 0 for o in owners.owners)
+
+
+def _through_hub(hub, cols: dict[str, np.ndarray], pieces: list[int], select: list[int], where: str = "seg"):
+    """A worker's :class:`alphafeat.cuda.hub.HubStream` over ``cols``, handed in ``pieces``
+    rows a call: the selected result rows of every row, checked to come back in row order."""
+    from alphafeat.cuda.hub import HubStream
+
+    n = cols["ts_recv"].shape[0]
+    res = np.full((len(select), n), -7.0)  # poisoned: every row must be written
+    seen = [0]
+
+    def store(out: np.ndarray, k0: int, k1: int) -> None:
+        assert k0 == seen[0] and out.shape == (len(select), k1 - k0)
+        res[:, k0:k1] = out
+        seen[0] = k1
+
+    st = HubStream(hub.address, PARAMS, select, where, store)
+    try:
+        for a, b in _blocks(n, pieces):
+            st.add({k: v[:b] for k, v in cols.items()}, a)  # rows before a: already handed over
+        st.finish()
+    finally:
+        st.close()
+    assert seen[0] == n
+    return res
+
+
+@needs_device
+def test_inprocess_hub_slots_equal_the_cpu_and_stay_bounded() -> None:
+    """The hub (the parent's side) and a worker's HubStream (here on threads of one process):
+    slots of 5 rows on the GPU side, handed rows 1, 3 and 11 at a time (a slot filled across
+    calls, several slots in one call, the halo row copied from the slot before), two segments at
+    once: each equals the CPU (the selected rows, in any order, one twice). More segments after:
+    no slot and no device array more (the slots of closed streams are reused)."""
+    from alphafeat.cuda.hub import SLOTS, Hub
+    from alphafeat.features.inputs import prepare
+
+    names = [s.name for s in feature_specs(PARAMS)]
+    select = [names.index("fracdiff_log_mid"), 0, 3, 0, len(names) - 1]
+    books = [_book(n, 70 + n) for n in (23, 19)]
+    with Hub([0], rows=5) as hub:
+        got: dict[int, np.ndarray] = {}
+
+        def run(k: int) -> None:
+            got[k] = _through_hub(hub, prepare(books[k], PARAMS), [1, 3, 11], select, f"segment {k}")
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for k, b in enumerate(books):
+            np.testing.assert_allclose(got[k], _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
+        made, allocs = hub.slots_made, hub.owners.owners[0].allocations
+        assert made == 2 * SLOTS
+        for seed in range(3):
+            b = _book(12, 90 + seed)
+            res = _through_hub(hub, prepare(b, PARAMS), [12], select)
+            np.testing.assert_allclose(res, _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
+        assert (hub.slots_made, hub.owners.owners[0].allocations) == (made, allocs)
+    assert not any(Path("/dev/shm").glob(f"alphafeat-gpu-{os.getpid()}-*"))  # the slot files removed
+
+
+@needs_device
+def test_inprocess_hub_out_of_memory_is_one_line_naming_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device allocation failing with CUDA's out-of-memory error in the parent: the worker's
+    HubStream raises one AlphafeatError line naming its segment."""
+    from alphafeat.cuda import owner as ow
+    from alphafeat.cuda.hub import Hub
+    from alphafeat.features.inputs import prepare
+
+    class CudaAPIError(Exception):  # numba-cuda's error, as the owner recognises it (by name)
+        pass
+
+    def fail(self, shape, dtype):  # noqa: ANN001, ANN202
+        raise CudaAPIError("[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY")
+
+    cols = prepare(_book(9, 5), PARAMS)
+    with Hub([0], rows=4) as hub:
+        monkeypatch.setattr(ow.Owner, "alloc", fail)
+        with pytest.raises(AlphafeatError) as err:
+            _through_hub(hub, cols, [9], [0, 1], "root=ES/session=2024-03-06/ESH4.arrow")
+    line = str(err.value)
+    assert "\n" not in line and "session=2024-03-06/ESH4.arrow" in line and "out of memory" in line, line
 
 
 def _tiny_session(path: Path, n: int = 40, day: int = 0) -> Path:

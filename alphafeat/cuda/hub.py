@@ -133,6 +133,7 @@ class Hub:
         for t in list(self._conns):
             t.join()
         self.owners.close()
+        self._report()
         for s in self._all:
             s.lock = None
             try:
@@ -141,6 +142,20 @@ class Hub:
                 pass
         self._all.clear()
         self._free.clear()
+
+    def _report(self) -> None:
+        """The owners' :attr:`~alphafeat.cuda.owner.Owner.stats` (and the slots made) as a debug
+        log line, and appended as a JSON line to the file ``ALPHAFEAT_GPU_STATS`` names, if set
+        (for the benches)."""
+        stats = {"rows_per_block": self.rows, "slots": len(self._all),
+                 "owners": [{k: round(v, 3) for k, v in o.stats.items()} for o in self.owners.owners]}  # fmt: skip
+        log.debug("gpu hub: %s", stats)
+        path = os.environ.get("ALPHAFEAT_GPU_STATS")
+        if path:
+            import json
+
+            with open(path, "a") as fh:
+                fh.write(json.dumps(stats) + "\n")
 
     # -- server threads ----------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ import functools
 import math
 import queue
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -256,6 +257,9 @@ class Owner:
         self._sets: list[_Set] = []
         self._jobs = 0
         self._open = 0
+        #: seconds on the owner's thread issuing blocks (copies, launches), waiting for the device,
+        #: waiting for work; blocks and rows computed (what bounds the hub: docs/performance.md)
+        self.stats = {"issue_s": 0.0, "sync_s": 0.0, "idle_s": 0.0, "blocks": 0, "rows": 0}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=f"gpu-owner-{self.device}", daemon=True)
         self._thread.start()
@@ -314,12 +318,16 @@ class Owner:
         # a short block launches small grids: numba's low-occupancy warning is noise here
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
         flight: collections.deque[_Job] = collections.deque()
+        st = self.stats
         while True:
+            t0 = time.perf_counter()
             try:
                 item = self._q.get(block=not flight)
             except queue.Empty:
                 self._finish(flight.popleft())
                 continue
+            finally:
+                st["idle_s"] += time.perf_counter() - t0
             if item is None:
                 while flight:
                     self._finish(flight.popleft())
@@ -330,11 +338,16 @@ class Owner:
             if isinstance(item, _Job):
                 while len(flight) >= self.sets:  # the next set's last block is done first
                     self._finish(flight.popleft())
+                t0 = time.perf_counter()
                 try:
                     self._issue(item)
                 except BaseException as e:  # noqa: BLE001  (handed to the pushing thread)
                     item.future.set_exception(e)
                     continue
+                finally:
+                    st["issue_s"] += time.perf_counter() - t0
+                st["blocks"] += 1
+                st["rows"] += item.n - item.halo
                 flight.append(item)
                 continue
             fn, args, fut = item
@@ -348,7 +361,9 @@ class Owner:
     def _finish(self, job: _Job) -> None:
         """Wait for ``job``'s copy back and hand its results to the pushing thread."""
         try:
+            t0 = time.perf_counter()
             job.done.synchronize()
+            self.stats["sync_s"] += time.perf_counter() - t0
             job.future.set_result(None)
         except BaseException as e:  # noqa: BLE001
             job.future.set_exception(e)
