@@ -366,10 +366,11 @@ def _tiny_session(path: Path, n: int = 40, day: int = 0) -> Path:
 
 @needs_device
 def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``precompute --device cuda --jobs 2``: two sessions on two threads push their blocks to
-    the process's GPU owner (here in pieces of 7 rows) and the cache holds the CPU path's
-    values: every column equal (NaN where NaN; float64 within 1e-9, float32 within its
-    rounding); the owners are stopped after."""
+    """``precompute --device cuda --jobs 2``: two sessions on two worker processes hand their
+    blocks to this process's GPU hub (here blocks of 7 rows on the GPU side) and the cache holds
+    the CPU path's values: every column equal (NaN where NaN; float64 within 1e-9, float32
+    within its rounding); likewise ``--features all`` with a vol barrier in this process; the
+    owners are stopped and the slot files removed after."""
     import pyarrow as pa
 
     from alphafeat.cuda import owner
@@ -378,17 +379,20 @@ def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: p
     monkeypatch.setenv("ALPHAFEAT_GPU_ROWS", "7")  # the hub's blocks on the GPU side
     files = [_tiny_session(tmp_path / f"tiny{k}.mbp-10.dbn.zst", 40 - 9 * k, k) for k in range(2)]
     tables = {}
-    for device in ("cpu", "cuda"):
-        out = tmp_path / device / "out"
-        s = precompute(PrecomputeConfig(inputs=files, out=out, device=device, instrument_mode="id=17077", jobs=2))
-        assert s.device == device and s.rows == 71
-        for part in sorted(out.rglob("*.arrow")):
-            with pa.memory_map(str(part)) as src:
-                tables[device, part.relative_to(out)] = pa.ipc.open_file(src).read_all()
+    # two worker processes; then in this process every feature (a selection of every result
+    # row) with a vol barrier (its widths read a feature: the labels wait for the GPU's results)
+    for opts in ({"jobs": 2}, {"jobs": 1, "feature_set": "all", "barrier": "vol:2"}):
+        for device in ("cpu", "cuda"):
+            out = tmp_path / f"{device}{opts['jobs']}" / "out"
+            s = precompute(PrecomputeConfig(inputs=files, out=out, device=device, instrument_mode="id=17077", **opts))
+            assert s.device == device and s.rows == 71
+            for part in sorted(out.rglob("*.arrow")):
+                with pa.memory_map(str(part)) as src:
+                    tables[device, opts["jobs"], part.relative_to(out)] = pa.ipc.open_file(src).read_all()
     assert not owner.shared_running()
-    assert len(tables) == 4
+    assert len(tables) == 8 and not any(Path("/dev/shm").glob(f"alphafeat-gpu-{os.getpid()}-*"))
     for key in [k for k in tables if k[0] == "cpu"]:
-        _same_table(tables[key], tables["cuda", key[1]])
+        _same_table(tables[key], tables["cuda", *key[1:]])
 
 
 def _same_table(cpu, gpu) -> None:

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 #: New rows of one block on the GPU side (a slot's capacity); ``ALPHAFEAT_GPU_ROWS`` (read by
 #: the hub, in the parent) overrides it for measurements.
-HUB_ROWS = 1 << 17
+HUB_ROWS = 1 << 16
 #: Slots per stream: the worker fills one while the device computes the other.
 SLOTS = 2
 
@@ -92,7 +92,7 @@ class Hub:
     removes the slot files. :attr:`slots_made` counts the slots made so far.
     """
 
-    def __init__(self, devices: Sequence[int], rows: int | None = None) -> None:
+    def __init__(self, devices: Sequence[int], rows: int | None = None, warm: tuple | None = None) -> None:
         from alphafeat.cuda.owner import Owners
 
         self.rows = hub_rows() if rows is None else max(1, int(rows))
@@ -108,6 +108,28 @@ class Hub:
         self._conns: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._accept, name="gpu-hub", daemon=True)
         self._thread.start()
+        self._warming = threading.Thread(target=self._warm, args=warm or (), name="gpu-hub-warm", daemon=True)
+        self._warming.start()
+
+    def _warm(self, params: object = None, levels: int = 0, k: int = 0, streams: int = 0) -> None:
+        """Beside the caller's work (the run's plan): each owner's CUDA context, its kernels
+        loaded and its buffers made by a block of two rows, and ``streams`` streams' slots for
+        books of ``levels`` levels and ``k`` result rows made and page-locked, spread over the
+        owners as streams are. Nothing without ``params``; a failure here is left to the streams."""
+        if params is None:
+            return
+        try:
+            plan = self._plan(params)
+            for o in self.owners.owners:
+                o.warm(plan, levels, list(range(k)))
+            made = [self._slot(self.owners.owners[i % len(self.owners.owners)], levels, k)
+                    for i in range(streams) for _ in range(SLOTS)]  # fmt: skip
+            with self._lock:
+                for i, s in enumerate(made):
+                    self._free.setdefault((id(self.owners.owners[i // SLOTS % len(self.owners.owners)]), levels, k),
+                                          []).append(s)  # fmt: skip
+        except Exception as e:  # noqa: BLE001  (the streams meet it again, and report it)
+            log.debug("gpu hub: warm-up failed (%s)", e)
 
     @property
     def slots_made(self) -> int:
@@ -124,6 +146,7 @@ class Hub:
         if self._closing:
             return
         self._closing = True
+        self._warming.join()
         try:  # wake the accepting thread
             Client(self._listener.address, family="AF_UNIX", authkey=self._key).close()
         except OSError:
@@ -213,6 +236,7 @@ class Hub:
         stream, got, key = None, [], None
         try:
             _, params, select, levels, where = conn.recv()
+            self._warming.join()  # its slots are in the pool
             try:
                 stream = self.owners.open(self._plan(params), where, select)
                 key = (stream.owner, int(levels), len(select))

@@ -48,7 +48,7 @@ import numpy as np
 from numba import config, cuda
 
 from alphafeat.cuda import kernels as K
-from alphafeat.cuda.slots import IN_COLS
+from alphafeat.cuda.slots import IN_COLS, LEVEL_COLS
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features.registry import N_LF, Plan
 
@@ -387,6 +387,17 @@ class Owner:
         host_out = K.pinned_empty((int(rows), self.block_rows), self.dtype)
         return host_in, host_out
 
+    def warm(self, plan: Plan, levels: int, select: Sequence[int]) -> None:
+        """One block of two (empty-book) rows of ``plan`` through this owner, results dropped:
+        its CUDA context, kernels and buffers for books of ``levels`` levels made before the
+        first segment's block needs them. Call it from another thread than the owner's."""
+        cols = {k: np.zeros((2, levels) if k in LEVEL_COLS else (2,), np.int64 if k == "ts_recv" else np.float64)
+                for k in IN_COLS}  # fmt: skip
+        for k in ("bid_px", "ask_px"):
+            cols[k][:] = np.nan
+        with self.open(plan, "warm-up", select or None) as st:
+            st.submit(cols, np.empty((len(select) or plan.n_out, 2)), 2, False).result()
+
     def pin(self, arr: np.ndarray) -> object:
         """Page-lock the host memory of ``arr`` (e.g. a shared-memory mapping) for this owner's
         device copies (``cuMemHostRegister``, in the owner's context: call it through
@@ -483,8 +494,8 @@ class OwnerStream:
         self.last_done = None  # the CUDA event after its last block (the next one's stream waits for it)
         self.select = None if select is None else tuple(int(r) for r in select)
         n = int(plan.n_out)
-        if self.select is not None and (not self.select or not all(0 <= r < n for r in self.select)):
-            raise UsageError("select", f"OwnerStream: rows among 0..{n - 1}, at least one", str(self.select))
+        if self.select is not None and (not 0 < len(self.select) <= n or not all(0 <= r < n for r in self.select)):
+            raise UsageError("select", f"OwnerStream: 1 to {n} rows among 0..{n - 1}", str(self.select))
         self.host_in: dict[str, np.ndarray] = {}
         self.host_out = np.empty((n if self.select is None else len(self.select), 0), owner.dtype)
         self._closed = False

@@ -124,6 +124,12 @@ def min_depth(params: FeatureParams) -> dict[str, int]:
     return {spec.name: spec.min_depth for spec in feature_specs(params)}
 
 
+def stored_rows(job: Job) -> tuple[str, ...]:
+    """The features a segment keeps: those stored, and ``ema_ret2_60s`` (a ``vol`` barrier's
+    widths read it), each once."""
+    return tuple(dict.fromkeys((*job.names, "ema_ret2_60s")))
+
+
 def pruned_stream(job: Job, index: dict[str, int], names: Iterable[str]) -> object:
     """A CPU :class:`~alphafeat.features.cpu.FeatureStream` computing only what features
     ``names`` need (:func:`~alphafeat.features.registry.prune_plan`: the same bits), in pieces
@@ -226,7 +232,7 @@ class SegmentColumns:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
         row ``k0``, piece by piece (each piece after the block's first led by its halo row); on
         ``cuda``, from the process's GPU owner."""
-        wanted = (*self.job.names, "ema_ret2_60s")
+        wanted = stored_rows(self.job)
         if self.job.device == "cuda" and self.job.gpu is not None:
             self._hub_features(prepare(b, self.job.features), lo, wanted, b.depth)
             return
