@@ -392,7 +392,7 @@ def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: p
     assert not owner.shared_running()
     assert len(tables) == 8 and not any(Path("/dev/shm").glob(f"alphafeat-gpu-{os.getpid()}-*"))
     for key in [k for k in tables if k[0] == "cpu"]:
-        _same_table(tables[key], tables["cuda", *key[1:]])
+        _same_table(tables[key], tables[("cuda", *key[1:])])
 
 
 def _same_table(cpu, gpu) -> None:

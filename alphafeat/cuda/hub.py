@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 #: New rows of one block on the GPU side (a slot's capacity); ``ALPHAFEAT_GPU_ROWS`` (read by
 #: the hub, in the parent) overrides it for measurements.
-HUB_ROWS = 1 << 16
+HUB_ROWS = 1 << 17
 #: Slots per stream: the worker fills one while the device computes the other.
 SLOTS = 2
 
@@ -299,7 +299,7 @@ class HubStream:
         self.rows = 0  # new rows per slot
         self.cur, self.fill, self.halo = 0, 0, False
         self.sent = 0  # rows sent so far
-        self.prev: tuple[int, int] | None = None  # (slot, rows in it) of the last block sent
+        self.halo_row: dict[str, np.ndarray] | None = None  # the last input row sent (the next block's halo)
         self.pending: dict[int, tuple[int, int]] = {}  # slot -> (k0, k1) in flight
 
     def _open(self, levels: int) -> None:
@@ -335,20 +335,20 @@ class HubStream:
         """The current slot free (its last results stored) and, after the first block, led by
         the last row sent (the halo)."""
         self._wait(self.cur)
-        self.halo = self.prev is not None
+        self.halo = self.halo_row is not None
         if self.halo:
-            j, m = self.prev
-            src, dst = self.slots[j][1], self.slots[self.cur][1]
+            dst = self.slots[self.cur][1]
             for k in sl.IN_COLS:
-                dst[k][0] = src[k][m - 1]
+                dst[k][0] = self.halo_row[k]
             self.fill = 1
 
     def _send(self) -> None:
         m = self.fill - self.halo
+        src = self.slots[self.cur][1]  # kept: the results come back over the slot's inputs
+        self.halo_row = {k: src[k][self.fill - 1].copy() for k in sl.IN_COLS}
         self.conn.send(("push", self.cur, self.fill, self.halo))
         self.pending[self.cur] = (self.sent, self.sent + m)
         self.sent += m
-        self.prev = (self.cur, self.fill)
         self.cur, self.fill = (self.cur + 1) % len(self.slots), 0
 
     def _wait(self, slot: int) -> None:

@@ -20,17 +20,20 @@ ALIGN = 64
 def layout(levels: int, k: int, rows: int) -> tuple[list[tuple[str, tuple[int, ...], np.dtype, int]], int]:
     """``([(name, shape, dtype, offset), ...], total bytes)`` of a slot for blocks of up to
     ``rows`` new rows (``rows + 1`` input rows: the halo row first), books of ``levels``
-    levels and ``k`` result rows (float64 ``out``, ``(k, rows)``)."""
+    levels and ``k`` result rows (float64 ``out``, ``(k, rows)``).
+
+    The results lie over the inputs (both from offset 0): the device has read a block's inputs
+    before it writes its results back (one CUDA stream orders the copy in, the kernels and the
+    copy back), and the worker refills the slot only after it has taken the results. So a slot
+    is the larger of the two, not their sum."""
     items, off = [], 0
-    for name in (*IN_COLS, "out"):
-        if name == "out":
-            shape: tuple[int, ...] = (int(k), int(rows))
-        else:
-            shape = (int(rows) + 1, int(levels)) if name in LEVEL_COLS else (int(rows) + 1,)
+    for name in IN_COLS:
+        shape: tuple[int, ...] = (int(rows) + 1, int(levels)) if name in LEVEL_COLS else (int(rows) + 1,)
         dt = np.dtype(np.int64 if name == "ts_recv" else np.float64)
         items.append((name, shape, dt, off))
         off += -(-int(np.prod(shape)) * dt.itemsize // ALIGN) * ALIGN
-    return items, max(off, ALIGN)
+    items.append(("out", (int(k), int(rows)), np.dtype(np.float64), 0))
+    return items, max(off, int(k) * int(rows) * 8, ALIGN)
 
 
 def views(buf: object, levels: int, k: int, rows: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
