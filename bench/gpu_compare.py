@@ -100,6 +100,8 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
         except SystemExit as e:  # a failed case is reported, the others still run
             print(f"FAILED {' '.join(args)}: {str(e)[-1500:]}", flush=True)
             return {"seconds": float("nan"), "error": str(e)[-300:]}
+        finally:  # its cache gone before the next case (16 sessions with every feature: ~40 GB)
+            shutil.rmtree(out.parent, ignore_errors=True)
     res["gpu_peak_gb"] = mem.gb
     if STATS.exists():  # the hub's owners: seconds issuing, waiting for the device, idle
         res["hub"] = json.loads(STATS.read_text().splitlines()[-1])
