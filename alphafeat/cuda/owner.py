@@ -6,6 +6,9 @@ their feature-input blocks (:func:`alphafeat.features.inputs.prepare` columns) i
 as they would to the CPU's :class:`alphafeat.features.cpu.FeatureStream`: each push after the
 first led by the previous push's last row (the *halo*), the features of the new rows returned.
 :class:`Owners` spreads segments over several devices (``cuda:0,1``: one owner each).
+``precompute --device cuda`` reaches the owners from its worker processes through
+:mod:`alphafeat.cuda.hub` (:meth:`OwnerStream.submit`: blocks in shared-memory slots, several
+queued per stream); :func:`shared` gives a process's own (a Dask worker's segments).
 
 How a block continues its segment exactly: the owner keeps, per open stream, a small *carry*
 on the device (what the CPU stream's :class:`alphafeat.features.cpu.Carry` holds): the

@@ -79,10 +79,11 @@ class PrecomputeConfig:
         Product root for front-month selection (``ES``).
     device : str
         ``cpu``, ``cuda`` or ``auto`` (:func:`choose_device`). ``cuda``: the segments run on
-        this process's threads, which decode and build their books block by block as the CPU
-        path does and push the blocks to one GPU owner per device
-        (:mod:`alphafeat.cuda.owner`: recurrences carried on the device, memory bounded by the
-        block); volume bars keep whole books.
+        the CPU path's workers (``--jobs``), which decode and build their books block by block,
+        store the book columns, label and write as on the CPU, and hand the feature inputs to
+        this process's GPU hub (:mod:`alphafeat.cuda.hub`: one GPU owner per visible device,
+        shared-memory slots; recurrences carried on the device; memory bounded by the segments
+        at once); volume bars keep whole books.
     horizons : tuple of int
         Label horizons in snapshots.
     features : FeatureParams
@@ -237,8 +238,9 @@ def resolve_device(device: str) -> str:
 
 #: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on, where the
 #: streamed GPU path measured faster than the CPU's; None: no case has measured faster yet
-#: (docs/performance.md, "--device cuda": on an H100 host, one session on 2 cores and 16 sessions on
-#: 16 cores were both slower on the GPU path), so ``auto`` stays on the CPU.
+#: (docs/performance.md, "--device cuda", the GPU hub: 16 sessions on 16 cores as fast as the
+#: CPU within the runs' spread, with less CPU time; one session on 2 cores and ``--features all``
+#: slower), so ``auto`` stays on the CPU.
 AUTO_GPU_MIN_JOBS: int | None = None
 
 
