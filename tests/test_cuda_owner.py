@@ -8,6 +8,7 @@ them through ``test_owner_under_simulator`` in a subprocess with ``NUMBA_ENABLE_
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -377,18 +378,28 @@ def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: p
     from alphafeat.precompute import PrecomputeConfig, precompute
 
     monkeypatch.setenv("ALPHAFEAT_GPU_ROWS", "7")  # the hub's blocks on the GPU side
+    stats = tmp_path / "hub.jsonl"
+    monkeypatch.setenv("ALPHAFEAT_GPU_STATS", str(stats))
+    real = owner.parse_devices
+    # cuda:0,1: the simulator as two GPUs (with --jobs 1, one segment at a time: the simulator's
+    # kernels are not safe on two owners' threads at once)
+    monkeypatch.setattr(owner, "parse_devices", lambda text: real(text, count=2 if ":" in text else None))
     files = [_tiny_session(tmp_path / f"tiny{k}.mbp-10.dbn.zst", 40 - 9 * k, k) for k in range(2)]
     tables = {}
-    # two worker processes; then in this process every feature (a selection of every result
-    # row) with a vol barrier (its widths read a feature: the labels wait for the GPU's results)
+    # two worker processes; then in this process, on two GPUs (cuda:0,1), every feature (a
+    # selection of every result row) with a vol barrier (its widths read a feature: the labels
+    # wait for the GPU's results)
     for opts in ({"jobs": 2}, {"jobs": 1, "feature_set": "all", "barrier": "vol:2"}):
-        for device in ("cpu", "cuda"):
-            out = tmp_path / f"{device}{opts['jobs']}" / "out"
+        for device in ("cpu", "cuda" if opts["jobs"] == 2 else "cuda:0,1"):
+            out = tmp_path / f"{device[:4]}{opts['jobs']}" / "out"
             s = precompute(PrecomputeConfig(inputs=files, out=out, device=device, instrument_mode="id=17077", **opts))
-            assert s.device == device and s.rows == 71
+            assert s.device == device[:4] and s.rows == 71
             for part in sorted(out.rglob("*.arrow")):
                 with pa.memory_map(str(part)) as src:
-                    tables[device, opts["jobs"], part.relative_to(out)] = pa.ipc.open_file(src).read_all()
+                    tables[device[:4], opts["jobs"], part.relative_to(out)] = pa.ipc.open_file(src).read_all()
+    hubs = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [len(h["owners"]) for h in hubs] == [1, 2]  # the visible GPU; then those named
+    assert all(o["blocks"] > 1 for o in hubs[1]["owners"])  # each served a session (and its warm-up)
     assert not owner.shared_running()
     assert len(tables) == 8 and not any(Path("/dev/shm").glob(f"alphafeat-gpu-{os.getpid()}-*"))
     for key in [k for k in tables if k[0] == "cpu"]:
@@ -434,6 +445,10 @@ def test_device_auto_takes_the_gpu_only_where_it_measured_faster(monkeypatch: py
         config.choose_device(cfg(device="cuda"))
     monkeypatch.setattr(config, "cuda_available", available(True))
     assert config.choose_device(cfg(device="cuda", jobs=1)) == ("cuda", "--device cuda")
+    assert config.choose_device(cfg(device="cuda:1, 0")) == ("cuda", "--device cuda:1,0")  # these GPUs
+    for bad in ("cuda:x", "cuda:0,0", "cuda:", "gpu"):
+        with pytest.raises(UsageError, match="--device"):
+            config.check_config(cfg(device=bad))
     dev, why = config.choose_device(cfg(device="auto", jobs=1))
     assert dev == "cpu" and "--jobs 1" in why
     dev, why = config.choose_device(cfg(device="auto", jobs=4, dask_local=2))

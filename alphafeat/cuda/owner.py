@@ -581,14 +581,20 @@ def oom_line(e: Exception, where: str, m: int) -> Exception:
 
 class Owners:
     """One :class:`Owner` per device (``devices``: ids from :func:`parse_devices`); each new
-    stream goes to the owner with the fewest streams open."""
+    stream goes to the owner with the fewest streams open (of those, the one that has opened
+    fewest so far: streams one after another alternate)."""
 
     def __init__(self, devices: Sequence[int], block_rows: int = BLOCK_ROWS, dtype: str | np.dtype = "float64") -> None:
         self.owners = [Owner(d, block_rows, dtype) for d in devices]
+        self._opened = [0] * len(self.owners)
+        self._lock = threading.Lock()
 
     def open(self, plan: Plan, where: str = "", select: Sequence[int] | None = None) -> OwnerStream:
         """A stream on the least busy device (:meth:`Owner.open`)."""
-        return min(self.owners, key=lambda o: o.open_streams).open(plan, where, select)
+        with self._lock:
+            k = min(range(len(self.owners)), key=lambda i: (self.owners[i].open_streams, self._opened[i]))
+            self._opened[k] += 1
+            return self.owners[k].open(plan, where, select)
 
     def close(self) -> None:
         for o in self.owners:

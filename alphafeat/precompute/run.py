@@ -438,7 +438,7 @@ def _gpu_hub(cfg: PrecomputeConfig, job: Job) -> Iterator[tuple | None]:
     from alphafeat.cuda.owner import parse_devices
 
     warm = (job.features, LEVELS, len(stored_rows(job)), min(local_jobs(cfg), 64))
-    with Hub(parse_devices("cuda"), warm=warm) as hub:
+    with Hub(parse_devices(cfg.device if cfg.device.startswith("cuda") else "cuda"), warm=warm) as hub:
         yield hub.address
 
 
