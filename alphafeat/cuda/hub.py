@@ -21,6 +21,9 @@ Slots are pooled by shape and per owner (a closed stream's are the next one's): 
 memory are bounded by the streams open at once, not by the number of segments. Blocks on the GPU
 side are :data:`HUB_ROWS` rows, larger than the workers' book blocks (fewer launches, fuller grids).
 This module imports no CUDA at import time: the workers import only :class:`HubStream`.
+The slot files (``alphafeat-gpu-<parent pid>-*``) are removed by :meth:`Hub.close`; a parent
+killed before it leaves them in ``/dev/shm`` (remove them by that name).
+Measured: docs/performance.md, "--device cuda", the GPU hub.
 """
 
 from __future__ import annotations
