@@ -262,6 +262,12 @@ def test_inprocess_two_devices_one_owner_each() -> None:
         assert all(o.allocations > 0 for o in owners.owners)
 
 
+def _slot_fds() -> int:
+    """This process's open descriptors of hub slots (anonymous shared memory)."""
+    fds = Path("/proc/self/fd")
+    return sum("alphafeat-gpu-slot" in os.readlink(f) for f in fds.iterdir() if f.exists()) if fds.is_dir() else 0
+
+
 def _through_hub(hub, cols: dict[str, np.ndarray], pieces: list[int], select: list[int], where: str = "seg"):
     """A worker's :class:`alphafeat.cuda.hub.HubStream` over ``cols``, handed in ``pieces``
     rows a call: the selected result rows of every row, checked to come back in row order."""
@@ -320,7 +326,8 @@ def test_inprocess_hub_slots_equal_the_cpu_and_stay_bounded() -> None:
             res = _through_hub(hub, prepare(b, PARAMS), [12], select)
             np.testing.assert_allclose(res, _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
         assert (hub.slots_made, hub.owners.owners[0].allocations) == (made, allocs)
-    assert not any(Path("/dev/shm").glob(f"alphafeat-gpu-{os.getpid()}-*"))  # the slot files removed
+        assert _slot_fds() == 2 * made  # the hub's (each slot's and its mapping's), not the closed streams'
+    assert _slot_fds() == 0  # nothing left: the memory goes with the last mapping
 
 
 @needs_device
@@ -371,7 +378,7 @@ def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: p
     blocks to this process's GPU hub (here blocks of 7 rows on the GPU side) and the cache holds
     the CPU path's values: every column equal (NaN where NaN; float64 within 1e-9, float32
     within its rounding); likewise ``--features all`` with a vol barrier in this process; the
-    owners are stopped and the slot files removed after."""
+    owners are stopped and the slots closed after."""
     import pyarrow as pa
 
     from alphafeat.cuda import owner
@@ -401,7 +408,7 @@ def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: p
     assert [len(h["owners"]) for h in hubs] == [1, 2]  # the visible GPU; then those named
     assert all(o["blocks"] > 1 for o in hubs[1]["owners"])  # each served a session (and its warm-up)
     assert not owner.shared_running()
-    assert len(tables) == 8 and not any(Path("/dev/shm").glob(f"alphafeat-gpu-{os.getpid()}-*"))
+    assert len(tables) == 8 and _slot_fds() == 0
     for key in [k for k in tables if k[0] == "cpu"]:
         _same_table(tables[key], tables[("cuda", *key[1:])])
 

@@ -9,7 +9,7 @@ live in the parent, in a :class:`Hub`, which serves the workers over a Unix sock
 
 * a worker's :class:`HubStream` opens a stream for its segment (``open``: the feature
   parameters, the result rows it wants, the book's levels, the segment's name); the hub gives it
-  :data:`SLOTS` *slots*, files in ``/dev/shm`` (:mod:`alphafeat.cuda.slots`: a block's input
+  :data:`SLOTS` *slots*, shared memory (:mod:`alphafeat.cuda.slots`: a block's input
   columns and its result rows) made by the hub and page-locked once in the owner's context, so
   the device copies from and to them directly;
 * the worker fills a slot with the feature inputs of its next rows (the halo row first, as to
@@ -21,8 +21,8 @@ Slots are pooled by shape and per owner (a closed stream's are the next one's): 
 memory are bounded by the streams open at once, not by the number of segments. Blocks on the GPU
 side are :data:`HUB_ROWS` rows, larger than the workers' book blocks (fewer launches, fuller grids).
 This module imports no CUDA at import time: the workers import only :class:`HubStream`.
-The slot files (``alphafeat-gpu-<parent pid>-*``) are removed by :meth:`Hub.close`; a parent
-killed before it leaves them in ``/dev/shm`` (remove them by that name).
+Slots are anonymous shared memory (``memfd_create``) whose descriptors go to the workers over
+the socket: nothing is left behind, however the run ends.
 Measured: docs/performance.md, "--device cuda", the GPU hub.
 """
 
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Client, Listener
+from multiprocessing.reduction import recv_handle, send_handle
 
 import numpy as np
 
@@ -60,24 +60,21 @@ def hub_rows() -> int:
         raise UsageError("ALPHAFEAT_GPU_ROWS", "expected a positive integer", text) from None
 
 
-def _folder() -> str:
-    """Where slot files go: ``/dev/shm`` (shared memory) where there is one, else the temp folder."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
 class _Slot:
     """One slot made by the hub: its file, mapping, numpy views and page lock."""
 
-    def __init__(self, path: str, levels: int, k: int, rows: int, pin: Callable[[np.ndarray], object]) -> None:
+    def __init__(self, levels: int, k: int, rows: int, pin: Callable[[np.ndarray], object]) -> None:
         _, nbytes = sl.layout(levels, k, rows)
-        self.path, self.nbytes, self.rows = path, nbytes, rows
-        self.mm = sl.create(path, nbytes)
+        self.nbytes, self.rows = nbytes, rows
+        self.fd, self.mm = sl.create("alphafeat-gpu-slot", nbytes)
         self.buf = np.frombuffer(self.mm, np.uint8)
         self.cols, self.out = sl.views(self.mm, levels, k, rows)
         self.lock = pin(self.buf)  # page-locked while the slot lives
 
-    def spec(self) -> tuple[str, int]:
-        return self.path, self.nbytes
+    def close(self) -> None:
+        """Unlocked and its descriptor closed (the memory goes with the last mapping)."""
+        self.lock = None
+        os.close(self.fd)
 
 
 class Hub:
@@ -161,11 +158,7 @@ class Hub:
         self.owners.close()
         self._report()
         for s in self._all:
-            s.lock = None
-            try:
-                os.unlink(s.path)
-            except OSError:
-                pass
+            s.close()
         self._all.clear()
         self._free.clear()
 
@@ -217,8 +210,7 @@ class Hub:
             free = self._free.setdefault(key, [])
             if free:
                 return free.pop()
-            path = os.path.join(_folder(), f"alphafeat-gpu-{os.getpid()}-{len(self._all)}-{os.urandom(4).hex()}")
-        s = _Slot(path, levels, k, self.rows, lambda buf: owner.call(owner.pin, buf))
+        s = _Slot(levels, k, self.rows, lambda buf: owner.call(owner.pin, buf))
         with self._lock:
             self._all.append(s)
         return s
@@ -247,7 +239,10 @@ class Hub:
             except Exception as e:  # noqa: BLE001  (one line to the worker)
                 send(("error", _picklable(oom_line(e, where, self.rows))))
                 return
-            send(("slots", [s.spec() for s in got], self.rows))
+            with send_lock:  # each slot's descriptor after the message (SCM_RIGHTS on the socket)
+                conn.send(("slots", [s.nbytes for s in got], self.rows))
+                for s in got:
+                    send_handle(conn, s.fd, 0)
             while True:
                 msg = conn.recv()
                 if msg[0] != "push":
@@ -311,9 +306,9 @@ class HubStream:
         msg = self.conn.recv()
         if msg[0] == "error":
             raise msg[1]
-        _, specs, self.rows = msg
-        for path, nbytes in specs:
-            mm = sl.attach(path, nbytes)
+        _, sizes, self.rows = msg
+        for nbytes in sizes:
+            mm = sl.attach(recv_handle(self.conn), nbytes)
             self.slots.append((mm, *sl.views(mm, levels, len(self.select), self.rows)))
 
     def add(self, cols: dict[str, np.ndarray], lo: int = 0) -> None:

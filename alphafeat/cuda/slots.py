@@ -1,11 +1,13 @@
 """The layout of one shared-memory *slot* of the GPU hub (:mod:`alphafeat.cuda.hub`): a block's
 feature inputs and its results, laid out once, read the same way by the parent that made it
-and by the worker process that fills it. A leaf module: numpy only (no CUDA)."""
+and by the worker process that fills it (its descriptor passed over the hub's socket). A leaf
+module: numpy only (no CUDA)."""
 
 from __future__ import annotations
 
 import mmap
 import os
+import tempfile
 
 import numpy as np
 
@@ -45,19 +47,25 @@ def views(buf: object, levels: int, k: int, rows: int) -> tuple[dict[str, np.nda
     return arrs, out
 
 
-def create(path: str, nbytes: int) -> mmap.mmap:
-    """A new file ``path`` of ``nbytes`` (in ``/dev/shm``: shared memory), mapped shared."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+def create(name: str, nbytes: int) -> tuple[int, mmap.mmap]:
+    """``(fd, mapping)`` of a new anonymous shared-memory file of ``nbytes`` (``memfd_create``;
+    where there is none, a file in the temp folder, unlinked at once): nothing is left behind
+    once the last process holding it closes it or ends, whatever way it ends."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(name)
+    else:
+        fd, path = tempfile.mkstemp(prefix=name)
+        os.unlink(path)
     try:
         os.ftruncate(fd, nbytes)
-        return mmap.mmap(fd, nbytes)
-    finally:
+        return fd, mmap.mmap(fd, nbytes)
+    except BaseException:
         os.close(fd)
+        raise
 
 
-def attach(path: str, nbytes: int) -> mmap.mmap:
-    """The slot file ``path`` made by :func:`create`, mapped shared."""
-    fd = os.open(path, os.O_RDWR)
+def attach(fd: int, nbytes: int) -> mmap.mmap:
+    """The slot made by :func:`create` (``fd``: this process's descriptor of it, closed here), mapped shared."""
     try:
         return mmap.mmap(fd, nbytes)
     finally:
