@@ -263,7 +263,7 @@ def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
     """The device a run computes its features on, and why (the summary's ``device`` row).
 
     ``cpu`` and ``cuda`` as asked (``cuda`` without a usable GPU: AlphafeatError). ``auto``:
-    the GPU where one is usable and the run maps its segments on this machine's threads with
+    the GPU where one is usable and the run maps its segments on this machine's workers with
     at least :data:`AUTO_GPU_MIN_JOBS` workers (the case where it measured faster), else the
     CPU (no GPU; too few workers or no case measured faster; a Dask cluster, whose workers
     are other processes).
@@ -275,7 +275,7 @@ def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
     if AUTO_GPU_MIN_JOBS is None:
         return Device.CPU.value, "auto: the streamed GPU path has not measured faster than the CPU yet"
     if cfg.scheduler or cfg.dask_local:
-        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
+        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU hub serves this machine's workers)"
     jobs = usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
     if jobs < AUTO_GPU_MIN_JOBS:
         return Device.CPU.value, f"auto: --jobs {jobs} (the GPU measured faster from {AUTO_GPU_MIN_JOBS} workers)"
