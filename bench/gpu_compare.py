@@ -7,7 +7,9 @@ what was in use before the case (``gpu_peak_gb``). Cases, run ``--repeat`` times
 (median, min-max); ``zstd -d`` of the same book files is the yardstick:
 
 * ``N_cpu`` / ``N_cuda``: every session of ``--input`` with ``--jobs``;
-* ``N_cuda_all``: the same with ``--features all`` on the GPU (against ``N_cuda``);
+* ``N_cuda_all`` / ``N_cpu_all``: the same with ``--features all`` (against ``N_cuda``);
+* ``--gpu-rows R1,R2``: ``N_cuda`` again with the hub's blocks of R rows on the GPU side
+  (``ALPHAFEAT_GPU_ROWS``), as ``N_cuda_rR``;
 * ``one_cpu`` / ``one_cuda``: the first session, ``--jobs 1``, with this process and its
   children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there.
 
@@ -35,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import precompute as bench  # noqa: E402  (bench/precompute.py)
 
 CASES = ("N_cpu", "N_cuda", "N_cuda_all", "one")
+#: Where the GPU hub appends its owners' stats (``ALPHAFEAT_GPU_STATS``), read after each case.
+STATS = Path(tempfile.gettempdir()) / "gpu-compare-hub-stats.jsonl"
 
 
 class GpuMemory:
@@ -88,14 +92,20 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
     """:func:`bench.precompute.precompute` with the GPU memory peak (``gpu_peak_gb``)."""
     shutil.rmtree(out.parent, ignore_errors=True)
     out.parent.mkdir(parents=True)
+    STATS.unlink(missing_ok=True)
+    bench.ENV["ALPHAFEAT_GPU_STATS"] = str(STATS)
     with GpuMemory() as mem:
         try:
             res = bench.precompute(inputs, out, "--predecoded", "none", *args)
         except SystemExit as e:  # a failed case is reported, the others still run
             print(f"FAILED {' '.join(args)}: {str(e)[-1500:]}", flush=True)
             return {"seconds": float("nan"), "error": str(e)[-300:]}
+        finally:  # its cache gone before the next case (16 sessions with every feature: ~40 GB)
+            shutil.rmtree(out.parent, ignore_errors=True)
     res["gpu_peak_gb"] = mem.gb
-    keys = ("seconds", "cpu_s", "peak_rss_gb", "gpu_peak_gb", "rows", "stage_seconds")
+    if STATS.exists():  # the hub's owners: seconds issuing, waiting for the device, idle
+        res["hub"] = json.loads(STATS.read_text().splitlines()[-1])
+    keys = ("seconds", "cpu_s", "peak_rss_gb", "gpu_peak_gb", "rows", "stage_seconds", "hub")
     print("case", " ".join(args), json.dumps({k: res.get(k) for k in keys}), flush=True)  # kept if cut short
     return res
 
@@ -116,6 +126,7 @@ def main() -> None:
     ap.add_argument("--one-cores", default="0,1")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--gpu-rows", default="", help="extra N_cuda cases with these hub block rows")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
     bench._adopt_orphans()
@@ -135,11 +146,19 @@ def main() -> None:
         for _ in range(max(1, args.repeat)):
             if "N_cuda" in cases:
                 runs.setdefault("N_cuda", []).append(measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
+            for r in filter(None, args.gpu_rows.split(",")):
+                bench.ENV["ALPHAFEAT_GPU_ROWS"] = r
+                runs.setdefault(f"N_cuda_r{r}", []).append(
+                    measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
+                bench.ENV.pop("ALPHAFEAT_GPU_ROWS")
             if "N_cpu" in cases:
                 runs.setdefault("N_cpu", []).append(measured(every, scratch / "a" / "out", "--device", "cpu", *jobs))
             if "N_cuda_all" in cases:
                 runs.setdefault("N_cuda_all", []).append(
                     measured(every, scratch / "c" / "out", "--device", "cuda", "--features", "all", *jobs))
+            if "N_cpu_all" in cases:
+                runs.setdefault("N_cpu_all", []).append(
+                    measured(every, scratch / "f" / "out", "--device", "cpu", "--features", "all", *jobs))
             runs.setdefault("zstd_N", []).append(bench.zstd_time(books, args.jobs))
         if "one" in cases:
             os.sched_setaffinity(0, {int(c) for c in args.one_cores.split(",")})  # children inherit it

@@ -8,6 +8,7 @@ them through ``test_owner_under_simulator`` in a subprocess with ``NUMBA_ENABLE_
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 HAVE_DEVICE = IN_SIM or cuda_available()
 needs_device = pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (see test_owner_under_simulator)")
-N_INPROCESS = 6  # test_inprocess_* items below (checked by the runner)
+N_INPROCESS = 8  # test_inprocess_* items below (checked by the runner)
 #: a short fractional-difference window (a few dozen rows), so that blocks cut it
 PARAMS = FeatureParams(fracdiff_threshold=0.02)
 
@@ -261,6 +262,97 @@ def test_inprocess_two_devices_one_owner_each() -> None:
         assert all(o.allocations > 0 for o in owners.owners)
 
 
+def _slot_fds() -> int:
+    """This process's open descriptors of hub slots (anonymous shared memory)."""
+    fds = Path("/proc/self/fd")
+    return sum("alphafeat-gpu-slot" in os.readlink(f) for f in fds.iterdir() if f.exists()) if fds.is_dir() else 0
+
+
+def _through_hub(hub, cols: dict[str, np.ndarray], pieces: list[int], select: list[int], where: str = "seg"):
+    """A worker's :class:`alphafeat.cuda.hub.HubStream` over ``cols``, handed in ``pieces``
+    rows a call: the selected result rows of every row, checked to come back in row order."""
+    from alphafeat.cuda.hub import HubStream
+
+    n = cols["ts_recv"].shape[0]
+    res = np.full((len(select), n), -7.0)  # poisoned: every row must be written
+    seen = [0]
+
+    def store(out: np.ndarray, k0: int, k1: int) -> None:
+        assert k0 == seen[0] and out.shape == (len(select), k1 - k0)
+        res[:, k0:k1] = out
+        seen[0] = k1
+
+    st = HubStream(hub.address, PARAMS, select, where, store)
+    try:
+        for a, b in _blocks(n, pieces):
+            st.add({k: v[:b] for k, v in cols.items()}, a)  # rows before a: already handed over
+        st.finish()
+    finally:
+        st.close()
+    assert seen[0] == n
+    return res
+
+
+@needs_device
+def test_inprocess_hub_slots_equal_the_cpu_and_stay_bounded() -> None:
+    """The hub (the parent's side) and a worker's HubStream (here on threads of one process):
+    slots of 5 rows on the GPU side, handed rows 1, 3 and 11 at a time (a slot filled across
+    calls, several slots in one call, the halo row copied from the slot before), two segments at
+    once: each equals the CPU (the selected rows, in any order, one twice). More segments after:
+    no slot and no device array more (the slots of closed streams are reused)."""
+    from alphafeat.cuda.hub import SLOTS, Hub
+    from alphafeat.features.inputs import prepare
+
+    names = [s.name for s in feature_specs(PARAMS)]
+    select = [names.index("fracdiff_log_mid"), 0, 3, 0, len(names) - 1]
+    books = [_book(n, 70 + n) for n in (23, 19)]
+    with Hub([0], rows=5) as hub:
+        got: dict[int, np.ndarray] = {}
+
+        def run(k: int) -> None:
+            got[k] = _through_hub(hub, prepare(books[k], PARAMS), [1, 3, 11], select, f"segment {k}")
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for k, b in enumerate(books):
+            np.testing.assert_allclose(got[k], _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
+        made, allocs = hub.slots_made, hub.owners.owners[0].allocations
+        assert made == 2 * SLOTS
+        for seed in range(3):
+            b = _book(12, 90 + seed)
+            res = _through_hub(hub, prepare(b, PARAMS), [12], select)
+            np.testing.assert_allclose(res, _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
+        assert (hub.slots_made, hub.owners.owners[0].allocations) == (made, allocs)
+        assert _slot_fds() == 2 * made  # the hub's (each slot's and its mapping's), not the closed streams'
+    assert _slot_fds() == 0  # nothing left: the memory goes with the last mapping
+
+
+@needs_device
+def test_inprocess_hub_out_of_memory_is_one_line_naming_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device allocation failing with CUDA's out-of-memory error in the parent: the worker's
+    HubStream raises one AlphafeatError line naming its segment."""
+    from alphafeat.cuda import owner as ow
+    from alphafeat.cuda.hub import Hub
+    from alphafeat.features.inputs import prepare
+
+    class CudaAPIError(Exception):  # numba-cuda's error, as the owner recognises it (by name)
+        pass
+
+    def fail(self, shape, dtype):  # noqa: ANN001, ANN202
+        raise CudaAPIError("[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY")
+
+    cols = prepare(_book(9, 5), PARAMS)
+    with Hub([0], rows=4) as hub:
+        monkeypatch.setattr(ow.Owner, "alloc", fail)
+        with pytest.raises(AlphafeatError) as err:
+            _through_hub(hub, cols, [9], [0, 1], "root=ES/session=2024-03-06/ESH4.arrow")
+    line = str(err.value)
+    assert "\n" not in line and "session=2024-03-06/ESH4.arrow" in line and "out of memory" in line, line
+
+
 def _tiny_session(path: Path, n: int = 40, day: int = 0) -> Path:
     """An MBP-10 file of one session (``day`` sessions after the first): ``n`` records of a
     random walk (instrument 17077)."""
@@ -282,29 +374,43 @@ def _tiny_session(path: Path, n: int = 40, day: int = 0) -> Path:
 
 @needs_device
 def test_inprocess_precompute_cuda_equals_the_cpu_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``precompute --device cuda --jobs 2``: two sessions on two threads push their blocks to
-    the process's GPU owner (here in pieces of 7 rows) and the cache holds the CPU path's
-    values: every column equal (NaN where NaN; float64 within 1e-9, float32 within its
-    rounding); the owners are stopped after."""
+    """``precompute --device cuda --jobs 2``: two sessions on two worker processes hand their
+    blocks to this process's GPU hub (here blocks of 7 rows on the GPU side) and the cache holds
+    the CPU path's values: every column equal (NaN where NaN; float64 within 1e-9, float32
+    within its rounding); likewise ``--features all`` with a vol barrier in this process; the
+    owners are stopped and the slots closed after."""
     import pyarrow as pa
 
     from alphafeat.cuda import owner
     from alphafeat.precompute import PrecomputeConfig, precompute
 
-    monkeypatch.setattr(owner, "BLOCK_ROWS", 7)
+    monkeypatch.setenv("ALPHAFEAT_GPU_ROWS", "7")  # the hub's blocks on the GPU side
+    stats = tmp_path / "hub.jsonl"
+    monkeypatch.setenv("ALPHAFEAT_GPU_STATS", str(stats))
+    real = owner.parse_devices
+    # cuda:0,1: the simulator as two GPUs (with --jobs 1, one segment at a time: the simulator's
+    # kernels are not safe on two owners' threads at once)
+    monkeypatch.setattr(owner, "parse_devices", lambda text: real(text, count=2 if ":" in text else None))
     files = [_tiny_session(tmp_path / f"tiny{k}.mbp-10.dbn.zst", 40 - 9 * k, k) for k in range(2)]
     tables = {}
-    for device in ("cpu", "cuda"):
-        out = tmp_path / device / "out"
-        s = precompute(PrecomputeConfig(inputs=files, out=out, device=device, instrument_mode="id=17077", jobs=2))
-        assert s.device == device and s.rows == 71
-        for part in sorted(out.rglob("*.arrow")):
-            with pa.memory_map(str(part)) as src:
-                tables[device, part.relative_to(out)] = pa.ipc.open_file(src).read_all()
+    # two worker processes; then in this process, on two GPUs (cuda:0,1), every feature (a
+    # selection of every result row) with a vol barrier (its widths read a feature: the labels
+    # wait for the GPU's results)
+    for opts in ({"jobs": 2}, {"jobs": 1, "feature_set": "all", "barrier": "vol:2"}):
+        for device in ("cpu", "cuda" if opts["jobs"] == 2 else "cuda:0,1"):
+            out = tmp_path / f"{device[:4]}{opts['jobs']}" / "out"
+            s = precompute(PrecomputeConfig(inputs=files, out=out, device=device, instrument_mode="id=17077", **opts))
+            assert s.device == device[:4] and s.rows == 71
+            for part in sorted(out.rglob("*.arrow")):
+                with pa.memory_map(str(part)) as src:
+                    tables[device[:4], opts["jobs"], part.relative_to(out)] = pa.ipc.open_file(src).read_all()
+    hubs = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert [len(h["owners"]) for h in hubs] == [1, 2]  # the visible GPU; then those named
+    assert all(o["blocks"] > 1 for o in hubs[1]["owners"])  # each served a session (and its warm-up)
     assert not owner.shared_running()
-    assert len(tables) == 4
+    assert len(tables) == 8 and _slot_fds() == 0
     for key in [k for k in tables if k[0] == "cpu"]:
-        _same_table(tables[key], tables["cuda", key[1]])
+        _same_table(tables[key], tables[("cuda", *key[1:])])
 
 
 def _same_table(cpu, gpu) -> None:
@@ -346,6 +452,10 @@ def test_device_auto_takes_the_gpu_only_where_it_measured_faster(monkeypatch: py
         config.choose_device(cfg(device="cuda"))
     monkeypatch.setattr(config, "cuda_available", available(True))
     assert config.choose_device(cfg(device="cuda", jobs=1)) == ("cuda", "--device cuda")
+    assert config.choose_device(cfg(device="cuda:1, 0")) == ("cuda", "--device cuda:1,0")  # these GPUs
+    for bad in ("cuda:x", "cuda:0,0", "cuda:", "gpu"):
+        with pytest.raises(UsageError, match="--device"):
+            config.check_config(cfg(device=bad))
     dev, why = config.choose_device(cfg(device="auto", jobs=1))
     assert dev == "cpu" and "--jobs 1" in why
     dev, why = config.choose_device(cfg(device="auto", jobs=4, dask_local=2))

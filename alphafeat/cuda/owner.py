@@ -6,6 +6,9 @@ their feature-input blocks (:func:`alphafeat.features.inputs.prepare` columns) i
 as they would to the CPU's :class:`alphafeat.features.cpu.FeatureStream`: each push after the
 first led by the previous push's last row (the *halo*), the features of the new rows returned.
 :class:`Owners` spreads segments over several devices (``cuda:0,1``: one owner each).
+``precompute --device cuda`` reaches the owners from its worker processes through
+:mod:`alphafeat.cuda.hub` (:meth:`OwnerStream.submit`: blocks in shared-memory slots, several
+queued per stream); :func:`shared` gives a process's own (a Dask worker's segments).
 
 How a block continues its segment exactly: the owner keeps, per open stream, a small *carry*
 on the device (what the CPU stream's :class:`alphafeat.features.cpu.Carry` holds): the
@@ -39,6 +42,7 @@ import functools
 import math
 import queue
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -47,11 +51,10 @@ import numpy as np
 from numba import config, cuda
 
 from alphafeat.cuda import kernels as K
+from alphafeat.cuda.slots import IN_COLS, LEVEL_COLS
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.features.registry import N_LF, Plan
 
-#: The input columns of a block (:func:`alphafeat.features.inputs.prepare`), in transfer order.
-IN_COLS = ("ts_recv", "bid_px", "ask_px", "bid_sz", "ask_sz", "buy_volume", "sell_volume", "trade_count")
 #: Rows of a block at most by default (the device buffers and pinned buffers are sized for it).
 BLOCK_ROWS = 1 << 16
 #: Device buffer sets of an owner, each with its CUDA stream: at most this many blocks in flight
@@ -210,10 +213,13 @@ class _Set:
 
 
 class _Job:
-    """One block of one stream, in flight through the owner."""
+    """One block of one stream, in flight through the owner: its inputs ``host_in`` (rows
+    ``[0, n)``) and where its results go (``host_out``), both page-locked host memory."""
 
-    def __init__(self, stream: OwnerStream, n: int, halo: bool) -> None:
+    def __init__(self, stream: OwnerStream, n: int, halo: bool, host_in: dict[str, np.ndarray],
+                 host_out: np.ndarray) -> None:  # fmt: skip
         self.stream, self.n, self.halo = stream, n, halo
+        self.host_in, self.host_out = host_in, host_out
         self.future: Future = Future()
         self.done = None  # the CUDA event after its copy back
 
@@ -254,6 +260,9 @@ class Owner:
         self._sets: list[_Set] = []
         self._jobs = 0
         self._open = 0
+        #: seconds on the owner's thread issuing blocks (copies, launches), waiting for the device,
+        #: waiting for work; blocks and rows computed (what bounds the hub: docs/performance.md)
+        self.stats = {"issue_s": 0.0, "sync_s": 0.0, "idle_s": 0.0, "blocks": 0, "rows": 0}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=f"gpu-owner-{self.device}", daemon=True)
         self._thread.start()
@@ -312,12 +321,16 @@ class Owner:
         # a short block launches small grids: numba's low-occupancy warning is noise here
         warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")
         flight: collections.deque[_Job] = collections.deque()
+        st = self.stats
         while True:
+            t0 = time.perf_counter()
             try:
                 item = self._q.get(block=not flight)
             except queue.Empty:
                 self._finish(flight.popleft())
                 continue
+            finally:
+                st["idle_s"] += time.perf_counter() - t0
             if item is None:
                 while flight:
                     self._finish(flight.popleft())
@@ -328,11 +341,16 @@ class Owner:
             if isinstance(item, _Job):
                 while len(flight) >= self.sets:  # the next set's last block is done first
                     self._finish(flight.popleft())
+                t0 = time.perf_counter()
                 try:
                     self._issue(item)
                 except BaseException as e:  # noqa: BLE001  (handed to the pushing thread)
                     item.future.set_exception(e)
                     continue
+                finally:
+                    st["issue_s"] += time.perf_counter() - t0
+                st["blocks"] += 1
+                st["rows"] += item.n - item.halo
                 flight.append(item)
                 continue
             fn, args, fut = item
@@ -346,7 +364,9 @@ class Owner:
     def _finish(self, job: _Job) -> None:
         """Wait for ``job``'s copy back and hand its results to the pushing thread."""
         try:
+            t0 = time.perf_counter()
             job.done.synchronize()
+            self.stats["sync_s"] += time.perf_counter() - t0
             job.future.set_result(None)
         except BaseException as e:  # noqa: BLE001
             job.future.set_exception(e)
@@ -369,6 +389,28 @@ class Owner:
         host_in = {k: K.pinned_empty((n_in, *like[k].shape[1:]), like[k].dtype) for k in IN_COLS}
         host_out = K.pinned_empty((int(rows), self.block_rows), self.dtype)
         return host_in, host_out
+
+    def warm(self, plan: Plan, levels: int, select: Sequence[int]) -> None:
+        """One block of two (empty-book) rows of ``plan`` through this owner, results dropped:
+        its CUDA context, kernels and buffers for books of ``levels`` levels made before the
+        first segment's block needs them. Call it from another thread than the owner's."""
+        cols = {k: np.zeros((2, levels) if k in LEVEL_COLS else (2,), np.int64 if k == "ts_recv" else np.float64)
+                for k in IN_COLS}  # fmt: skip
+        for k in ("bid_px", "ask_px"):
+            cols[k][:] = np.nan
+        with self.open(plan, "warm-up", select or None) as st:
+            st.submit(cols, np.empty((len(select) or plan.n_out, 2)), 2, False).result()
+
+    def pin(self, arr: np.ndarray) -> object:
+        """Page-lock the host memory of ``arr`` (e.g. a shared-memory mapping) for this owner's
+        device copies (``cuMemHostRegister``, in the owner's context: call it through
+        :meth:`call`); unlocked when the returned object is dropped (None under the simulator)."""
+        if config.ENABLE_CUDASIM:
+            return None
+        from numba.cuda.cudadrv import driver
+
+        self.pinned_allocations += 1
+        return cuda.current_context().mempin(arr, driver.host_pointer(arr), driver.host_memory_size(arr), mapped=False)
 
     def _rows_on_device(self, select: tuple[int, ...]):
         """The device copy of a stream's selected rows (one per distinct selection)."""
@@ -396,7 +438,7 @@ class Owner:
             self._sets = [_Set(self) for _ in range(self.sets)]
         sx = self._sets[self._jobs % self.sets]
         self._jobs += 1
-        levels = int(st.host_in["bid_px"].shape[1])
+        levels = int(job.host_in["bid_px"].shape[1])
         G, d, dv, out32 = sx.arrays(st.plan, levels)
         if st.carry is None:
             st.carry = self._carry(st.plan)
@@ -404,23 +446,25 @@ class Owner:
         lo = G if job.halo else 0
         row0 = lo - 1 if job.halo else 0
         s = sx.stream
+        if st.last_done is not None:  # the stream's block before (another set's stream) has left its carry
+            st.last_done.wait(s)
         for k in IN_COLS:
-            K.to_device_rows(d[k], st.host_in[k][: job.n], row0, row0 + job.n, s)
+            K.to_device_rows(d[k], job.host_in[k][: job.n], row0, row0 + job.n, s)
         if job.halo:
             load_prefix_kernel[_cfg(_items(st.carry), s)](G, *st.carry.args(), dv.out, d["ts_recv"], d["buy_volume"],
                                                          d["sell_volume"], d["trade_count"], dv.last, dv.X)  # fmt: skip
         dv.step(lo, lo + m)
         save_carry_kernel[_cfg(_items(st.carry), s)](lo, m, dv.out, d["ts_recv"], d["buy_volume"], d["sell_volume"],
                                                     d["trade_count"], dv.last, dv.X, *st.carry.args())  # fmt: skip
-        back, k = dv.out, int(st.host_out.shape[0])
+        back, k = dv.out, int(job.host_out.shape[0])
         if st.select is not None:  # the rows asked for (rounded once to float32 if so), packed
             pack_rows_kernel[_cfg(k * m, s)](dv.out, self._rows_on_device(st.select), out32, lo, m)
             back = out32
         elif self.dtype == np.float32:
             K.cast_kernel[_cfg(k * m, s)](dv.out, out32, lo, lo + m)
             back = out32
-        K.to_host_2d(back, st.host_out, lo, 0, m, k, s)
-        job.done = cuda.event()
+        K.to_host_2d(back, job.host_out, lo, 0, m, k, s)
+        job.done = st.last_done = cuda.event()
         job.done.record(s)
 
 
@@ -450,10 +494,11 @@ class OwnerStream:
         self.owner, self.plan, self.where = owner, plan, where
         self.rows = 0
         self.carry: _Carry | None = None
+        self.last_done = None  # the CUDA event after its last block (the next one's stream waits for it)
         self.select = None if select is None else tuple(int(r) for r in select)
         n = int(plan.n_out)
-        if self.select is not None and (not self.select or not all(0 <= r < n for r in self.select)):
-            raise UsageError("select", f"OwnerStream: rows among 0..{n - 1}, at least one", str(self.select))
+        if self.select is not None and (not 0 < len(self.select) <= n or not all(0 <= r < n for r in self.select)):
+            raise UsageError("select", f"OwnerStream: 1 to {n} rows among 0..{n - 1}", str(self.select))
         self.host_in: dict[str, np.ndarray] = {}
         self.host_out = np.empty((n if self.select is None else len(self.select), 0), owner.dtype)
         self._closed = False
@@ -480,14 +525,31 @@ class OwnerStream:
         if m <= 0:
             return self.host_out[:, :0]
         self._stage(cols, n)
-        job = _Job(self, n, halo)
-        self.owner._q.put(job)
         try:
-            job.future.result()
+            self.submit(self.host_in, self.host_out, n, halo).result()
         except Exception as e:
-            raise _one_line(e, self.where, m) from None
-        self.rows += m
+            raise oom_line(e, self.where, m) from None
         return self.host_out[:, :m]
+
+    def submit(self, host_in: dict[str, np.ndarray], host_out: np.ndarray, n: int, halo: bool) -> Future:
+        """Queue a block whose ``n`` input rows (the halo row first when ``halo``) lie in the
+        page-locked columns ``host_in`` (:data:`IN_COLS`, as :meth:`push` takes them) and whose
+        results go to ``host_out`` (page-locked, ``(rows, >= n - halo)``): returns at once, a
+        Future set when the results are there. Blocks of one stream are computed in the order
+        submitted, each continuing the one before (several may be queued: the device orders
+        them); the caller keeps both buffers untouched until the Future is done. ``UsageError``
+        as :meth:`push`."""
+        if self._closed:
+            raise UsageError("stream", "OwnerStream.submit after close")
+        if halo != (self.rows > 0):
+            raise UsageError("halo", "OwnerStream.push: the first push has no halo row, every later push has one")
+        m = n - halo
+        if m > self.owner.block_rows or m > host_out.shape[1]:
+            raise UsageError("cols", f"OwnerStream.push: {m} rows, more than block_rows = {self.owner.block_rows}")
+        self.rows += m
+        job = _Job(self, n, halo, host_in, host_out)
+        self.owner._q.put(job)
+        return job.future
 
     def _stage(self, cols: dict[str, np.ndarray], n: int) -> None:
         """Copy the block's columns into this stream's pinned input buffers (made at the first push)."""
@@ -505,10 +567,10 @@ class OwnerStream:
         if not self._closed:
             self._closed = True
             self.owner.call(self.owner._release, self)
-            self.carry, self.host_in = None, {}
+            self.carry, self.host_in, self.last_done = None, {}, None
 
 
-def _one_line(e: Exception, where: str, m: int) -> Exception:
+def oom_line(e: Exception, where: str, m: int) -> Exception:
     """A GPU out of memory as one line naming the segment; other errors as they are."""
     if type(e).__name__ == "CudaAPIError" and "OUT_OF_MEMORY" in str(e):
         return AlphafeatError(f"{where or 'a segment'}: --device cuda: the GPU ran out of memory for a block of "
@@ -519,14 +581,20 @@ def _one_line(e: Exception, where: str, m: int) -> Exception:
 
 class Owners:
     """One :class:`Owner` per device (``devices``: ids from :func:`parse_devices`); each new
-    stream goes to the owner with the fewest streams open."""
+    stream goes to the owner with the fewest streams open (of those, the one that has opened
+    fewest so far: streams one after another alternate)."""
 
     def __init__(self, devices: Sequence[int], block_rows: int = BLOCK_ROWS, dtype: str | np.dtype = "float64") -> None:
         self.owners = [Owner(d, block_rows, dtype) for d in devices]
+        self._opened = [0] * len(self.owners)
+        self._lock = threading.Lock()
 
     def open(self, plan: Plan, where: str = "", select: Sequence[int] | None = None) -> OwnerStream:
         """A stream on the least busy device (:meth:`Owner.open`)."""
-        return min(self.owners, key=lambda o: o.open_streams).open(plan, where, select)
+        with self._lock:
+            k = min(range(len(self.owners)), key=lambda i: (self.owners[i].open_streams, self._opened[i]))
+            self._opened[k] += 1
+            return self.owners[k].open(plan, where, select)
 
     def close(self) -> None:
         for o in self.owners:

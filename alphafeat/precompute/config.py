@@ -46,7 +46,7 @@ from alphafeat.validation import (
 )
 
 __all__ = ["DEFAULT_DATA_DIR", "PrecomputeConfig", "check_config", "choose_device", "default_predecoded_dir",
-           "resolve_device"]
+           "resolve_device", "validate_device"]
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 
@@ -56,6 +56,19 @@ def default_predecoded_dir(out: str | os.PathLike[str]) -> Path:
     the cache (``alphafeat clean`` or deleting the cache removes them; ``pyarrow.dataset`` and
     the cache's readers skip names starting with ``.``)."""
     return Path(out).resolve() / PREDECODED_NAME
+
+
+def validate_device(value: object, option: str = "--device") -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:I[,J...]`` (GPUs by id, each once; whether they
+    exist is checked when the run starts): the value as a string. ``UsageError`` otherwise."""
+    text = str(getattr(value, "value", value)).strip()
+    head, colon, tail = text.partition(":")
+    if colon and head == "cuda":
+        ids = tail.split(",")
+        if all(i.strip().isdigit() for i in ids) and len({int(i) for i in ids}) == len(ids):
+            return "cuda:" + ",".join(str(int(i)) for i in ids)
+        raise UsageError(option, "expected cuda:I[,J...] with distinct GPU ids", text)
+    return validate_enum(text, Device, option).value
 
 
 @dataclass
@@ -79,10 +92,11 @@ class PrecomputeConfig:
         Product root for front-month selection (``ES``).
     device : str
         ``cpu``, ``cuda`` or ``auto`` (:func:`choose_device`). ``cuda``: the segments run on
-        this process's threads, which decode and build their books block by block as the CPU
-        path does and push the blocks to one GPU owner per device
-        (:mod:`alphafeat.cuda.owner`: recurrences carried on the device, memory bounded by the
-        block); volume bars keep whole books.
+        the CPU path's workers (``--jobs``), which decode and build their books block by block,
+        store the book columns, label and write as on the CPU, and hand the feature inputs to
+        this process's GPU hub (:mod:`alphafeat.cuda.hub`: one GPU owner per visible device,
+        shared-memory slots; recurrences carried on the device; memory bounded by the segments
+        at once); volume bars keep whole books.
     horizons : tuple of int
         Label horizons in snapshots.
     features : FeatureParams
@@ -160,9 +174,11 @@ class PrecomputeConfig:
     instrument_mode: InstrumentMode = opt(help="all | id=N | front-month", check=validate_instrument_mode,
                                           default_factory=lambda: InstrumentMode(ModeKind.FRONT_MONTH))
     root: str = opt("ES", help="product root for front-month", check=validate_root)
-    device: str = opt("auto", enum=Device, help="where features are computed; auto: the GPU only where its "
-                      "streamed path measured faster (so far: nowhere, the CPU), else the CPU; the summary says "
-                      "which and why")
+    device: str = opt("auto", check=validate_device,
+                      metavar="{auto,cpu,cuda,cuda:I[,J...]}",
+                      help="where features are computed (cuda: every visible GPU; cuda:0,1: those); auto: the GPU "
+                           "only where its streamed path measured faster (so far: nowhere, the CPU), else the CPU; "
+                           "the summary says which and why")
     horizons: tuple[int, ...] = opt(DEFAULT_HORIZONS, help="label horizons in snapshots, comma-separated",
                                     check=validate_horizons)
     features: FeatureParams = field(default_factory=FeatureParams)
@@ -218,7 +234,7 @@ class PrecomputeConfig:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a CUDA GPU is usable, else ``cpu``.
+    """``auto`` -> ``cuda`` when a CUDA GPU is usable, else ``cpu``; ``cuda:I[,J...]`` -> ``cuda``.
 
     Raises
     ------
@@ -227,7 +243,7 @@ def resolve_device(device: str) -> str:
     AlphafeatError
         ``cuda`` without a usable GPU.
     """
-    device = validate_enum(device, Device, "--device").value
+    device = validate_device(device).split(":")[0]
     if device == Device.AUTO:
         return Device.CUDA.value if cuda_available() else Device.CPU.value
     if device == Device.CUDA and not cuda_available():
@@ -237,8 +253,9 @@ def resolve_device(device: str) -> str:
 
 #: ``--device auto`` takes the GPU from this many local workers (``--jobs``) on, where the
 #: streamed GPU path measured faster than the CPU's; None: no case has measured faster yet
-#: (docs/performance.md, "--device cuda": on an H100 host, one session on 2 cores and 16 sessions on
-#: 16 cores were both slower on the GPU path), so ``auto`` stays on the CPU.
+#: (docs/performance.md, "--device cuda", the GPU hub: 16 sessions on 16 cores as fast as the
+#: CPU within the runs' spread, with less CPU time; one session on 2 cores and ``--features all``
+#: slower), so ``auto`` stays on the CPU.
 AUTO_GPU_MIN_JOBS: int | None = None
 
 
@@ -246,19 +263,19 @@ def choose_device(cfg: PrecomputeConfig) -> tuple[str, str]:
     """The device a run computes its features on, and why (the summary's ``device`` row).
 
     ``cpu`` and ``cuda`` as asked (``cuda`` without a usable GPU: AlphafeatError). ``auto``:
-    the GPU where one is usable and the run maps its segments on this machine's threads with
+    the GPU where one is usable and the run maps its segments on this machine's workers with
     at least :data:`AUTO_GPU_MIN_JOBS` workers (the case where it measured faster), else the
     CPU (no GPU; too few workers or no case measured faster; a Dask cluster, whose workers
     are other processes).
     """
-    device = validate_enum(cfg.device, Device, "--device").value
+    device = validate_device(cfg.device)
     if device != Device.AUTO:
         return resolve_device(device), f"--device {device}"
     # the GPU is probed last: numba.cuda's import and the driver's start cost ~0.2-0.4 s
     if AUTO_GPU_MIN_JOBS is None:
         return Device.CPU.value, "auto: the streamed GPU path has not measured faster than the CPU yet"
     if cfg.scheduler or cfg.dask_local:
-        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU path runs on this process's threads)"
+        return Device.CPU.value, "auto: a Dask cluster's workers (the GPU hub serves this machine's workers)"
     jobs = usable_cores() if cfg.jobs < 0 else max(1, cfg.jobs)
     if jobs < AUTO_GPU_MIN_JOBS:
         return Device.CPU.value, f"auto: --jobs {jobs} (the GPU measured faster from {AUTO_GPU_MIN_JOBS} workers)"

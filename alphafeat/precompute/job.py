@@ -44,6 +44,9 @@ class Job:
     block_rows: int = 0
     #: crossed-book rows written (``keep``) or not (``drop``): :attr:`PrecomputeConfig.preopen`
     preopen: str = "keep"
+    #: ``--device cuda``: the address of the parent's GPU hub (:attr:`alphafeat.cuda.hub.Hub.address`)
+    #: the segments hand their feature inputs to; None: the worker's own GPU owner
+    gpu: tuple | None = None
 
 
 def make_job(cfg: PrecomputeConfig, device: str) -> Job:

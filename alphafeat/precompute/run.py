@@ -49,9 +49,17 @@ from alphafeat.cores import usable_cores
 from alphafeat.errors import DataError, InputError
 from alphafeat.instruments import Choice
 from alphafeat.plan import Plan, Segment, make_plan
-from alphafeat.precompute.books import BLOCK_ROWS, peak_rss, stream_rows
+from alphafeat.precompute.books import peak_rss, stream_rows
 from alphafeat.precompute.config import PrecomputeConfig, check_config, choose_device, default_predecoded_dir
-from alphafeat.precompute.job import IN_FLIGHT, Job, feature_threads, job_of, segments_at_once, set_in_flight
+from alphafeat.precompute.job import (
+    IN_FLIGHT,
+    Job,
+    feature_threads,
+    job_of,
+    local_jobs,
+    segments_at_once,
+    set_in_flight,
+)
 from alphafeat.precompute.manifest import (
     common_metadata,
     data_notes,
@@ -66,7 +74,9 @@ from alphafeat.precompute.manifest import (
     source_rows,
 )
 from alphafeat.precompute.segment import SegmentResult
+from alphafeat.precompute.table import stored_rows
 from alphafeat.precompute.workers import SegmentFailure, first_use, map_segments
+from alphafeat.types import LEVELS
 
 __all__ = ["Summary", "precompute"]
 
@@ -271,7 +281,7 @@ def _sized(cfg: PrecomputeConfig, job: Job, staging: Path, segments: int) -> tup
     if at_once > 1 and not cfg.scheduler:  # segments share this machine's cores
         set_in_flight(staging, at_once)
         in_flight = str(staging / IN_FLIGHT)
-    rows = BLOCK_ROWS if job.device == "cuda" else stream_rows(at_once)  # the GPU: fewer, larger pushes
+    rows = stream_rows(at_once)  # book blocks (the GPU hub gathers them into larger blocks of its own)
     return dataclasses.replace(job, feature_threads=threads, block_rows=rows, in_flight=in_flight), at_once
 
 
@@ -379,7 +389,14 @@ def _removed_on_failure(out: Path) -> Iterator[None]:
 def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | None, t0: float) -> None:
     """The body of :func:`precompute` (options checked): plan, map, commit into ``summary``."""
     task, advance = _tasks(progress)
-    plan = _plan(cfg, summary, task, advance, t0)
+    with _gpu_hub(cfg, job) as gpu:  # started before the plan: the device's start runs beside it
+        plan = _plan(cfg, summary, task, advance, t0)
+        _map_commit(cfg, job, summary, plan, task, advance, t0, gpu)
+
+
+def _map_commit(cfg: PrecomputeConfig, job: Job, summary: Summary, plan: Plan, task: Callable, advance: Callable,
+                t0: float, gpu: tuple | None) -> None:  # fmt: skip
+    """The map and the commit of :func:`_run` (``gpu``: the GPU hub's address, or None)."""
     common = common_metadata(cfg, job, plan)
     schedule, sources = schedule_rows(plan), source_rows(plan)
     pre = None if cfg.keep_books == "none" else str(summary.predecoded)  # books kept earlier are used unless "none"
@@ -393,7 +410,7 @@ def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | N
         fold = _Fold(summary, writer, others, earlier_manifest(writer.out))
         metas = [segment_metadata(common, seg, schedule, sources) for seg in plan.segments]
         decided = _decide(plan, fold, metas, job, pre, lambda: advance(t_map))
-        job_t, at_once = _sized(cfg, job, writer.staging, len(decided))
+        job_t, at_once = _sized(cfg, dataclasses.replace(job, gpu=gpu), writer.staging, len(decided))
         calls = [(seg, str(writer.staging), meta, job_t, pre, _keep(cfg, seg), relabel)
                  for seg, meta, relabel in decided]
         _run_map(cfg, fold, calls, at_once, job_t.in_flight is not None, lambda: advance(t_map))
@@ -404,6 +421,25 @@ def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | N
         summary.notes += data_notes(cfg, job, plan, others["skipped"], fold.n_crossed, fold.min_rows)
         summary.seconds = time.perf_counter() - t0
         writer.commit(_manifest(fold, common, schedule, sources))
+
+
+@contextmanager
+def _gpu_hub(cfg: PrecomputeConfig, job: Job) -> Iterator[tuple | None]:
+    """The address of this process's GPU hub (:class:`alphafeat.cuda.hub.Hub`: the GPU owners of
+    every visible device, serving the segments' workers through shared memory) for a ``--device
+    cuda`` run of snapshots on local workers, stopped after; None otherwise (volume bars keep
+    whole books; a Dask cluster's workers use their own GPU owner). The hub warms up beside
+    the plan: contexts, kernels, and the slots of as many segments as run at once (books of
+    every level, the rows ``job`` stores)."""
+    if job.device != "cuda" or job.bar_volume or cfg.scheduler or cfg.dask_local:
+        yield None
+        return
+    from alphafeat.cuda.hub import Hub
+    from alphafeat.cuda.owner import parse_devices
+
+    warm = (job.features, LEVELS, len(stored_rows(job)), min(local_jobs(cfg), 64))
+    with Hub(parse_devices(cfg.device if cfg.device.startswith("cuda") else "cuda"), warm=warm) as hub:
+        yield hub.address
 
 
 def _where(pre: Path | None, out: Path) -> str | None:

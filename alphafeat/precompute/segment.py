@@ -20,9 +20,15 @@ Streamed CPU path (the default)
     instrument's records of the segment's files are rebuilt (:func:`alphafeat.book.rebuild_mbo`)
     from the start of the first file, cut to the session, then fed to the same path in blocks.
     Trades come from the trades files when the run has them, else from the book stream.
-GPU and volume bars
+Streamed GPU path (``--device cuda``)
+    The same blocks, the same book columns, labels and write on the same workers; only the
+    features go to the parent's GPU hub (:mod:`alphafeat.cuda.hub`: shared-memory slots,
+    recurrences carried on the device), which this worker fills ahead of the results
+    (:meth:`alphafeat.precompute.table.SegmentColumns.add`). On a Dask cluster's workers, the
+    worker's own GPU owner (:func:`alphafeat.cuda.owner.shared`).
+Volume bars
     The session's whole book is built first (:func:`~alphafeat.precompute.books.build_book`),
-    then one GPU call (``compute_features(..., device="cuda")``) or the bars.
+    then the bars and their features (on the CPU, or one GPU call).
 Kept books
     :mod:`alphafeat.precompute.books`.
 """

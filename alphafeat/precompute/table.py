@@ -126,6 +126,12 @@ def min_depth(params: FeatureParams) -> dict[str, int]:
     return {spec.name: spec.min_depth for spec in feature_specs(params)}
 
 
+def stored_rows(job: Job) -> tuple[str, ...]:
+    """The features a segment keeps: those stored, and ``ema_ret2_60s`` (a ``vol`` barrier's
+    widths read it), each once."""
+    return tuple(dict.fromkeys((*job.names, "ema_ret2_60s")))
+
+
 def pruned_stream(job: Job, index: dict[str, int], names: Iterable[str]) -> object:
     """A CPU :class:`~alphafeat.features.cpu.FeatureStream` computing only what features
     ``names`` need (:func:`~alphafeat.features.registry.prune_plan`: the same bits), in pieces
@@ -187,6 +193,11 @@ class SegmentColumns:
         self.seconds = {"features": 0.0, "store": 0.0, "labels": 0.0}  # "store" and "labels": the worker's
         self._worker = ThreadPoolExecutor(1)  # stores and labels block by block beside the next block's features
         self._pending: list[Future] = []
+        # features from the GPU hub come back blocks later: a vol barrier's widths (and so the
+        # labels) wait for them (_labels_upto); other labels need the mid only
+        self._deferred = job.gpu is not None and job.device == "cuda" and self.barrier is not None and \
+            self.barrier.kind == "vol"  # fmt: skip
+        self._feat_rows = self._w_done = 0
 
     def add(self, b: BookArrays, halo: bool, feats: dict[str, np.ndarray] | None = None,
             release: Callable[[], None] | None = None) -> None:
@@ -216,12 +227,17 @@ class SegmentColumns:
         self.rows = k1
         self.seconds["features"] += time.perf_counter() - t0
         self._pending.append(self._worker.submit(self._store, b, lo, k0, k1, release))
+        if self._deferred and self._feat_rows > self._w_done:  # after the stores of those rows
+            self._pending.append(self._worker.submit(self._labels_upto, self._feat_rows))
 
     def _stream_features(self, b: BookArrays, lo: int, k0: int) -> None:
         """The CPU features of block ``b``'s new rows (from its row ``lo``) into the columns from
         row ``k0``, piece by piece (each piece after the block's first led by its halo row); on
         ``cuda``, from the process's GPU owner."""
-        wanted = (*self.job.names, "ema_ret2_60s")
+        wanted = stored_rows(self.job)
+        if self.job.device == "cuda" and self.job.gpu is not None:
+            self._hub_features(prepare(b, self.job.features), lo, wanted, b.depth)
+            return
         if self.job.device == "cuda":
             self._gpu_features(prepare(b, self.job.features), lo, k0, wanted, b.depth)
             return
@@ -253,6 +269,33 @@ class SegmentColumns:
             a = i0 - 1 if i0 > 0 else 0
             out = self.stream.push({k: v[a:i1] for k, v in cols.items()}, i0 > 0)
             self._store_features({name: out[j] for j, name in enumerate(wanted)}, depth, k0 + i0 - lo, k0 + i1 - lo)
+
+    def _hub_features(self, cols: dict[str, np.ndarray], lo: int, wanted: tuple[str, ...], depth: int) -> None:
+        """Hand the block's new rows (``cols`` from row ``lo``) to the parent's GPU hub
+        (:class:`alphafeat.cuda.hub.HubStream`: shared-memory slots, recurrences carried on the
+        device); the features of earlier rows are stored as they come back, while this
+        worker goes on with the next blocks."""
+        if self.stream is None:
+            from alphafeat.cuda.hub import HubStream
+
+            def store(out: np.ndarray, k0: int, k1: int) -> None:
+                self._store_features({name: out[j] for j, name in enumerate(wanted)}, depth, k0, k1)
+                self._feat_rows = k1
+
+            self.stream = HubStream(self.job.gpu, self.job.features, [self.index[name] for name in wanted],
+                                    self.seg.relpath, store)  # fmt: skip
+        self.stream.add(cols, lo)
+
+    def _labels_upto(self, k: int) -> None:
+        """On the worker, with features from the GPU hub and a ``vol`` barrier (its widths read
+        ``ema_ret2_60s``): the barrier widths of the rows up to ``k`` and the labels complete there."""
+        t0 = time.perf_counter()
+        c, w0 = self.cols, self._w_done
+        if k > w0:
+            c["_w"][w0:k] = barrier_widths(c["_mid"][w0:k], c["_ema"][w0:k], self.barrier, self.job)
+            self._w_done = k
+            self.labels.update(c["_mid"][:k], c["ts_recv"][:k], c["_w"][:k])
+        self.seconds["labels"] += time.perf_counter() - t0
 
     def _store_features(self, feats: dict[str, np.ndarray], depth: int, k0: int, k1: int) -> None:
         """Rows ``k0:k1`` of the stored feature columns among ``feats`` (all of them, or the
@@ -291,6 +334,9 @@ class SegmentColumns:
         mid[:] = label_mid(b.bid_px[lo:, 0], b.ask_px[lo:, 0], x)
         if release is not None:
             release()
+        if self._deferred:
+            self.seconds["store"] += time.perf_counter() - t0
+            return
         if self.job.barrier:
             c["_w"][k0:k1] = barrier_widths(mid, c["_ema"][k0:k1] if "_ema" in c else None, self.barrier, self.job)
         t1 = time.perf_counter()
@@ -311,6 +357,12 @@ class SegmentColumns:
         out of the table after the labels (so the other rows' labels are those of ``keep``)."""
         n = self.rows
         c = {k: v[:n] for k, v in self.cols.items()}
+        if self.stream is not None and hasattr(self.stream, "finish"):  # the GPU hub's last blocks
+            t0 = time.perf_counter()
+            self.stream.finish()
+            if self._deferred:
+                self._pending.append(self._worker.submit(self._labels_upto, n))
+            self.seconds["features"] += time.perf_counter() - t0
         self._wait(0)
         self._worker.shutdown()
         if self.stream is not None:

@@ -85,26 +85,6 @@ def map_one(seg: Segment, staging: str, meta: dict, job: Job, pre: str | None, k
         return SegmentFailure(seg.relpath, e)
 
 
-def _on_threads(calls: list[tuple], n_jobs: int) -> Iterator[SegmentResult | SegmentFailure]:
-    """``map_one`` over ``calls`` on ``n_jobs`` threads of this process, results as they
-    complete: the GPU path, whose segments decode and build their books on these threads (the
-    decoder and the book builder release the GIL) and push their blocks to this process's GPU
-    owners (:func:`alphafeat.cuda.owner.shared`). A segment's error cancels those not started."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    from alphafeat.cuda.owner import shared
-
-    shared()  # the owners (and numba-cuda's driver) made here, before the threads start
-    with ThreadPoolExecutor(min(n_jobs, len(calls)), thread_name_prefix="segment") as pool:
-        futures = [pool.submit(map_one, *c) for c in calls]
-        try:
-            for fut in as_completed(futures):
-                yield fut.result()
-        finally:
-            for fut in futures:
-                fut.cancel()
-
-
 def _dask_client(cfg: PrecomputeConfig) -> object:
     try:
         from dask.distributed import Client, LocalCluster
@@ -152,9 +132,6 @@ def map_segments(calls: list[tuple], cfg: PrecomputeConfig) -> Iterator[SegmentR
     if n_jobs == 1 or len(calls) == 1:
         for c in calls:
             yield map_one(*c)
-        return
-    if calls[0][3].device == "cuda":  # threads of this process: one GPU owner per device serves them all
-        yield from _on_threads(calls, n_jobs)
         return
     from joblib import Parallel, delayed
 
