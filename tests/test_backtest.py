@@ -614,3 +614,22 @@ def test_oracle_psr_on_a_planted_signal_market():
     assert np.all(ev["mid"][("flat", 0.0)]["daily"] == 0)
     taker = ev["taker"][("oracle", 0.0)]
     assert taker["daily"].sum() < daily.sum() and taker["entries"].sum() > 0  # taker pays the spread mid does not
+
+
+def test_encoders_trained_in_worker_processes_equal_those_trained_in_turn(tmp_path):
+    """encoder_jobs = 2 (the GPU's default, here on a CPU): every fold's encoder trains in a spawned
+    process while the first folds' policies train; the encoders, hence every result, are those
+    trained in turn in this process."""
+    from alphamodel.backtest import BacktestConfig, backtest
+
+    cache = _hand_cache(tmp_path / "c", sessions=4)
+    base = dict(folds=2, stride=50, policy_steps=3, envs=8, costs=(0.0,), device="cpu", encoder_epochs=1,
+                encoder_steps=2, plots=False, c51={"batch_size": 16, "hidden": 16})
+    runs = {j: backtest(cache, tmp_path / f"o{j}", None, BacktestConfig.from_dict({**base, "encoder_jobs": j}),
+                        progress=False) for j in (1, 2)}
+    assert [f["fold"] for f in runs[2]["folds"]] == [0, 1]
+    for a, b in zip(runs[1]["results"], runs[2]["results"]):
+        assert (a["strategy"], a["fold"]) == (b["strategy"], b["fold"])
+        assert a["pnl_ticks"] == pytest.approx(b["pnl_ticks"], abs=1e-9), a["strategy"]
+    for k in range(2):
+        assert (tmp_path / "o2" / f"encoder_fold{k}").is_dir()

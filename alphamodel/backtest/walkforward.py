@@ -5,12 +5,14 @@ metrics."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import dataclasses
 import functools
 import json
 import logging
 import math
+import multiprocessing
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +38,8 @@ from alphamodel.supervised.embed import embed_segments
 from alphamodel.supervised.outputs import save_tensors
 from alphamodel.supervised.train import train
 
-__all__ = ["Run", "aux_report", "check_fold_count", "default_folds", "fine_tune", "fold_encoder", "fold_sessions",
-           "make_run", "run_fold"]
+__all__ = ["GPU_EVAL_BATCH", "Run", "aux_report", "check_fold_count", "default_folds", "encoder_job", "encoder_jobs",
+           "fine_tune", "fold_encoder", "fold_sessions", "make_run", "run_fold", "start_encoders", "train_encoder"]
 
 
 def default_folds(n: int, embargo: int = 0) -> int:
@@ -89,6 +91,19 @@ def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestC
                  device: torch.device) -> tuple:
     """Train a small encoder on the fold's training sessions only (a view of the cache written in
     ``tmp``); returns :func:`~alphamodel.supervised.checkpoint.load_model`'s ``(model, norm, meta)``."""
+    return load_model(train_encoder(data, train_segs, k, dataclasses.replace(cfg, device=device.type), tmp, progress),
+                      str(device))
+
+
+#: Streams scored at once by the per-fold encoder on a GPU (its validation and the embeddings):
+#: the small model's forward is bound by launches, not by the rows it holds.
+GPU_EVAL_BATCH = 2048
+
+
+def train_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestConfig, tmp: Path,
+                  progress: bool) -> Path:
+    """Train fold ``k``'s encoder (see :func:`fold_encoder`) into ``tmp/encoder_fold{k}`` on
+    ``cfg.device``; returns that folder."""
     view = tmp / f"_view_fold{k}"
     view.mkdir()
     manifest = dict(data.manifest)
@@ -97,8 +112,9 @@ def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestC
     enc = tmp / f"encoder_fold{k}"
     # one walk-forward fold inside the fold's training sessions (for early stopping), no baselines:
     # only the encoder is needed here
+    gpu = {"eval_batch_size": GPU_EVAL_BATCH} if cfg.device == "cuda" else {}
     tc = TrainConfig(epochs=cfg.encoder_epochs, steps_per_epoch=cfg.encoder_steps, device=cfg.device, seed=cfg.seed,
-                     patience=max(2, cfg.encoder_epochs), folds=1, baselines=())
+                     patience=max(2, cfg.encoder_epochs), folds=1, baselines=(), **gpu)
     # the encoder run's own evaluation warnings (its inner fold, a horizon without an AUC there)
     # are not the backtest's: kept out of the terminal while it trains
     train_log = logging.getLogger(train.__module__)
@@ -109,7 +125,37 @@ def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestC
     finally:
         train_log.setLevel(level)
     shutil.rmtree(view)
-    return load_model(enc, str(device))
+    return enc
+
+
+def encoder_job(cache: str, train_segs: list[int], k: int, cfg: BacktestConfig, tmp: str) -> str:
+    """:func:`train_encoder` in a worker process (the cache opened there, no progress bar, two
+    torch threads); returns the encoder's folder."""
+    torch.set_num_threads(2)
+    return str(train_encoder(CacheData.open(cache), np.asarray(train_segs), k, cfg, Path(tmp), False))
+
+
+def encoder_jobs(cfg: BacktestConfig, device: torch.device, n_folds: int) -> int:
+    """Processes training the per-fold encoders at once: ``cfg.encoder_jobs``, else one per fold
+    (at most 4) on a GPU, where each encoder's small steps leave it mostly idle, and 1 on a CPU."""
+    if cfg.encoder_jobs is not None:
+        return min(cfg.encoder_jobs, n_folds)
+    return min(4, n_folds) if device.type == "cuda" else 1
+
+
+def start_encoders(run: Run, folds: list) -> concurrent.futures.Executor | None:
+    """With more than one :func:`encoder_jobs` and no given model, submit every fold's encoder to a
+    pool of spawned processes (``run.encoders[k]``: its future; :func:`fold_inputs` waits for it),
+    so that later folds' encoders train while the first folds' policies do. Returns the pool
+    (None: the encoders train in turn, in this process)."""
+    jobs = encoder_jobs(run.cfg, run.device, len(folds))
+    if run.given is not None or jobs <= 1:
+        return None
+    pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    cfg = dataclasses.replace(run.cfg, device=run.device.type)
+    for k, (tr_s, _) in enumerate(folds):
+        run.encoders[k] = pool.submit(encoder_job, str(run.data.root), [int(s) for s in tr_s], k, cfg, str(run.tmp))
+    return pool
 
 
 @torch.no_grad()
@@ -192,6 +238,7 @@ class Run:
     oracle: dict[str, torch.Tensor]
     given: tuple | None = None
     given_emb: dict = field(default_factory=dict)
+    encoders: dict = field(default_factory=dict)  # fold -> future of its encoder's folder (start_encoders)
 
 
 def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, cfg: BacktestConfig,
@@ -242,8 +289,12 @@ def fold_inputs(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray) -> FoldInp
     embeddings of its sessions."""
     data, device = run.data, run.device
     given = run.given
-    model, norm, meta = given if given is not None else fold_encoder(data, tr_s, k, run.cfg, run.tmp, run.progress,
-                                                                     device)
+    if given is not None:
+        model, norm, meta = given
+    elif k in run.encoders:
+        model, norm, meta = load_model(run.encoders.pop(k).result(), str(device))
+    else:
+        model, norm, meta = fold_encoder(data, tr_s, k, run.cfg, run.tmp, run.progress, device)
     tcm = meta.get("train", {})
     window = int(tcm.get("window", 64))  # the fine-tuned encoder's windows (they end at the row)
     segs = sorted(set(tr_s.tolist()) | set(te_s.tolist()))
@@ -291,8 +342,8 @@ def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_fol
     torch.manual_seed(cfg.seed + k)
     net = C51Net(fi.emb.shape[1] + 2, 3, c.n_atoms, c.hidden).to(device)
     aux_w = class_weights(run.tb[torch.as_tensor(fi.tr_rows, device=device)])  # inverse class frequency, training rows
-    learner = Learner(net, copy.deepcopy(net), obs, run.z, torch.optim.Adam(net.parameters(), lr=c.lr), run.tb, c,
-                      aux_w)
+    opt = torch.optim.Adam(net.parameters(), lr=c.lr, fused=device.type == "cuda")  # one kernel a step on a GPU
+    learner = Learner(net, copy.deepcopy(net), obs, run.z, opt, run.tb, c, aux_w)
     n_steps = cfg.policy_steps + (cfg.finetune_steps if cfg.fine_tune else 0)
     what = "" if cfg.fills == ("taker",) else f", {mode} fills"
     task = bar.add_task(f"fold {k} ({k + 1} of {n_folds}) c51{what}", total=n_steps)
