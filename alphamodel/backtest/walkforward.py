@@ -437,7 +437,7 @@ def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarra
         results += res
         curves.update(cur)
         daily.update({(s, c, mode): r["daily"] for (s, c), r in ev.items()})
-        losses[mode] = float(np.mean(learner.losses[-20:])) if learner.losses else None
+        losses[mode] = float(np.mean(learner.loss_values(20))) if learner.losses else None
         if aux is None:
             aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k) if use_aux else {
                 "fold": k, "available": False, "off": "not trained: aux_weight 0, or it did not learn in the earlier "
