@@ -39,7 +39,8 @@ from alphamodel.supervised.outputs import save_tensors
 from alphamodel.supervised.train import train
 
 __all__ = ["GPU_EVAL_BATCH", "Run", "aux_report", "check_fold_count", "default_folds", "encoder_job", "encoder_jobs",
-           "fine_tune", "fold_encoder", "fold_sessions", "make_run", "run_fold", "start_encoders", "train_encoder"]
+           "fine_tune", "fold_encoder", "fold_learner", "fold_logistic", "fold_mode", "fold_sessions", "make_run",
+           "mode_generator", "mode_threads", "run_fold", "start_encoders", "train_encoder"]
 
 
 def default_folds(n: int, embargo: int = 0) -> int:
@@ -135,19 +136,26 @@ def encoder_job(cache: str, train_segs: list[int], k: int, cfg: BacktestConfig, 
     return str(train_encoder(CacheData.open(cache), np.asarray(train_segs), k, cfg, Path(tmp), False))
 
 
+def mode_threads(cfg: BacktestConfig, device: torch.device, n_modes: int) -> int:
+    """Threads training and evaluating a fold's fill modes at once: ``cfg.mode_threads``, else
+    one per mode on a GPU, 1 on a CPU. The results are the same either way (each mode has its
+    own generator, :func:`mode_generator`)."""
+    if cfg.mode_threads is not None:
+        return min(cfg.mode_threads, n_modes)
+    return n_modes if device.type == "cuda" else 1
+
+
 def encoder_jobs(cfg: BacktestConfig, device: torch.device, n_folds: int) -> int:
-    """Processes training the per-fold encoders at once: ``cfg.encoder_jobs``, else one per fold
-    (at most 4) on a GPU, where each encoder's small steps leave it mostly idle, and 1 on a CPU."""
-    if cfg.encoder_jobs is not None:
-        return min(cfg.encoder_jobs, n_folds)
-    return min(4, n_folds) if device.type == "cuda" else 1
+    """Processes training the per-fold encoders at once: ``cfg.encoder_jobs`` (default 1: on one
+    GPU, processes are contexts the device time-slices, so their small kernels do not overlap)."""
+    return min(cfg.encoder_jobs or 1, n_folds)
 
 
 def start_encoders(run: Run, folds: list) -> concurrent.futures.Executor | None:
     """With more than one :func:`encoder_jobs` and no given model, submit every fold's encoder to a
-    pool of spawned processes (``run.encoders[k]``: its future; :func:`fold_inputs` waits for it),
-    so that later folds' encoders train while the first folds' policies do. Returns the pool
-    (None: the encoders train in turn, in this process)."""
+    pool of spawned processes (``run.encoders[k]``: its future; :func:`fold_inputs` waits for
+    it), so that later folds' encoders train on other CPU cores while the first folds' policies
+    do. Returns the pool (None: the encoders train in turn, in this process)."""
     jobs = encoder_jobs(run.cfg, run.device, len(folds))
     if run.given is not None or jobs <= 1:
         return None
@@ -329,12 +337,10 @@ def horizon_seconds(run: Run, ts: np.ndarray, tr_s: np.ndarray) -> float:
     return float(np.mean(dts)) * run.cfg.c51.n_step if dts else 1.0
 
 
-def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int, mode: str = "taker",
-                use_aux: bool = True) -> tuple[Learner, Obs, int]:
-    """The C51 policy of fold ``k`` trained, filled by ``mode``, on the frozen embeddings of its
-    training rows (``pool``: the rows an episode may start at), its inputs, and its task on the
-    progress bar ``bar``; without ``use_aux`` the K=3 trade-outcome head is not trained (its loss
-    weight 0)."""
+def fold_learner(run: Run, k: int, fi: FoldInputs, use_aux: bool = True) -> tuple[Learner, Obs]:
+    """Fold ``k``'s C51 learner, freshly initialised (torch's global seed set to ``seed + k``, so
+    every fill mode's policy starts alike), and its inputs: the frozen embeddings of its rows;
+    without ``use_aux`` the K=3 trade-outcome head is not trained (its loss weight 0)."""
     cfg, c, device = run.cfg, run.cfg.c51, run.device
     if not use_aux:
         c = dataclasses.replace(c, aux_weight=0.0)
@@ -343,19 +349,42 @@ def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_fol
     net = C51Net(fi.emb.shape[1] + 2, 3, c.n_atoms, c.hidden).to(device)
     aux_w = class_weights(run.tb[torch.as_tensor(fi.tr_rows, device=device)])  # inverse class frequency, training rows
     opt = torch.optim.Adam(net.parameters(), lr=c.lr, fused=device.type == "cuda")  # one kernel a step on a GPU
-    learner = Learner(net, copy.deepcopy(net), obs, run.z, opt, run.tb, c, aux_w)
+    return Learner(net, copy.deepcopy(net), obs, run.z, opt, run.tb, c, aux_w), obs
+
+
+def mode_generator(run: Run, k: int, i: int) -> torch.Generator:
+    """The random generator of fold ``k``'s policy in its ``i``-th fill mode (exploration,
+    episode starts, fees, replay): its own stream, so that the modes can train at once."""
+    return torch.Generator(device=run.device).manual_seed(run.cfg.seed * 1_000_003 + 1000 * k + i)
+
+
+def fold_policy(run: Run, k: int, learner: Learner, pool: torch.Tensor, bar, n_folds: int, mode: str,
+                gen: torch.Generator) -> int:
+    """Train fold ``k``'s ``learner`` filled by ``mode`` from the rows ``pool`` (where an episode
+    may start) with the generator ``gen``; returns its task on the progress bar ``bar``."""
+    cfg = run.cfg
     n_steps = cfg.policy_steps + (cfg.finetune_steps if cfg.fine_tune else 0)
     what = "" if cfg.fills == ("taker",) else f", {mode} fills"
     task = bar.add_task(f"fold {k} ({k + 1} of {n_folds}) c51{what}", total=n_steps)
-    train_policy(learner, fill_env(run.market, cfg.envs, cfg, mode), pool, cfg.policy_steps, run.gen,
+    train_policy(learner, fill_env(run.market, cfg.envs, cfg, mode), pool, cfg.policy_steps, gen,
                  fee_max=cfg.fee_max, reward_scale=cfg.reward_scale, bar=bar, task=task)
-    return learner, obs, task
+    return task
+
+
+def fold_logistic(run: Run, fi: FoldInputs) -> np.ndarray:
+    """The logistic baseline's up-probability per row (NaN outside the test rows): one fit per
+    fold, whatever the fill modes (kept in ``fi.logistic``)."""
+    if fi.logistic is None:
+        fi.logistic = np.full(run.data.n_rows, np.nan)
+        fi.logistic[fi.te_rows] = logistic_scores(run.data, fi.tr_rows, fi.te_rows, run.h_pick, run.cfg.seed)
+    return fi.logistic
 
 
 def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: torch.Tensor, horizon_s: float,
-                    bar, task, mode: str = "taker") -> tuple[dict, dict | None]:
+                    bar, task, mode: str, gen: torch.Generator) -> tuple[dict, dict | None]:
     """Every strategy of a fold (the C51 policies, then the rules in the summary's order) and the
-    fine-tune path's report (None without ``fine_tune``); the fine-tune trains in ``mode``."""
+    fine-tune path's report (None without ``fine_tune``); the fine-tune trains in ``mode`` with
+    the generator ``gen``."""
     cfg, device, data, T = run.cfg, run.device, run.data, run.data.n_rows
     pol = functools.partial(c51_targets, z=run.z, rv=run.rv, cfg=cfg, horizon_s=horizon_s)
     strategies = {"c51": functools.partial(pol, learner.net, obs, kelly=cfg.kelly)}
@@ -364,12 +393,9 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
     ft_info = None
     if cfg.fine_tune:
         ft_net, ft_obs, ft_info = fine_tune(learner, fi.model, fi.norm, data, fi.window, fi.mu, fi.sd, run.market,
-                                            pool, cfg, run.gen, bar, task, mode)
+                                            pool, cfg, gen, bar, task, mode)
         strategies["c51-finetune"] = functools.partial(pol, ft_net, ft_obs, kelly=cfg.kelly)
-    if fi.logistic is None:  # one fit per fold, whatever the fill modes
-        fi.logistic = np.full(T, np.nan)
-        fi.logistic[fi.te_rows] = logistic_scores(data, fi.tr_rows, fi.te_rows, run.h_pick, cfg.seed)
-    lab = fi.logistic
+    lab = fold_logistic(run, fi)
     direction = lambda p: rule(torch.as_tensor(threshold_dir(p, cfg.threshold), dtype=torch.float32,  # noqa: E731
                                                device=device))
     strategies.update({
@@ -379,6 +405,19 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
         "hindsight": rule(run.hindsight)})
     strategies.update({name: rule(d) for name, d in run.oracle.items()})
     return strategies, ft_info
+
+
+def fold_mode(run: Run, k: int, te_s: np.ndarray, fi: FoldInputs, learner: Learner, obs: Obs, pool: torch.Tensor,
+              horizon_s: float, bar, n_folds: int, mode: str, gen: torch.Generator) -> dict:
+    """Fold ``k`` in one fill mode: the policy trained (:func:`fold_policy`), every strategy
+    evaluated on the test sessions ``te_s`` at every cost, their results (:func:`fold_results`);
+    returns ``results``, ``curves``, ``daily``, ``loss`` and ``fine_tune``."""
+    task = fold_policy(run, k, learner, pool, bar, n_folds, mode, gen)
+    strategies, ft_info = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task, mode, gen)
+    ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg, mode)
+    res, cur = fold_results(run, k, te_s, strategies, ev, mode)
+    return {"results": res, "curves": cur, "daily": {(s, c, mode): r["daily"] for (s, c), r in ev.items()},
+            "loss": float(np.mean(learner.loss_values(20))) if learner.losses else None, "fine_tune": ft_info}
 
 
 def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict, mode: str = "taker"
@@ -424,28 +463,36 @@ def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarra
     the first mode's policy; without ``use_aux`` the head is not trained and not reported),
     ``daily`` (``{(strategy, cost, mode): PnL per test session}``), ``fold`` (the summary's record
     of it) and ``embedding_dim``."""
-    data, device = run.data, run.device
+    data, device, modes = run.data, run.device, run.cfg.fills
     fi = fold_inputs(run, k, tr_s, te_s)
     horizon_s = horizon_seconds(run, ts, tr_s)
     pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
-    results, curves, losses, ft_infos, daily, aux = [], {}, {}, {}, {}, None
-    for mode in run.cfg.fills:
-        learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds, mode, use_aux)
-        strategies, ft_infos[mode] = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task, mode)
-        ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg, mode)
-        res, cur = fold_results(run, k, te_s, strategies, ev, mode)
-        results += res
-        curves.update(cur)
-        daily.update({(s, c, mode): r["daily"] for (s, c), r in ev.items()})
-        losses[mode] = float(np.mean(learner.loss_values(20))) if learner.losses else None
-        if aux is None:
-            aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k) if use_aux else {
-                "fold": k, "available": False, "off": "not trained: aux_weight 0, or it did not learn in the earlier "
-                "folds (aux_head_verdict)"}
-        state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in learner.net.state_dict().items()}
+    fold_logistic(run, fi)
+    learners = [fold_learner(run, k, fi, use_aux) for _ in modes]  # initialised in turn: the global seed
+    jobs = [functools.partial(fold_mode, run, k, te_s, fi, lrn, obs, pool, horizon_s, bar, n_folds, mode,
+                              mode_generator(run, k, i)) for i, (mode, (lrn, obs)) in enumerate(zip(modes, learners))]
+    if mode_threads(run.cfg, device, len(modes)) > 1:
+        # the modes' steps are small and launch-bound: threads overlap their launches (one CUDA context)
+        with concurrent.futures.ThreadPoolExecutor(len(modes)) as ex:
+            done = [f.result() for f in [ex.submit(j) for j in jobs]]
+    else:
+        done = [j() for j in jobs]
+    results, curves, daily = [], {}, {}
+    for d in done:
+        results += d["results"]
+        curves.update(d["curves"])
+        daily.update(d["daily"])
+    losses = {m: d["loss"] for m, d in zip(modes, done)}
+    learner, obs = learners[0]
+    aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k) if use_aux else {
+        "fold": k, "available": False, "off": "not trained: aux_weight 0, or it did not learn in the earlier "
+        "folds (aux_head_verdict)"}
+    for mode, (lrn, _) in zip(modes, learners):
+        state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in lrn.net.state_dict().items()}
         state.update({"emb.mean": fi.mu.cpu(), "emb.std": fi.sd.cpu(), "support": run.z.cpu()})
-        name = f"policy_fold{k}.safetensors" if mode == run.cfg.fills[0] else f"policy_fold{k}_{mode}.safetensors"
+        name = f"policy_fold{k}.safetensors" if mode == modes[0] else f"policy_fold{k}_{mode}.safetensors"
         save_tensors(state, run.tmp / name, "alphamodel-c51-1")
+    ft_infos = {m: d["fine_tune"] for m, d in zip(modes, done)}
     first = run.cfg.fills[0]
     fold = {
         "fold": k, "train_sessions": [data.segments[s].session for s in tr_s],
