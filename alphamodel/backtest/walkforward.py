@@ -9,6 +9,7 @@ import concurrent.futures
 import copy
 import dataclasses
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -37,6 +38,8 @@ from alphamodel.supervised.config import TrainConfig
 from alphamodel.supervised.embed import embed_segments
 from alphamodel.supervised.outputs import save_tensors
 from alphamodel.supervised.train import train
+
+log = logging.getLogger(__name__)
 
 __all__ = ["GPU_EVAL_BATCH", "Run", "aux_report", "check_fold_count", "default_folds", "encoder_job", "encoder_jobs",
            "fine_tune", "fold_encoder", "fold_learner", "fold_logistic", "fold_mode", "fold_sessions", "make_run",
@@ -104,7 +107,9 @@ GPU_EVAL_BATCH = 2048
 def train_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestConfig, tmp: Path,
                   progress: bool) -> Path:
     """Train fold ``k``'s encoder (see :func:`fold_encoder`) into ``tmp/encoder_fold{k}`` on
-    ``cfg.device``; returns that folder."""
+    ``cfg.device``; returns that folder. On CUDA with triton installed its CfC runs as the Triton
+    scan (``cfc_impl "triton"``, so the saved encoder loads on CUDA only), the torch scan if that
+    fails (logged), and its scoring takes :data:`GPU_EVAL_BATCH` streams at once."""
     view = tmp / f"_view_fold{k}"
     view.mkdir()
     manifest = dict(data.manifest)
@@ -122,7 +127,17 @@ def train_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: Backtest
     level = train_log.level
     train_log.setLevel(logging.ERROR)
     try:
-        train(view, enc, ModelConfig(), tc, progress=progress)
+        if cfg.device == "cuda" and importlib.util.find_spec("triton") is not None:
+            # the CfC recurrence as one Triton kernel (equal to rounding) instead of ~10 launches a
+            # position forward and more backward: the per-fold encoder's steps are launch-bound
+            try:
+                train(view, enc, ModelConfig(cfc_impl="triton"), tc, progress=progress)
+            except Exception as e:  # noqa: BLE001 - the torch scan is the fallback, said in the log
+                log.warning("fold %d: the encoder with the Triton CfC failed (%s); trained with the torch scan", k,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                train(view, enc, ModelConfig(), tc, progress=progress)
+        else:
+            train(view, enc, ModelConfig(), tc, progress=progress)
     finally:
         train_log.setLevel(level)
     shutil.rmtree(view)
