@@ -2,8 +2,10 @@
 
 Every function here is elementwise over N environments (tensors of shape (N,)) gathering rows
 of the market's arrays (:class:`Book`, shape (T,)); no Python per environment, so the same
-code runs on a CPU or fused by ``torch.compile`` on a GPU. Prices are in ticks, sizes and
-volumes in contracts, fees in ticks per contract (USD / tick value), times in ns.
+code runs on a CPU or fused by ``torch.compile`` on a GPU; on a GPU a ``passive`` step runs as
+one Triton kernel instead (:mod:`alphamodel.ops.triton.passive_triton`, the same arithmetic,
+tested equal to this code). Prices are in ticks, sizes and volumes in contracts, fees in ticks
+per contract (USD / tick value), times in ns.
 
 Modes (:class:`FillModel`):
 
