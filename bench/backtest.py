@@ -11,7 +11,7 @@ The generator writes its planted signal beside the DBN files (``signal_file=True
 table has the ``oracle`` strategies (the true model's p_up, no look-ahead) beside ``hindsight``
 (look-ahead sign of the next stride's move, a looser upper bound).
 
-    python bench/backtest.py [--sessions 22] [--folds 4] [--device cuda] [--work DIR]
+    python bench/backtest.py [--sessions 22] [--folds 4] [--device cuda] [--fill taker,mid,passive] [--work DIR]
     python bench/backtest.py --cache DIR [--folds 4] ...
 """
 
@@ -30,6 +30,7 @@ from rich.table import Table
 
 from alphafeat.validation import validate_costs
 from alphamodel.backtest import BacktestConfig, backtest
+from alphamodel.backtest.config import validate_fills
 from alphamodel.cli import print_backtest
 
 
@@ -48,6 +49,10 @@ def main() -> None:
     ap.add_argument("--encoder-epochs", type=int, default=4)
     ap.add_argument("--encoder-steps", type=int, default=40)
     ap.add_argument("--fine-tune", action="store_true")
+    ap.add_argument("--fill", default="taker", help="fill modes, comma-separated (taker,mid,passive)")
+    ap.add_argument("--no-signal-file", action="store_true",
+                    help="generate without the planted-signal sidecar (no oracle; its Monte-Carlo drift is most of "
+                         "the generation's time)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
@@ -63,14 +68,16 @@ def main() -> None:
         # one process per session: the sidecar's drift_K is a Monte-Carlo per event (its cost:
         # docs/performance.md, Backtest)
         synth.generate(work / "dbn", start=datetime.date(2024, 1, 8), sessions=a.sessions, seed=a.seed,
-                       scale=a.scale, report=False, signal_file=True, jobs=max(1, min(a.sessions, os.cpu_count() or 1)))
+                       scale=a.scale, report=False, signal_file=not a.no_signal_file,
+                       jobs=max(1, min(a.sessions, os.cpu_count() or 1)))
         times["generate_s"] = time.perf_counter() - t
         t = time.perf_counter()
         precompute(PrecomputeConfig(inputs=[work / "dbn"], out=cache, device="cpu"))
         times["precompute_s"] = time.perf_counter() - t
     cfg = BacktestConfig(folds=a.folds, embargo=a.embargo, costs=validate_costs(a.costs, "--costs"),
                          stride=a.stride, envs=a.envs, policy_steps=a.policy_steps, fine_tune=a.fine_tune,
-                         encoder_epochs=a.encoder_epochs, encoder_steps=a.encoder_steps, device=a.device, seed=a.seed)
+                         encoder_epochs=a.encoder_epochs, encoder_steps=a.encoder_steps, device=a.device, seed=a.seed,
+                         fills=validate_fills(a.fill, "--fill"))
     t = time.perf_counter()
     s = backtest(cache, work / "out", None, cfg, progress=True)
     times["backtest_s"] = time.perf_counter() - t

@@ -20,7 +20,9 @@ through ``torch.compile``
 
 ``--fill taker,mid,passive`` times the same paths in
 :class:`alphamodel.backtest.execution.ExecEnv` of each fill mode instead (paths ``env:passive``
-...; the book's sizes and traded volumes random, ``--queue``, ``--timeout`` as the backtest's).
+...; the book's sizes and traded volumes random, ``--queue``, ``--timeout`` as the backtest's). On
+CUDA a ``passive`` step is the Triton kernel (:mod:`alphamodel.ops.triton.passive_triton`,
+ExecEnv's default there), which ``--compile`` leaves as it is (it compiles the policy's forward).
 
     python bench/env.py [--device cpu|cuda] [--n 1,64,1024,8192] [--steps 200] [--threads 1] [--compile]
                         [--fill taker,passive] [--queue riskaverse] [--timeout 100]

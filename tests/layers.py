@@ -87,6 +87,9 @@ LONG_ALLOWED: dict[str, str] = {
     "alphafeat/synth/generate.py:generate": "the generator's entry point: its 15 options and their documentation "
                                             "(60 lines) are most of it",
     "alphafeat/synth/report.py:stylised_facts": "a list of stylised facts, each a few lines of measurement",
+    "alphamodel/ops/triton/passive_triton.py:passive_kernel": "a Triton kernel: one program's loop over the "
+        "stride's rows with ~40 state values in registers (their loads and stores are half of it); split into "
+        "jit helpers returning tuples of them only with a GPU at hand to check the compiled kernel (issue 39)",
 }
 
 #: ``path:module._name`` -> why that file imports another module's private name.

@@ -614,3 +614,28 @@ def test_oracle_psr_on_a_planted_signal_market():
     assert np.all(ev["mid"][("flat", 0.0)]["daily"] == 0)
     taker = ev["taker"][("oracle", 0.0)]
     assert taker["daily"].sum() < daily.sum() and taker["entries"].sum() > 0  # taker pays the spread mid does not
+
+
+def test_encoders_in_worker_processes_and_modes_in_threads_equal_the_runs_in_turn(tmp_path):
+    """encoder_jobs = 2: every fold's encoder trains in a spawned process while the first folds'
+    policies train; mode_threads = 3 (a GPU's default, here on a CPU): a fold's fill modes train
+    and are evaluated in threads, each with its own generator. Every result equals the run that
+    does all of it in turn."""
+    from alphamodel.backtest import BacktestConfig, backtest
+
+    cache = _hand_cache(tmp_path / "c", sessions=4)
+    base = dict(folds=2, stride=50, policy_steps=3, envs=8, costs=(0.0,), device="cpu", encoder_epochs=1,
+                encoder_steps=2, plots=False, c51={"batch_size": 16, "hidden": 16}, fills="taker,mid,passive")
+    runs = {j: backtest(cache, tmp_path / f"o{j}", None, BacktestConfig.from_dict({**base, "encoder_jobs": j,
+                                                                                   "mode_threads": 3 if j > 1 else 1}),
+                        progress=False) for j in (1, 2)}
+    assert [f["fold"] for f in runs[2]["folds"]] == [0, 1]
+    assert len(runs[1]["results"]) == len(runs[2]["results"]) > 0
+    for a, b in zip(runs[1]["results"], runs[2]["results"]):
+        assert (a["strategy"], a["fold"], a["fill"]) == (b["strategy"], b["fold"], b["fill"])
+        assert a["pnl_ticks"] == pytest.approx(b["pnl_ticks"], abs=1e-9), a["strategy"]
+        assert a["turnover"] == b["turnover"]
+    assert runs[1]["folds"][1]["policy_loss_last_by_fill"] == runs[2]["folds"][1]["policy_loss_last_by_fill"]
+    for k in range(2):
+        assert (tmp_path / "o2" / f"encoder_fold{k}").is_dir()
+        assert (tmp_path / "o2" / f"policy_fold{k}_passive.safetensors").is_file()

@@ -112,7 +112,9 @@ class BacktestConfig:
     sizing (see :mod:`alphamodel.backtest.metrics`). fee_max : training fees drawn from [0, fee_max].
     threshold : probability margin of the logistic / direction-head rules. reward_scale :
     rewards are divided by it before the C51 support. encoder_epochs, encoder_steps : the
-    per-fold encoder when no model is given. tick_value : USD per tick (None: from the root).
+    per-fold encoder when no model is given; encoder_jobs : processes training them at once;
+    mode_threads : threads running a fold's fill modes at once.
+    tick_value : USD per tick (None: from the root).
     fills : execution models evaluated (``taker``, ``mid``, ``passive``; the policy is trained in
     each). queue, latency_ns, timeout, on_timeout : the ``passive`` model
     (:mod:`alphamodel.backtest.execution`). fee_maker, fee_taker : exchange fees, USD per
@@ -149,6 +151,10 @@ class BacktestConfig:
                               help="rewards are divided by it before the C51 support")
     encoder_epochs: int = opt(3, check=SIZE, cli=False, help="epochs of the per-fold encoder when no model is given")
     encoder_steps: int = opt(20, check=SIZE, cli=False, help="steps per epoch of the per-fold encoder")
+    encoder_jobs: int = opt(1, check=SIZE, cli=False, help="processes training the per-fold encoders at once")
+    mode_threads: int | None = opt(None, check=optional(SIZE), cli=False,
+                                   default_text="one per fill mode on a GPU, 1 on a CPU",
+                                   help="threads training and evaluating a fold's fill modes at once (same results)")
     device: str = opt("auto", enum=Device, help="auto: cuda when a GPU is usable, else cpu")
     seed: int = opt(0, check=int_rule(0), help="random seed")
     tick_value: float | None = opt(None, check=optional(float_rule(0.0, open_=True)), cli=False,

@@ -2,8 +2,10 @@
 
 Every function here is elementwise over N environments (tensors of shape (N,)) gathering rows
 of the market's arrays (:class:`Book`, shape (T,)); no Python per environment, so the same
-code runs on a CPU or fused by ``torch.compile`` on a GPU. Prices are in ticks, sizes and
-volumes in contracts, fees in ticks per contract (USD / tick value), times in ns.
+code runs on a CPU or fused by ``torch.compile`` on a GPU; on a GPU a ``passive`` step runs as
+one Triton kernel instead (:mod:`alphamodel.ops.triton.passive_triton`, the same arithmetic,
+tested equal to this code). Prices are in ticks, sizes and volumes in contracts, fees in ticks
+per contract (USD / tick value), times in ns.
 
 Modes (:class:`FillModel`):
 
@@ -60,6 +62,7 @@ segment's end is not counted).
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -508,18 +511,29 @@ class ExecEnv:
     holds for ``stride`` rows; it returns ``(reward (N,) ticks, done (N,) bool)``. ``state`` is an
     :class:`ExecState`. ``compile=True`` runs the step (passive: :func:`passive_rows`, a chunk of
     rows) through ``torch.compile``.
+
+    ``kernel``: run a ``passive`` step as one Triton kernel
+    (:func:`alphamodel.ops.triton.passive_triton.step`: a lane per environment looping over the
+    stride's rows, the same arithmetic as :func:`passive_step`) instead of the torch path. None
+    (default): on a CUDA book when triton is installed; True: always (on a CPU only under
+    ``TRITON_INTERPRET=1``); False: never. ``compile`` then leaves the passive step alone.
     """
 
     def __init__(self, book: Book, n: int, stride: int, fill: FillModel | None = None, compile: bool = False,
-                 fee_maker: float = 0.0, fee_taker: float = 0.0) -> None:
+                 fee_maker: float = 0.0, fee_taker: float = 0.0, kernel: bool | None = None) -> None:
         self.m = self.b = book
         self.n, self.stride = int(n), int(stride)
         self.fill = (fill or FillModel()).checked()
         self.kind, self.qn = self.fill.queue_model
         self.extra_m, self.extra_t = float(fee_maker), float(fee_taker)
         self.act = activation_rows(book.ts, book.end, self.fill.latency_ns) if self.fill.mode == "passive" else None
+        self._kernel = self.fill.mode == "passive" and _use_kernel(book.device, kernel)
+        if self._kernel:
+            from alphamodel.ops.triton import passive_triton
+
+            passive_triton.check_device(book.bid)
         fn = instant_step if self.fill.mode != "passive" else passive_rows
-        self._fn = torch.compile(fn, dynamic=False) if compile else fn
+        self._fn = torch.compile(fn, dynamic=False) if compile and not self._kernel else fn
         self.state = ExecState.zeros(self.n, book.device)
         self.fee = torch.zeros(self.n, device=book.device)
         self.reset(torch.ones(self.n, dtype=torch.bool, device=book.device),
@@ -544,6 +558,14 @@ class ExecEnv:
     def step(self, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.state.as_dict()
         q = target.to(self.state.pos.dtype)
+        if self._kernel:
+            from alphamodel.ops.triton import passive_triton
+
+            reward, done, new = passive_triton.step(self.b, self.act, s, q, self.stride, self.kind, self.qn,
+                                                    self.fill.timeout, self.fill.on_timeout == "cross", QTY_EPS,
+                                                    MARKOUT_ROWS, ROW_CHUNK)
+            self.state = ExecState(**new)
+            return reward, done
         if self.fill.mode == "passive":
             reward, done, s = passive_step(self.b, self.act, s, q, self.stride, self.kind, self.qn, self.fill.timeout,
                                            self.fill.on_timeout == "cross", rows_fn=self._fn)
@@ -551,6 +573,13 @@ class ExecEnv:
             reward, done, s = self._fn(self.b, s, q, self.stride, self.fill.mode == "mid")
         self.state = ExecState(**s)
         return reward, done
+
+
+def _use_kernel(device: torch.device, kernel: bool | None) -> bool:
+    """Whether :class:`ExecEnv` runs the passive step as the Triton kernel (see its ``kernel``)."""
+    if kernel is not None:
+        return bool(kernel)
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 def fill_summary(s: ExecState, mode: str, sl: slice | torch.Tensor | None = None) -> dict[str, float]:

@@ -74,7 +74,7 @@ from alphamodel.backtest.report import (
     pooled_readout,
     standing_notes,
 )
-from alphamodel.backtest.walkforward import default_folds, fold_sessions, make_run, run_fold
+from alphamodel.backtest.walkforward import default_folds, fold_sessions, make_run, run_fold, start_encoders
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import DataError
 from alphamodel.readout import MIN_SHARPE_SESSIONS
@@ -156,12 +156,17 @@ def _run(run, folds: list, ts: np.ndarray, notes: dict) -> dict:
     cfg = run.cfg
     done = []
     use_aux = cfg.c51.aux_weight > 0 and "aux_head" not in notes
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not run.progress, transient=False, console=Console(stderr=True)) as bar:
-        for k, (tr_s, te_s) in enumerate(folds):
-            done.append(run_fold(run, k, tr_s, te_s, ts, bar, len(folds), use_aux))
-            # walk-forward: the head is used in the next fold only while the folds so far show it learns
-            use_aux = use_aux and bool(head_summary([f["aux"] for f in done], cfg.seed).get("learns", True))
+    pool = start_encoders(run, folds)  # None: each fold's encoder trains in turn, here
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      disable=not run.progress, transient=False, console=Console(stderr=True)) as bar:
+            for k, (tr_s, te_s) in enumerate(folds):
+                done.append(run_fold(run, k, tr_s, te_s, ts, bar, len(folds), use_aux))
+                # walk-forward: the head is used in the next fold only while the folds so far show it learns
+                use_aux = use_aux and bool(head_summary([f["aux"] for f in done], cfg.seed).get("learns", True))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     aux = [f["aux"] for f in done]
     head = head_summary(aux, cfg.seed)
     for a in aux:

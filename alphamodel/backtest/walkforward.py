@@ -5,12 +5,15 @@ metrics."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import dataclasses
 import functools
+import importlib.util
 import json
 import logging
 import math
+import multiprocessing
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +39,11 @@ from alphamodel.supervised.embed import embed_segments
 from alphamodel.supervised.outputs import save_tensors
 from alphamodel.supervised.train import train
 
-__all__ = ["Run", "aux_report", "check_fold_count", "default_folds", "fine_tune", "fold_encoder", "fold_sessions",
-           "make_run", "run_fold"]
+log = logging.getLogger(__name__)
+
+__all__ = ["GPU_EVAL_BATCH", "Run", "aux_report", "check_fold_count", "default_folds", "encoder_job", "encoder_jobs",
+           "fine_tune", "fold_encoder", "fold_learner", "fold_logistic", "fold_mode", "fold_sessions", "make_run",
+           "mode_generator", "mode_threads", "run_fold", "start_encoders", "train_encoder"]
 
 
 def default_folds(n: int, embargo: int = 0) -> int:
@@ -89,6 +95,21 @@ def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestC
                  device: torch.device) -> tuple:
     """Train a small encoder on the fold's training sessions only (a view of the cache written in
     ``tmp``); returns :func:`~alphamodel.supervised.checkpoint.load_model`'s ``(model, norm, meta)``."""
+    return load_model(train_encoder(data, train_segs, k, dataclasses.replace(cfg, device=device.type), tmp, progress),
+                      str(device))
+
+
+#: Streams scored at once by the per-fold encoder on a GPU (its validation and the embeddings):
+#: the small model's forward is bound by launches, not by the rows it holds.
+GPU_EVAL_BATCH = 2048
+
+
+def train_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestConfig, tmp: Path,
+                  progress: bool) -> Path:
+    """Train fold ``k``'s encoder (see :func:`fold_encoder`) into ``tmp/encoder_fold{k}`` on
+    ``cfg.device``; returns that folder. On CUDA with triton installed its CfC runs as the Triton
+    scan (``cfc_impl "triton"``, so the saved encoder loads on CUDA only), the torch scan if that
+    fails (logged), and its scoring takes :data:`GPU_EVAL_BATCH` streams at once."""
     view = tmp / f"_view_fold{k}"
     view.mkdir()
     manifest = dict(data.manifest)
@@ -97,19 +118,67 @@ def fold_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: BacktestC
     enc = tmp / f"encoder_fold{k}"
     # one walk-forward fold inside the fold's training sessions (for early stopping), no baselines:
     # only the encoder is needed here
+    gpu = {"eval_batch_size": GPU_EVAL_BATCH} if cfg.device == "cuda" else {}
     tc = TrainConfig(epochs=cfg.encoder_epochs, steps_per_epoch=cfg.encoder_steps, device=cfg.device, seed=cfg.seed,
-                     patience=max(2, cfg.encoder_epochs), folds=1, baselines=())
+                     patience=max(2, cfg.encoder_epochs), folds=1, baselines=(), **gpu)
     # the encoder run's own evaluation warnings (its inner fold, a horizon without an AUC there)
     # are not the backtest's: kept out of the terminal while it trains
     train_log = logging.getLogger(train.__module__)
     level = train_log.level
     train_log.setLevel(logging.ERROR)
     try:
-        train(view, enc, ModelConfig(), tc, progress=progress)
+        if cfg.device == "cuda" and importlib.util.find_spec("triton") is not None:
+            # the CfC recurrence as one Triton kernel (equal to rounding) instead of ~10 launches a
+            # position forward and more backward: the per-fold encoder's steps are launch-bound
+            try:
+                train(view, enc, ModelConfig(cfc_impl="triton"), tc, progress=progress)
+            except Exception as e:  # noqa: BLE001 - the torch scan is the fallback, said in the log
+                log.warning("fold %d: the encoder with the Triton CfC failed (%s); trained with the torch scan", k,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                train(view, enc, ModelConfig(), tc, progress=progress)
+        else:
+            train(view, enc, ModelConfig(), tc, progress=progress)
     finally:
         train_log.setLevel(level)
     shutil.rmtree(view)
-    return load_model(enc, str(device))
+    return enc
+
+
+def encoder_job(cache: str, train_segs: list[int], k: int, cfg: BacktestConfig, tmp: str) -> str:
+    """:func:`train_encoder` in a worker process (the cache opened there, no progress bar, two
+    torch threads); returns the encoder's folder."""
+    torch.set_num_threads(2)
+    return str(train_encoder(CacheData.open(cache), np.asarray(train_segs), k, cfg, Path(tmp), False))
+
+
+def mode_threads(cfg: BacktestConfig, device: torch.device, n_modes: int) -> int:
+    """Threads training and evaluating a fold's fill modes at once: ``cfg.mode_threads``, else
+    one per mode on a GPU, 1 on a CPU. The results are the same either way (each mode has its
+    own generator, :func:`mode_generator`)."""
+    if cfg.mode_threads is not None:
+        return min(cfg.mode_threads, n_modes)
+    return n_modes if device.type == "cuda" else 1
+
+
+def encoder_jobs(cfg: BacktestConfig, device: torch.device, n_folds: int) -> int:
+    """Processes training the per-fold encoders at once: ``cfg.encoder_jobs`` (default 1: on one
+    GPU, processes are contexts the device time-slices, so their small kernels do not overlap)."""
+    return min(cfg.encoder_jobs or 1, n_folds)
+
+
+def start_encoders(run: Run, folds: list) -> concurrent.futures.Executor | None:
+    """With more than one :func:`encoder_jobs` and no given model, submit every fold's encoder to a
+    pool of spawned processes (``run.encoders[k]``: its future; :func:`fold_inputs` waits for
+    it), so that later folds' encoders train on other CPU cores while the first folds' policies
+    do. Returns the pool (None: the encoders train in turn, in this process)."""
+    jobs = encoder_jobs(run.cfg, run.device, len(folds))
+    if run.given is not None or jobs <= 1:
+        return None
+    pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    cfg = dataclasses.replace(run.cfg, device=run.device.type)
+    for k, (tr_s, _) in enumerate(folds):
+        run.encoders[k] = pool.submit(encoder_job, str(run.data.root), [int(s) for s in tr_s], k, cfg, str(run.tmp))
+    return pool
 
 
 @torch.no_grad()
@@ -192,6 +261,7 @@ class Run:
     oracle: dict[str, torch.Tensor]
     given: tuple | None = None
     given_emb: dict = field(default_factory=dict)
+    encoders: dict = field(default_factory=dict)  # fold -> future of its encoder's folder (start_encoders)
 
 
 def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, cfg: BacktestConfig,
@@ -242,8 +312,12 @@ def fold_inputs(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray) -> FoldInp
     embeddings of its sessions."""
     data, device = run.data, run.device
     given = run.given
-    model, norm, meta = given if given is not None else fold_encoder(data, tr_s, k, run.cfg, run.tmp, run.progress,
-                                                                     device)
+    if given is not None:
+        model, norm, meta = given
+    elif k in run.encoders:
+        model, norm, meta = load_model(run.encoders.pop(k).result(), str(device))
+    else:
+        model, norm, meta = fold_encoder(data, tr_s, k, run.cfg, run.tmp, run.progress, device)
     tcm = meta.get("train", {})
     window = int(tcm.get("window", 64))  # the fine-tuned encoder's windows (they end at the row)
     segs = sorted(set(tr_s.tolist()) | set(te_s.tolist()))
@@ -278,12 +352,10 @@ def horizon_seconds(run: Run, ts: np.ndarray, tr_s: np.ndarray) -> float:
     return float(np.mean(dts)) * run.cfg.c51.n_step if dts else 1.0
 
 
-def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_folds: int, mode: str = "taker",
-                use_aux: bool = True) -> tuple[Learner, Obs, int]:
-    """The C51 policy of fold ``k`` trained, filled by ``mode``, on the frozen embeddings of its
-    training rows (``pool``: the rows an episode may start at), its inputs, and its task on the
-    progress bar ``bar``; without ``use_aux`` the K=3 trade-outcome head is not trained (its loss
-    weight 0)."""
+def fold_learner(run: Run, k: int, fi: FoldInputs, use_aux: bool = True) -> tuple[Learner, Obs]:
+    """Fold ``k``'s C51 learner, freshly initialised (torch's global seed set to ``seed + k``, so
+    every fill mode's policy starts alike), and its inputs: the frozen embeddings of its rows;
+    without ``use_aux`` the K=3 trade-outcome head is not trained (its loss weight 0)."""
     cfg, c, device = run.cfg, run.cfg.c51, run.device
     if not use_aux:
         c = dataclasses.replace(c, aux_weight=0.0)
@@ -291,20 +363,43 @@ def fold_policy(run: Run, k: int, fi: FoldInputs, pool: torch.Tensor, bar, n_fol
     torch.manual_seed(cfg.seed + k)
     net = C51Net(fi.emb.shape[1] + 2, 3, c.n_atoms, c.hidden).to(device)
     aux_w = class_weights(run.tb[torch.as_tensor(fi.tr_rows, device=device)])  # inverse class frequency, training rows
-    learner = Learner(net, copy.deepcopy(net), obs, run.z, torch.optim.Adam(net.parameters(), lr=c.lr), run.tb, c,
-                      aux_w)
+    opt = torch.optim.Adam(net.parameters(), lr=c.lr, fused=device.type == "cuda")  # one kernel a step on a GPU
+    return Learner(net, copy.deepcopy(net), obs, run.z, opt, run.tb, c, aux_w), obs
+
+
+def mode_generator(run: Run, k: int, i: int) -> torch.Generator:
+    """The random generator of fold ``k``'s policy in its ``i``-th fill mode (exploration,
+    episode starts, fees, replay): its own stream, so that the modes can train at once."""
+    return torch.Generator(device=run.device).manual_seed(run.cfg.seed * 1_000_003 + 1000 * k + i)
+
+
+def fold_policy(run: Run, k: int, learner: Learner, pool: torch.Tensor, bar, n_folds: int, mode: str,
+                gen: torch.Generator) -> int:
+    """Train fold ``k``'s ``learner`` filled by ``mode`` from the rows ``pool`` (where an episode
+    may start) with the generator ``gen``; returns its task on the progress bar ``bar``."""
+    cfg = run.cfg
     n_steps = cfg.policy_steps + (cfg.finetune_steps if cfg.fine_tune else 0)
     what = "" if cfg.fills == ("taker",) else f", {mode} fills"
     task = bar.add_task(f"fold {k} ({k + 1} of {n_folds}) c51{what}", total=n_steps)
-    train_policy(learner, fill_env(run.market, cfg.envs, cfg, mode), pool, cfg.policy_steps, run.gen,
+    train_policy(learner, fill_env(run.market, cfg.envs, cfg, mode), pool, cfg.policy_steps, gen,
                  fee_max=cfg.fee_max, reward_scale=cfg.reward_scale, bar=bar, task=task)
-    return learner, obs, task
+    return task
+
+
+def fold_logistic(run: Run, fi: FoldInputs) -> np.ndarray:
+    """The logistic baseline's up-probability per row (NaN outside the test rows): one fit per
+    fold, whatever the fill modes (kept in ``fi.logistic``)."""
+    if fi.logistic is None:
+        fi.logistic = np.full(run.data.n_rows, np.nan)
+        fi.logistic[fi.te_rows] = logistic_scores(run.data, fi.tr_rows, fi.te_rows, run.h_pick, run.cfg.seed)
+    return fi.logistic
 
 
 def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: torch.Tensor, horizon_s: float,
-                    bar, task, mode: str = "taker") -> tuple[dict, dict | None]:
+                    bar, task, mode: str, gen: torch.Generator) -> tuple[dict, dict | None]:
     """Every strategy of a fold (the C51 policies, then the rules in the summary's order) and the
-    fine-tune path's report (None without ``fine_tune``); the fine-tune trains in ``mode``."""
+    fine-tune path's report (None without ``fine_tune``); the fine-tune trains in ``mode`` with
+    the generator ``gen``."""
     cfg, device, data, T = run.cfg, run.device, run.data, run.data.n_rows
     pol = functools.partial(c51_targets, z=run.z, rv=run.rv, cfg=cfg, horizon_s=horizon_s)
     strategies = {"c51": functools.partial(pol, learner.net, obs, kelly=cfg.kelly)}
@@ -313,12 +408,9 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
     ft_info = None
     if cfg.fine_tune:
         ft_net, ft_obs, ft_info = fine_tune(learner, fi.model, fi.norm, data, fi.window, fi.mu, fi.sd, run.market,
-                                            pool, cfg, run.gen, bar, task, mode)
+                                            pool, cfg, gen, bar, task, mode)
         strategies["c51-finetune"] = functools.partial(pol, ft_net, ft_obs, kelly=cfg.kelly)
-    if fi.logistic is None:  # one fit per fold, whatever the fill modes
-        fi.logistic = np.full(T, np.nan)
-        fi.logistic[fi.te_rows] = logistic_scores(data, fi.tr_rows, fi.te_rows, run.h_pick, cfg.seed)
-    lab = fi.logistic
+    lab = fold_logistic(run, fi)
     direction = lambda p: rule(torch.as_tensor(threshold_dir(p, cfg.threshold), dtype=torch.float32,  # noqa: E731
                                                device=device))
     strategies.update({
@@ -328,6 +420,19 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
         "hindsight": rule(run.hindsight)})
     strategies.update({name: rule(d) for name, d in run.oracle.items()})
     return strategies, ft_info
+
+
+def fold_mode(run: Run, k: int, te_s: np.ndarray, fi: FoldInputs, learner: Learner, obs: Obs, pool: torch.Tensor,
+              horizon_s: float, bar, n_folds: int, mode: str, gen: torch.Generator) -> dict:
+    """Fold ``k`` in one fill mode: the policy trained (:func:`fold_policy`), every strategy
+    evaluated on the test sessions ``te_s`` at every cost, their results (:func:`fold_results`);
+    returns ``results``, ``curves``, ``daily``, ``loss`` and ``fine_tune``."""
+    task = fold_policy(run, k, learner, pool, bar, n_folds, mode, gen)
+    strategies, ft_info = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task, mode, gen)
+    ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg, mode)
+    res, cur = fold_results(run, k, te_s, strategies, ev, mode)
+    return {"results": res, "curves": cur, "daily": {(s, c, mode): r["daily"] for (s, c), r in ev.items()},
+            "loss": float(np.mean(learner.loss_values(20))) if learner.losses else None, "fine_tune": ft_info}
 
 
 def fold_results(run: Run, k: int, te_s: np.ndarray, strategies: dict, ev: dict, mode: str = "taker"
@@ -373,28 +478,36 @@ def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarra
     the first mode's policy; without ``use_aux`` the head is not trained and not reported),
     ``daily`` (``{(strategy, cost, mode): PnL per test session}``), ``fold`` (the summary's record
     of it) and ``embedding_dim``."""
-    data, device = run.data, run.device
+    data, device, modes = run.data, run.device, run.cfg.fills
     fi = fold_inputs(run, k, tr_s, te_s)
     horizon_s = horizon_seconds(run, ts, tr_s)
     pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
-    results, curves, losses, ft_infos, daily, aux = [], {}, {}, {}, {}, None
-    for mode in run.cfg.fills:
-        learner, obs, task = fold_policy(run, k, fi, pool, bar, n_folds, mode, use_aux)
-        strategies, ft_infos[mode] = fold_strategies(run, fi, learner, obs, pool, horizon_s, bar, task, mode)
-        ev = evaluate(strategies, run.market, te_s, tuple(run.cfg.costs), run.cfg, mode)
-        res, cur = fold_results(run, k, te_s, strategies, ev, mode)
-        results += res
-        curves.update(cur)
-        daily.update({(s, c, mode): r["daily"] for (s, c), r in ev.items()})
-        losses[mode] = float(np.mean(learner.losses[-20:])) if learner.losses else None
-        if aux is None:
-            aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k) if use_aux else {
-                "fold": k, "available": False, "off": "not trained: aux_weight 0, or it did not learn in the earlier "
-                "folds (aux_head_verdict)"}
-        state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in learner.net.state_dict().items()}
+    fold_logistic(run, fi)
+    learners = [fold_learner(run, k, fi, use_aux) for _ in modes]  # initialised in turn: the global seed
+    jobs = [functools.partial(fold_mode, run, k, te_s, fi, lrn, obs, pool, horizon_s, bar, n_folds, mode,
+                              mode_generator(run, k, i)) for i, (mode, (lrn, obs)) in enumerate(zip(modes, learners))]
+    if mode_threads(run.cfg, device, len(modes)) > 1:
+        # the modes' steps are small and launch-bound: threads overlap their launches (one CUDA context)
+        with concurrent.futures.ThreadPoolExecutor(len(modes)) as ex:
+            done = [f.result() for f in [ex.submit(j) for j in jobs]]
+    else:
+        done = [j() for j in jobs]
+    results, curves, daily = [], {}, {}
+    for d in done:
+        results += d["results"]
+        curves.update(d["curves"])
+        daily.update(d["daily"])
+    losses = {m: d["loss"] for m, d in zip(modes, done)}
+    learner, obs = learners[0]
+    aux = aux_report(learner, obs, run.tb, fi.tr_rows, fi.te_rows, run.cfg, device, k) if use_aux else {
+        "fold": k, "available": False, "off": "not trained: aux_weight 0, or it did not learn in the earlier "
+        "folds (aux_head_verdict)"}
+    for mode, (lrn, _) in zip(modes, learners):
+        state = {f"net.{n}": v.detach().cpu().contiguous() for n, v in lrn.net.state_dict().items()}
         state.update({"emb.mean": fi.mu.cpu(), "emb.std": fi.sd.cpu(), "support": run.z.cpu()})
-        name = f"policy_fold{k}.safetensors" if mode == run.cfg.fills[0] else f"policy_fold{k}_{mode}.safetensors"
+        name = f"policy_fold{k}.safetensors" if mode == modes[0] else f"policy_fold{k}_{mode}.safetensors"
         save_tensors(state, run.tmp / name, "alphamodel-c51-1")
+    ft_infos = {m: d["fine_tune"] for m, d in zip(modes, done)}
     first = run.cfg.fills[0]
     fold = {
         "fold": k, "train_sessions": [data.segments[s].session for s in tr_s],

@@ -33,7 +33,8 @@ def support(n_atoms: int, v_min: float, v_max: float, device: torch.device | str
     return torch.linspace(v_min, v_max, n_atoms, device=device)
 
 
-def project(p: torch.Tensor, r: torch.Tensor, disc: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+def project(p: torch.Tensor, r: torch.Tensor, disc: torch.Tensor, z: torch.Tensor,
+            bounds: tuple[float, float] | None = None) -> torch.Tensor:
     """Project the target distribution onto the support ``z``.
 
     Parameters
@@ -42,13 +43,15 @@ def project(p: torch.Tensor, r: torch.Tensor, disc: torch.Tensor, z: torch.Tenso
     r : (B,) (n-step discounted) reward.
     disc : (B,) discount of the bootstrap, ``gamma^n * (1 - done)`` (0 at a terminal state).
     z : (n,) support.
+    bounds : ``(float(z[0]), float(z[-1]))`` when the caller has them (no read of a GPU's ``z``,
+        which would wait for the device).
 
     Returns
     -------
     m : (B, n) float32, rows sum to 1 (mass kept), ``sum m z = sum p clip(r + disc z)``.
     """
     n = z.numel()
-    v_min, v_max = float(z[0]), float(z[-1])
+    v_min, v_max = bounds if bounds is not None else (float(z[0]), float(z[-1]))
     dz = (v_max - v_min) / (n - 1)
     tz = (r[:, None] + disc[:, None] * z[None, :]).clamp(v_min, v_max)
     b = (tz - v_min) / dz
@@ -136,11 +139,15 @@ def class_weights(y: torch.Tensor, k: int = 3) -> torch.Tensor:
 def aux_loss(logits: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Class-weighted cross-entropy of the K=3 head: logits (B, k), y (B,) int64 with negatives
     masked out, weights (k,) from :func:`class_weights` (None: unweighted). The weighted mean
-    ``sum w_y l / sum w_y`` (``torch.nn.functional.cross_entropy``); 0 when no label is defined."""
-    ok = y >= 0
-    if not ok.any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[ok].float(), y[ok], weight=weights)
+    ``sum w_y l / sum w_y`` (``torch.nn.functional.cross_entropy``); 0 when no label is defined.
+    Computed over all rows with the undefined ones weighted 0 (no boolean indexing: nothing waits
+    for the device)."""
+    ok = (y >= 0).float()
+    yc = y.clamp_min(0)
+    w = ok if weights is None else ok * weights[yc]
+    nll = F.cross_entropy(logits.float(), yc, reduction="none")
+    den = w.sum()
+    return torch.where(den > 0, (w * nll).sum() / den.clamp_min(1e-30), (logits * 0.0).sum())
 
 
 def balanced_accuracy(pred: torch.Tensor, y: torch.Tensor, k: int = 3) -> float:

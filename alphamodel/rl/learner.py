@@ -71,7 +71,13 @@ class Learner:
     aux_w: torch.Tensor | None = None  # (3,) inverse class frequency on the fold's training rows
     target_obs: object = None
     steps: int = 0
-    losses: list = field(default_factory=list)
+    losses: list = field(default_factory=list)  # per step, 0-d tensors (see loss_values)
+    bounds: tuple[float, float] | None = None  # (z[0], z[-1]) as floats, once read
+
+    def loss_values(self, last: int | None = None) -> list[float]:
+        """The losses of the steps taken (the ``last`` ones), as floats."""
+        xs = self.losses[-last:] if last else self.losses
+        return torch.stack(xs).float().cpu().tolist() if xs else []
 
     def learn(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> None:
         c = self.c51
@@ -81,7 +87,9 @@ class Learner:
             p_next = torch.softmax(self.target(tobs)[0].float(), -1)
             a_star = greedy(p_next, self.z)
             p_star = p_next[torch.arange(len(a_star), device=a_star.device), a_star]
-            m = project(p_star, batch["reward"], batch["disc"], self.z)
+            if self.bounds is None:  # read once: a read of a GPU tensor waits for the device
+                self.bounds = (float(self.z[0]), float(self.z[-1]))
+            m = project(p_star, batch["reward"], batch["disc"], self.z, self.bounds)
         loss = c51_loss(logits, batch["action"], m)
         if c.aux_weight > 0:
             loss = loss + c.aux_weight * aux_loss(aux, self.tb_class[batch["s_row"]], self.aux_w)
@@ -91,7 +99,7 @@ class Learner:
         torch.nn.utils.clip_grad_norm_(params, 10.0)
         self.opt.step()
         self.steps += 1
-        self.losses.append(float(loss.detach()))
+        self.losses.append(loss.detach())  # 0-d tensors: float() each step would wait for the device
         if self.steps % c.target_every == 0:
             self.sync()
 
