@@ -108,7 +108,8 @@ def train_encoder(data: CacheData, train_segs: np.ndarray, k: int, cfg: Backtest
                   progress: bool) -> Path:
     """Train fold ``k``'s encoder (see :func:`fold_encoder`) into ``tmp/encoder_fold{k}`` on
     ``cfg.device``; returns that folder. On CUDA with triton installed its CfC runs as the Triton
-    scan (``cfc_impl "triton"``, so the saved encoder loads on CUDA only), the torch scan if that
+    scan (``cfc_impl "triton"``; elsewhere the saved encoder loads with the torch scan,
+    ``checkpoint.TRITON_FALLBACK``), the torch scan if that
     fails (logged), and its scoring takes :data:`GPU_EVAL_BATCH` streams at once."""
     view = tmp / f"_view_fold{k}"
     view.mkdir()
