@@ -378,3 +378,4 @@ class HubStream:
             self.conn.close()
             self.conn = None
         self.slots = []  # unmapped with their last view
+        self.store = None  # its closure holds the segment's columns

@@ -367,6 +367,7 @@ class SegmentColumns:
         self._worker.shutdown()
         if self.stream is not None:
             self.stream.close()
+            self.stream = None  # the hub's stream holds a closure over self: no cycle left for the gc
         t0 = time.perf_counter()
         labels = _finish_labels(self.labels, c["_mid"], c["ts_recv"], c.get("_w"), self.job)
         seconds["features"] = seconds.get("features", 0.0) + self.seconds["features"] + self.seconds["store"]
