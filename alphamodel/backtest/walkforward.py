@@ -15,6 +15,7 @@ import logging
 import math
 import multiprocessing
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -313,12 +314,14 @@ def fold_inputs(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray) -> FoldInp
     embeddings of its sessions."""
     data, device = run.data, run.device
     given = run.given
+    t0 = time.perf_counter()
     if given is not None:
         model, norm, meta = given
     elif k in run.encoders:
         model, norm, meta = load_model(run.encoders.pop(k).result(), str(device))
     else:
         model, norm, meta = fold_encoder(data, tr_s, k, run.cfg, run.tmp, run.progress, device)
+    t1 = time.perf_counter()
     tcm = meta.get("train", {})
     window = int(tcm.get("window", 64))  # the fine-tuned encoder's windows (they end at the row)
     segs = sorted(set(tr_s.tolist()) | set(te_s.tolist()))
@@ -328,6 +331,8 @@ def fold_inputs(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray) -> FoldInp
         if not run.given_emb:
             run.given_emb.update(embed_segments(model, norm, data, list(range(len(data.segments))), tcm, device))
         emb_np = {s: run.given_emb[s] for s in segs}
+    log.info("fold %d: encoder %.1f s, embeddings of %d sessions %.1f s", k, t1 - t0, len(segs),
+             time.perf_counter() - t1)
     T = data.n_rows
     D = next(iter(emb_np.values()))[0].shape[1]
     emb = torch.zeros(T, D, device=device)
@@ -480,10 +485,12 @@ def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarra
     ``daily`` (``{(strategy, cost, mode): PnL per test session}``), ``fold`` (the summary's record
     of it) and ``embedding_dim``."""
     data, device, modes = run.data, run.device, run.cfg.fills
+    t0 = time.perf_counter()
     fi = fold_inputs(run, k, tr_s, te_s)
     horizon_s = horizon_seconds(run, ts, tr_s)
     pool = torch.as_tensor(data.segment_rows(tr_s, drop_last=1), device=device)
     fold_logistic(run, fi)
+    t1 = time.perf_counter()
     learners = [fold_learner(run, k, fi, use_aux) for _ in modes]  # initialised in turn: the global seed
     jobs = [functools.partial(fold_mode, run, k, te_s, fi, lrn, obs, pool, horizon_s, bar, n_folds, mode,
                               mode_generator(run, k, i)) for i, (mode, (lrn, obs)) in enumerate(zip(modes, learners))]
@@ -493,6 +500,8 @@ def run_fold(run: Run, k: int, tr_s: np.ndarray, te_s: np.ndarray, ts: np.ndarra
             done = [f.result() for f in [ex.submit(j) for j in jobs]]
     else:
         done = [j() for j in jobs]
+    log.info("fold %d: policies and evaluation of %s %.1f s (fold so far %.1f s)", k, ",".join(modes),
+             time.perf_counter() - t1, time.perf_counter() - t0)
     results, curves, daily = [], {}, {}
     for d in done:
         results += d["results"]
