@@ -102,14 +102,15 @@ def main() -> None:
 
     print_backtest(s)  # the terminal table of `alphamodel backtest`: fill mode, pooled PnL, PBO, K=3 verdict
     con = Console(width=160)
-    per = Table(title="annualised Sharpe per fold (rows: strategy @ cost)")
-    per.add_column("strategy @ cost")
+    per = Table(title="annualised Sharpe per fold (rows: strategy, fill @ cost)")
+    per.add_column("strategy, fill @ cost")
     for k in range(len(s["folds"])):
         per.add_column(f"fold {k} ({', '.join(s['folds'][k]['test_sessions'])})", justify="right")
-    for r in s["aggregate"]:
-        rs = {x["fold"]: x["sharpe"] for x in s["results"]
-              if x["strategy"] == r["strategy"] and x["cost_ticks"] == r["cost_ticks"]}
-        per.add_row(f"{r['strategy']} @ {r['cost_ticks']:g}", *(f(rs.get(k)) for k in range(len(s["folds"]))))
+    for r in s["aggregate"]:  # one row per strategy x fill mode x cost
+        rs = {x["fold"]: x["sharpe"] for x in s["results"] if x["strategy"] == r["strategy"]
+              and x["cost_ticks"] == r["cost_ticks"] and x["fill"] == r["fill"]}
+        per.add_row(f"{r['strategy']}, {r['fill']} @ {r['cost_ticks']:g}",
+                    *(f(rs.get(k)) for k in range(len(s["folds"]))))
     con.print(per)
     for x in s["aux_head"]:
         if x.get("available"):
