@@ -136,18 +136,21 @@ def band_directions(drift: np.ndarray, seg_start: np.ndarray, seg_end: np.ndarra
     s0 = np.asarray(seg_start, np.int64)
     s1 = np.asarray(seg_end, np.int64)
     out = np.zeros(T, np.int8)
+    if not s0.size:
+        return out
+    n_steps = int(((s1 - s0) // stride).max()) + 1
+    states = np.zeros((n_steps, s0.size), np.int8)  # direction after decision k of each segment
     state = np.zeros(s0.size, np.int8)
-    n_steps = int(((s1 - s0) // stride).max()) + 1 if s0.size else 0
-    for k in range(n_steps):
+    for k in range(n_steps):  # one vector op per decision over every segment still running
         live = s0 + k * stride <= s1
         t = (s0 + k * stride)[live]
         d, e, st = drift[t], entry[t], state[live]
-        new = np.where(d > e, 1, np.where(d < -e, -1,
-                       np.where((st == 1) & (d < -exit_band), 0, np.where((st == -1) & (d > exit_band), 0, st))))
-        state[live] = new
-        lo, hi = t, np.minimum(t + stride, s1[live] + 1)
-        for a, b, v in zip(lo, hi, new):
-            out[a:b] = v
+        state[live] = np.where(d > e, 1, np.where(d < -e, -1, np.where(
+            (st == 1) & (d < -exit_band), 0, np.where((st == -1) & (d > exit_band), 0, st))))
+        states[k] = state
+    seg = np.repeat(np.arange(s0.size), s1 - s0 + 1)
+    rows = np.concatenate([np.arange(a, b + 1) for a, b in zip(s0, s1)])
+    out[rows] = states[(rows - s0[seg]) // stride, seg]
     return out
 
 
