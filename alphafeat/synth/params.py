@@ -174,5 +174,6 @@ class Signal:
 #: mid change over its holding period with hysteresis (``oracle-band``) also wins after a
 #: 1/4-tick fee per side in ``taker``, ``mid`` and ``passive`` mode (stride 200, 50 quiet
 #: sessions: docs/performance.md, Backtest). It is only in the order flow's history, not in the
-#: current book. The default (:data:`DEFAULT_SIGNAL`, kind ``both``) stays ES-like.
+#: current book. The default (:data:`DEFAULT_SIGNAL`, kind ``both``) stays ES-like: there no
+#: oracle wins at 1/4 tick.
 TRADABLE_SIGNAL = Signal(64.0, "history")
