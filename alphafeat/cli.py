@@ -401,7 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zstd level 1-22 (default: 12 for quiet, 1 for bigger scales)")
     s.add_argument("--signal", type=option(val.validate_signal), default=1.0, metavar="STRENGTH",
                    help="strength of the planted predictability of the leading outright's mid, >= 0 "
-                        "(default 1: ES-like; 0: none, a martingale mid)")
+                        "(default 1: ES-like, where no oracle wins at 1/4 tick; 0: none, a martingale mid; "
+                        "--signal-kind history --signal 64: the tradable market of the tests and benches, where "
+                        "the oracle wins at 1/4 tick in taker, mid and passive mode)")
     s.add_argument("--signal-kind", default=val.SignalKind.BOTH, **_enum(val.SignalKind),
                    help="book: visible in the current book (queue imbalance); history: only in the order "
                         "flow of the last minutes; both (default)")

@@ -11,8 +11,13 @@ The generator writes its planted signal beside the DBN files (``signal_file=True
 table has the ``oracle`` strategies (the true model's p_up, no look-ahead) beside ``hindsight``
 (look-ahead sign of the next stride's move, a looser upper bound).
 
+``--signal`` / ``--signal-kind`` set the generated market's planted signal (the tradable market
+of the tests and benches: ``--signal-kind history --signal 64``, :data:`alphafeat.synth.TRADABLE_SIGNAL`);
+``--config JSON`` sets further :class:`~alphamodel.backtest.BacktestConfig` keys (e.g.
+``'{"reward_scale": 4, "kelly": false}'``; the options win where both set a key).
+
     python bench/backtest.py [--sessions 22] [--folds 4] [--device cuda] [--fill taker,mid,passive] [--work DIR]
-    python bench/backtest.py --cache DIR [--folds 4] ...
+    python bench/backtest.py --cache DIR [--folds 4] [--config '{"reward_scale": 4}'] ...
 """
 
 from __future__ import annotations
@@ -53,9 +58,18 @@ def main() -> None:
     ap.add_argument("--no-signal-file", action="store_true",
                     help="generate without the planted-signal sidecar (no oracle; its Monte-Carlo drift is most of "
                          "the generation's time)")
+    ap.add_argument("--signal", type=float, default=1.0, help="planted signal strength of the generated market")
+    ap.add_argument("--signal-kind", default="both", choices=("book", "history", "both"))
+    ap.add_argument("--config", default="{}", help="JSON object of further BacktestConfig keys")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    try:
+        extra = json.loads(a.config)
+    except ValueError as e:
+        ap.error(f"--config: not a JSON object ({e})")
+    if not isinstance(extra, dict):
+        ap.error("--config: not a JSON object")
     work = Path(a.work or tempfile.mkdtemp(prefix="alphamodel-backtest-"))
     work.mkdir(parents=True, exist_ok=True)
     times = {}
@@ -68,16 +82,17 @@ def main() -> None:
         # one process per session: the sidecar's drift_K is a Monte-Carlo per event (its cost:
         # docs/performance.md, Backtest)
         synth.generate(work / "dbn", start=datetime.date(2024, 1, 8), sessions=a.sessions, seed=a.seed,
-                       scale=a.scale, report=False, signal_file=not a.no_signal_file,
+                       scale=a.scale, report=False, signal_file=not a.no_signal_file, signal=a.signal,
+                       signal_kind=a.signal_kind,
                        jobs=max(1, min(a.sessions, os.cpu_count() or 1)))
         times["generate_s"] = time.perf_counter() - t
         t = time.perf_counter()
         precompute(PrecomputeConfig(inputs=[work / "dbn"], out=cache, device="cpu"))
         times["precompute_s"] = time.perf_counter() - t
-    cfg = BacktestConfig(folds=a.folds, embargo=a.embargo, costs=validate_costs(a.costs, "--costs"),
-                         stride=a.stride, envs=a.envs, policy_steps=a.policy_steps, fine_tune=a.fine_tune,
-                         encoder_epochs=a.encoder_epochs, encoder_steps=a.encoder_steps, device=a.device, seed=a.seed,
-                         fills=validate_fills(a.fill, "--fill"))
+    cfg = BacktestConfig.from_dict({**extra, **dict(
+        folds=a.folds, embargo=a.embargo, costs=validate_costs(a.costs, "--costs"), stride=a.stride, envs=a.envs,
+        policy_steps=a.policy_steps, fine_tune=a.fine_tune, encoder_epochs=a.encoder_epochs,
+        encoder_steps=a.encoder_steps, device=a.device, seed=a.seed, fills=validate_fills(a.fill, "--fill"))})
     t = time.perf_counter()
     s = backtest(cache, work / "out", None, cfg, progress=True)
     times["backtest_s"] = time.perf_counter() - t
@@ -87,14 +102,15 @@ def main() -> None:
 
     print_backtest(s)  # the terminal table of `alphamodel backtest`: fill mode, pooled PnL, PBO, K=3 verdict
     con = Console(width=160)
-    per = Table(title="annualised Sharpe per fold (rows: strategy @ cost)")
-    per.add_column("strategy @ cost")
+    per = Table(title="annualised Sharpe per fold (rows: strategy, fill @ cost)")
+    per.add_column("strategy, fill @ cost")
     for k in range(len(s["folds"])):
         per.add_column(f"fold {k} ({', '.join(s['folds'][k]['test_sessions'])})", justify="right")
-    for r in s["aggregate"]:
-        rs = {x["fold"]: x["sharpe"] for x in s["results"]
-              if x["strategy"] == r["strategy"] and x["cost_ticks"] == r["cost_ticks"]}
-        per.add_row(f"{r['strategy']} @ {r['cost_ticks']:g}", *(f(rs.get(k)) for k in range(len(s["folds"]))))
+    for r in s["aggregate"]:  # one row per strategy x fill mode x cost
+        rs = {x["fold"]: x["sharpe"] for x in s["results"] if x["strategy"] == r["strategy"]
+              and x["cost_ticks"] == r["cost_ticks"] and x["fill"] == r["fill"]}
+        per.add_row(f"{r['strategy']}, {r['fill']} @ {r['cost_ticks']:g}",
+                    *(f(rs.get(k)) for k in range(len(s["folds"]))))
     con.print(per)
     for x in s["aux_head"]:
         if x.get("available"):

@@ -433,7 +433,7 @@ def test_backtest_cli_end_to_end_on_the_embedded_sample(tmp_path, capsys):
     assert s["pbo"]["taker"]["0.25"]["pbo"] is None and "at least 4" in s["pbo"]["taker"]["0.25"]["note"]  # 2 tests
     assert s["fill"]["modes"] == ["taker"] and "ticks per contract per side" in s["fill"]["pays"]
     assert s["notes"]["oracle"].startswith("oracle not available")  # data/ has no planted-signal sidecar
-    assert not strategies & {"oracle", "oracle-m0.5"}
+    assert not strategies & {"oracle", "oracle-m0.5", "oracle-band"}
     assert s["notes"]["deflated_sharpe"].endswith("(all but hindsight)")  # names no oracle that did not run
     assert len(s["plots"]) == 4 and all((out / p).is_file() for p in s["plots"])
     for k in range(2):

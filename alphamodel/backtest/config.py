@@ -16,8 +16,9 @@ from alphamodel.errors import UsageError
 from alphamodel.rl.config import C51Config
 from alphamodel.rules import SIZE, build, check_fields, float_rule, int_rule
 
-__all__ = ["DEFAULT_COSTS", "FILL_MODES", "MAX_COST_TICKS", "MAX_FEE_USD", "NOT_TRIALS",
-           "ON_TIMEOUT", "ORACLE_MARGINS", "ORACLE_NAMES", "QUEUE_KINDS", "RESULT_COLUMNS", "TICK_VALUE",
+__all__ = ["DEFAULT_COSTS", "FILL_MODES", "MAX_COST_TICKS", "MAX_FEE_USD", "NOT_TRIALS", "ON_TIMEOUT",
+           "ORACLE_BAND", "ORACLE_BAND_EXIT", "ORACLE_MARGINS", "ORACLE_NAMES", "ORACLE_STRATEGIES", "QUEUE_KINDS",
+           "RESULT_COLUMNS", "TICK_VALUE",
            "BacktestConfig", "parse_queue", "validate_fills", "validate_queue"]
 
 #: Highest fee level of a backtest, ticks per contract per side.
@@ -36,7 +37,20 @@ TICK_VALUE = {"ES": 12.5, "MES": 1.25, "NQ": 5.0, "MNQ": 0.5}
 #: and stride 200 its SD is about 0.3 tick: it trades rarely).
 ORACLE_MARGINS = (0.0, 0.5)
 ORACLE_NAMES = tuple("oracle" if m == 0 else f"oracle-m{m:g}" for m in ORACLE_MARGINS)
-NOT_TRIALS = ("hindsight", *ORACLE_NAMES)
+#: The ``oracle-band`` strategy (:func:`alphamodel.backtest.strategies.band_directions`): the same
+#: drift_K with hysteresis, so that it does not churn. Per session, from flat: long where drift_K
+#: exceeds the entry band, short below minus it; a long is kept until drift_K falls below
+#: ``-ORACLE_BAND_EXIT`` (then flat, or short if below minus the entry band), a short likewise.
+#: The entry band is the round trip of the decision's row at its cost level
+#: (:func:`alphamodel.backtest.strategies.round_trip`: two fees, plus the spread in ``taker`` mode);
+#: the exit band is 0 ticks: the exit's cost is paid sooner or later (at the latest at the
+#: session's close), so a position is worth keeping while its expected change is not negative.
+ORACLE_BAND = "oracle-band"
+#: Exit band of ``oracle-band``, ticks (see :data:`ORACLE_BAND`).
+ORACLE_BAND_EXIT = 0.0
+#: Every oracle strategy (upper references on generated data, never trials).
+ORACLE_STRATEGIES = (*ORACLE_NAMES, ORACLE_BAND)
+NOT_TRIALS = ("hindsight", *ORACLE_STRATEGIES)
 #: Execution models (:mod:`alphamodel.backtest.execution`): ``mid`` is an upper bound.
 FILL_MODES = ("taker", "mid", "passive")
 #: Queue models of ``passive`` (:mod:`alphamodel.backtest.queue`).

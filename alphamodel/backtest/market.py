@@ -18,7 +18,7 @@ import torch
 from alphafeat.cache import META_KEY
 from alphafeat.errors import InputError
 from alphafeat.synth.planted import SIGNAL_SUFFIX, asof, asof_events, planted_path, read_drift, read_planted
-from alphamodel.backtest.config import ORACLE_MARGINS, ORACLE_NAMES, TICK_VALUE, BacktestConfig
+from alphamodel.backtest.config import ORACLE_BAND, ORACLE_MARGINS, ORACLE_NAMES, TICK_VALUE, BacktestConfig
 from alphamodel.backtest.execution import Book
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import CacheError, DataError
@@ -273,7 +273,9 @@ def planted_drift_rows(data: CacheData, stride: int) -> tuple[np.ndarray, int | 
     note = (f"the generator's true model's expected mid change over the holding period (drift_K, {k_note}; bridge "
             f"to the close excluded: no trader knows it) joined to each row's own event for {len(found)} of "
             f"{len(data.segments)} segments; oracle: long where it is above the margin, short below minus it, "
-            f"margins {list(ORACLE_MARGINS)} ticks ({', '.join(ORACLE_NAMES)}); an upper reference, not a trial")
+            f"margins {list(ORACLE_MARGINS)} ticks ({', '.join(ORACLE_NAMES)}); {ORACLE_BAND}: the same with "
+            f"hysteresis, entering beyond the round trip (two fees, plus the spread in taker mode), leaving when it "
+            f"turns against the position; upper references, not trials")
     for what, ss in (("no sidecar", missing), ("a sidecar of another instrument than the cache's front month", other)):
         if ss:
             note += f"; {what} for {', '.join(ss)} (flat there)"

@@ -39,8 +39,11 @@ mode it is evaluated in) in :class:`alphamodel.backtest.execution.ExecEnv`:
    ``oracle`` / ``oracle-m0.5``: long where the true model's expected mid change over the
    holding period (the sidecar's ``drift_K``, K = the stride, known at the row: its own event,
    :func:`~alphamodel.backtest.market.planted_drift_rows`) exceeds the margin, short below minus
-   it, else flat (margins :data:`~alphamodel.backtest.config.ORACLE_MARGINS`, ticks; not trials
-   either) — all in the same environment, costs and stride.
+   it, else flat (margins :data:`~alphamodel.backtest.config.ORACLE_MARGINS`, ticks), and
+   ``oracle-band``, the same drift with hysteresis (:data:`~alphamodel.backtest.config.ORACLE_BAND`:
+   enter beyond the round trip of the fill mode and cost level, leave when it turns against the
+   position; :func:`~alphamodel.backtest.strategies.oracle_band`); not trials either — all in the
+   same environment, costs and stride.
 
 Per strategy x fill mode x fold x cost: the fill statistics (fill rate, time to fill, markouts),
 annualised Sharpe of the daily (per session) PnL, deflated Sharpe

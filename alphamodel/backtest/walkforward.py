@@ -24,10 +24,18 @@ import torch
 
 from alphafeat.cache import MANIFEST
 from alphafeat.splits import purged_walk_forward
-from alphamodel.backtest.config import NOT_TRIALS, ORACLE_MARGINS, ORACLE_NAMES, BacktestConfig
+from alphamodel.backtest.config import NOT_TRIALS, ORACLE_BAND, ORACLE_MARGINS, ORACLE_NAMES, BacktestConfig
 from alphamodel.backtest.market import Market, Rows, planted_drift_rows
 from alphamodel.backtest.metrics import max_drawdown, session_readout, sharpe, sharpe_stats
-from alphamodel.backtest.strategies import c51_targets, evaluate, fill_env, logistic_scores, rule, threshold_dir
+from alphamodel.backtest.strategies import (
+    c51_targets,
+    evaluate,
+    fill_env,
+    logistic_scores,
+    oracle_band,
+    rule,
+    threshold_dir,
+)
 from alphamodel.data.cache import CacheData
 from alphamodel.errors import DataError
 from alphamodel.nn.model import ModelConfig
@@ -264,6 +272,7 @@ class Run:
     given: tuple | None = None
     given_emb: dict = field(default_factory=dict)
     encoders: dict = field(default_factory=dict)  # fold -> future of its encoder's folder (start_encoders)
+    drift: np.ndarray | None = None  # (T,) float64 ticks, the sidecar's drift_K per row (None: no oracle)
 
 
 def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, cfg: BacktestConfig,
@@ -288,7 +297,8 @@ def make_run(data: CacheData, market: Market, rows: Rows, given: tuple | None, c
     ofi_dir = torch.as_tensor(np.sign(np.nan_to_num(rows.ofi)), dtype=torch.float32, device=device)
     h_pick = int(np.argmin([abs(h - cfg.stride) for h in data.horizons]))
     return Run(data, market, cfg, device, tmp, progress, z, gen, tb, rv, h_pick, hindsight,
-               ofi_dir if notes["ofi_sign_column"] else None, oracle, given)
+               ofi_dir if notes["ofi_sign_column"] else None, oracle, given,
+               drift=drift if k_used is not None else None)
 
 
 @dataclass
@@ -425,6 +435,8 @@ def fold_strategies(run: Run, fi: FoldInputs, learner: Learner, obs: Obs, pool: 
         "logistic": direction(np.nan_to_num(lab, nan=0.5)), "direction-head": direction(fi.phead),
         "hindsight": rule(run.hindsight)})
     strategies.update({name: rule(d) for name, d in run.oracle.items()})
+    if run.drift is not None:  # hysteresis: its entry band is the round trip of the mode and cost level
+        strategies[ORACLE_BAND] = oracle_band(run.drift, run.market, cfg, mode)
     return strategies, ft_info
 
 
