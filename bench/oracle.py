@@ -30,6 +30,7 @@ from alphamodel.backtest.market import load_market, planted_drift_rows
 from alphamodel.backtest.metrics import sharpe_stats
 from alphamodel.backtest.strategies import evaluate, oracle_band, rule
 from alphamodel.data.cache import CacheData
+from alphamodel.errors import AlphamodelError
 
 
 def main() -> None:
@@ -39,7 +40,10 @@ def main() -> None:
     ap.add_argument("--costs", default="0,0.25")
     ap.add_argument("--fills", default="taker,mid", help="fill modes, comma-separated: taker, mid, passive")
     a = ap.parse_args()
-    data = CacheData.open(a.cache)
+    try:
+        data = CacheData.open(a.cache)
+    except AlphamodelError as e:
+        raise SystemExit(str(e)) from None
     costs = validate_costs(a.costs, "--costs")
     fills = validate_fills(a.fills, "--fills")
     market = load_market(data, BacktestConfig(fills=fills, kelly=False), torch.device("cpu"))[0]
@@ -49,9 +53,10 @@ def main() -> None:
         tab.add_column(c, justify="right")
     rows = []
     for stride in (int(x) for x in a.strides.split(",")):
-        drift, k, note = planted_drift_rows(data, stride)
+        drift, k, _ = planted_drift_rows(data, stride)
         if k is None:
-            raise SystemExit(f"{a.cache}: {note}")
+            raise SystemExit(f"{a.cache}: no oracle to report: no planted-signal sidecar (drift_K) beside its sources; "
+                             "generate them with `alphafeat synth --signal-file`")
         d = torch.as_tensor(np.nan_to_num(drift), dtype=torch.float32)
         strategies = {n: rule(torch.where(d > m, 1.0, torch.where(d < -m, -1.0, 0.0)))
                       for n, m in zip(ORACLE_NAMES, ORACLE_MARGINS)}

@@ -243,11 +243,12 @@ def resolve_device(device: str) -> str:
     AlphafeatError
         ``cuda`` without a usable GPU.
     """
-    device = validate_device(device).split(":")[0]
+    given = validate_device(device)
+    device = given.split(":")[0]
     if device == Device.AUTO:
         return Device.CUDA.value if cuda_available() else Device.CPU.value
     if device == Device.CUDA and not cuda_available():
-        raise AlphafeatError("--device cuda: no usable CUDA GPU (numba.cuda.is_available() is False)")
+        raise AlphafeatError(f"--device {given}: no usable CUDA GPU (numba.cuda.is_available() is False)")
     return device
 
 
