@@ -25,8 +25,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from alphafeat import _command
 from alphafeat import validation as val
@@ -43,6 +42,9 @@ from alphafeat.commandline import (
 )
 from alphafeat.errors import InputError, UsageError
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 _command.skip_blas_probe()  # in this process; in its worker processes: _precompute
 _command.lean_kernel_loads()
 
@@ -57,6 +59,13 @@ def _enum(enum: type) -> dict:
 
 def _count(lo: int, what: str = "a whole number", hi: int | None = None) -> object:
     return option(val.validate_int, lo=lo, hi=hi, what=what)
+
+
+def _table(*args: object, **kw: object) -> Table:
+    """A ``rich.table.Table`` (imported here: not on the way to a job's first record)."""
+    from rich.table import Table
+
+    return Table(*args, **kw)
 
 
 def _inputs(args: argparse.Namespace) -> list[Path]:
@@ -89,7 +98,7 @@ def _precompute(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     out = stdout_console()
-    sched = Table(title="instrument per session")
+    sched = _table(title="instrument per session")
     for col in ("session", "instrument_id", "raw_symbol", "schema", "expiration", "reason"):
         sched.add_column(col)
     have = {p.parent.name for p in s.partitions}  # session=YYYY-MM-DD
@@ -100,7 +109,7 @@ def _precompute(args: argparse.Namespace) -> int:
                       s.schemas.get((c.session, c.instrument_id), ""), c.expiration.isoformat() if c.expiration else "",
                       c.reason + (f"; no partition this run{why}" if gone else ""))  # fmt: skip
     out.print(sched)
-    t = Table(title=f"alphafeat precompute -> {s.out}", show_header=False)
+    t = _table(title=f"alphafeat precompute -> {s.out}", show_header=False)
     t.add_column("")
     t.add_column("", justify="right")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in s.stage_seconds.items())
@@ -211,7 +220,7 @@ def _synth_report(args: argparse.Namespace) -> int:
     with console.status("stylised facts: simulating and measuring sessions at scale "
                         f"{scale:g} and the AUC ceiling ..."):
         facts = report.stylised_facts(real, seed=args.seed or 1, signal=sig, scale=scale)
-    t = Table(title=f"stylised facts: generated (scale {scale:g}, signal {sig.strength:g} {sig.kind}) vs real "
+    t = _table(title=f"stylised facts: generated (scale {scale:g}, signal {sig.strength:g} {sig.kind}) vs real "
                     f"({real.name}) vs band")
     for col in ("figure", "generated", "real", "band", "verdict", "source"):
         t.add_column(col, justify="right" if col in ("generated", "real") else "left")
@@ -220,7 +229,7 @@ def _synth_report(args: argparse.Namespace) -> int:
                   f"{f.band_low:.3g} - {f.band_high:.3g}", "pass" if f.passed else "FAIL", f.source)
     stdout_console().print(t)
     rows, notes = report.compare(real, seed=args.seed or 1)
-    t = Table(title=f"book shape, synthetic vs real ({real.name}, first hour after the 17:00 CT open; "
+    t = _table(title=f"book shape, synthetic vs real ({real.name}, first hour after the 17:00 CT open; "
                     f"synthetic scale {notes['scale']:.0f})")
     for col in ("statistic", "real", "synthetic", "tolerance", "verdict"):
         t.add_column(col, justify="left" if col == "statistic" else "right")
@@ -251,20 +260,20 @@ def _inspect(args: argparse.Namespace) -> int:
     plots = args.plots or args.cache / "_plots"
     rep = inspect_cache(args.cache, None if args.no_plots else plots)
     out = stdout_console()
-    t = Table(title=f"rows per session: {args.cache}")
+    t = _table(title=f"rows per session: {args.cache}")
     for col in ("session", "raw_symbol", "rows"):
         t.add_column(col, justify="right")
     for s, y, n in rep.rows:
         t.add_row(s, y, f"{n:,}")
     out.print(t)
-    t = Table(title="NaN rate per column (float columns with any NaN)")
+    t = _table(title="NaN rate per column (float columns with any NaN)")
     t.add_column("column")
     t.add_column("NaN rate", justify="right")
     for k, v in rep.nan_rate.items():
         if v > 0:
             t.add_row(k, f"{v:.2%}")
     out.print(t)
-    t = Table(title="label balance")
+    t = _table(title="label balance")
     for col in ("label", "up (1; tb_label +1)", "down (0; tb_label -1)", "timeout (tb_label 0)", "NaN"):
         t.add_column(col, justify="right")
     for k, (u, d, n) in rep.label_balance.items():
@@ -305,7 +314,7 @@ def _roll_schedule(args: argparse.Namespace) -> int:
     sched = plan.schedule
     schemas = {(s.session, s.instrument_id): s.schema for s in plan.segments}
     out = stdout_console()
-    t = Table(title=f"front month of {args.root} per session ({args.roll_rule} rule)")
+    t = _table(title=f"front month of {args.root} per session ({args.roll_rule} rule)")
     for col in ("session", "instrument_id", "raw_symbol", "schema", "expiration", "reason"):
         t.add_column(col)
     for c in sched:
@@ -333,7 +342,7 @@ def _features(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
-    table = Table(title="alphafeat features (default parameters; groups: the --features groups holding each)")
+    table = _table(title="alphafeat features (default parameters; groups: the --features groups holding each)")
     for col in ("name", "unit", "formula", "source", "parameters", "min_depth", "crossed rows", "groups"):
         table.add_column(col, overflow="fold", no_wrap=col == "name")
     for r in rows:

@@ -18,13 +18,13 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TextIO
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from alphafeat.errors import AlphafeatError, UsageError
 from alphafeat.options import argparse_type
@@ -41,18 +41,89 @@ def stdout_console() -> Console:
     return con if con.is_terminal else Console(width=200, soft_wrap=True)
 
 
+#: Seconds a command runs before its progress bar shows (rich's progress and table modules are
+#: imported then, on a thread: not on the way to a short job's first record).
+BAR_DELAY = 0.5
+
+
+class LaterBar:
+    """A progress bar on stderr that starts :data:`BAR_DELAY` seconds after it is made:
+    :meth:`add_task` and :meth:`advance` as rich's ``Progress`` takes them, recorded until then.
+    A job that ends sooner shows its bar at the end, as it would have been."""
+
+    def __init__(self, disable: bool = False) -> None:
+        self.disable = disable
+        self.bar = None
+        self._tasks: list[list] = []  # [description, total, completed, rich's id]
+        self._lock = threading.Lock()
+        self._ended = False
+        self._timer = threading.Timer(BAR_DELAY, self._show)
+        self._timer.daemon = True
+        if not disable:
+            self._timer.start()
+
+    def _show(self, final: bool = False) -> None:
+        """Start rich's bar with the tasks so far (``final``: the job ended before the delay:
+        shown once and stopped)."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=console, transient=False)  # fmt: skip
+        with self._lock:
+            if self.bar is not None or self._ended:
+                return
+            for t in self._tasks:
+                t[3] = bar.add_task(t[0], total=t[1], completed=t[2])
+            bar.start()
+            self.bar = bar
+            if final:
+                self._ended = True
+                bar.stop()
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        """A new task (rows of the bar); returns its id."""
+        with self._lock:
+            self._tasks.append([description, total, 0, None])
+            if self.bar is not None and not self._ended:
+                self._tasks[-1][3] = self.bar.add_task(description, total=total)
+            return len(self._tasks) - 1
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        """Task ``task`` is ``advance`` further."""
+        with self._lock:
+            t = self._tasks[task]
+            t[2] += advance
+            if self.bar is not None and not self._ended:
+                self.bar.advance(t[3], advance)
+
+    def stop(self, failed: bool = False) -> None:
+        """End the bar: left on screen (shown now if it had not started), or cleared when
+        ``failed`` (a failed run's stderr is its one error line)."""
+        self._timer.cancel()
+        if self.disable:
+            return
+        if self.bar is None and not failed:
+            self._show(final=True)
+        with self._lock:
+            bar, ended, self._ended = self.bar, self._ended, True
+        if bar is None or ended:
+            return
+        if failed:
+            bar.live.transient = True
+            bar.live.stop()  # not bar.stop(): it adds a blank line on a non-terminal stderr
+        else:
+            bar.stop()
+
+
 @contextlib.contextmanager
-def progress_bar(disable: bool = False) -> Iterator[Progress]:
-    """A progress bar on stderr that stays on screen when the job ends and is cleared when it
-    fails, so that a failed run's stderr is its one error line."""
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console, transient=False, disable=disable)  # fmt: skip
-    bar.start()
+def progress_bar(disable: bool = False) -> Iterator[LaterBar]:
+    """A progress bar on stderr (:class:`LaterBar`) that stays on screen when the job ends and
+    is cleared when it fails, so that a failed run's stderr is its one error line."""
+    bar = LaterBar(disable=disable)
     try:
         yield bar
     except BaseException:
-        bar.live.transient = True
-        bar.live.stop()  # not bar.stop(): it adds a blank line on a non-terminal stderr
+        bar.stop(failed=True)
         raise
     bar.stop()
 

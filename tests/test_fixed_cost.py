@@ -337,7 +337,8 @@ def test_a_cold_precompute_imports_no_heavy_library(tmp_path) -> None:
     imported where it is used (``bench/import_profile.py`` measures what is left). Nor does it
     load numba's registries (its cached kernels load without them: ``numba.np.arraymath`` and
     with it ``scipy.linalg``), nor SciPy or PyYAML (numba's checks at import); pyarrow is not
-    loaded before the first book record (it is imported where a partition is written)."""
+    loaded before the first book record (it is imported where a partition is written), nor
+    rich's table and progress modules (the bar starts after a delay, the tables at the end)."""
     if not any(DATA.glob("*.dbn.zst")):
         pytest.skip("data/ has no embedded sample")
     heavy = ["aiohttp", "dask", "databento", "distributed", "matplotlib", "numba.cuda", "numba.np.arraymath", "pandas",
@@ -351,7 +352,8 @@ scan = dbn.RecordScanner.__iter__
 def records(self):
     for chunk in scan(self):
         if not at_first and any(rt == dbn.SCHEMA_RTYPES["mbp-10"] and len(a) for rt, a in chunk.items()):
-            at_first.append(sorted(m for m in ("pyarrow", "pyarrow.compute", "joblib") if m in sys.modules))
+            at_first.append(sorted(m for m in ("pyarrow", "pyarrow.compute", "joblib", "rich.table", "rich.progress")
+                                   if m in sys.modules))
         yield chunk
 dbn.RecordScanner.__iter__ = records
 rc = main(["precompute", "-q", "--jobs", "1", "--input", {str(DATA)!r}, "--out", {str(tmp_path / "fresh" / "out")!r}])
@@ -361,3 +363,36 @@ print(rc, sorted(m for m in {heavy!r} if m in sys.modules), at_first[0], "pyarro
                          env=dict(os.environ, PYTHONPATH=str(PROJECT)), check=True)  # fmt: skip
     assert out.stdout.strip().splitlines()[-1] == "0 [] [] True", out.stdout[-2000:] + out.stderr[-2000:]
     assert len(list((tmp_path / "fresh" / "out").rglob("*.arrow"))) == 3  # the sample's three sessions
+
+
+def test_the_later_progress_bar_shows_what_was_done_before_it_started(monkeypatch) -> None:
+    """:class:`alphafeat.commandline.LaterBar` records tasks and advances until rich's bar
+    starts (after ``BAR_DELAY``), then hands them over; a job that ends sooner shows its
+    final state; a failed one leaves no bar running."""
+    from alphafeat import commandline
+
+    monkeypatch.setattr(commandline, "BAR_DELAY", 0.05)
+    bar = commandline.LaterBar()
+    t = bar.add_task("segments", total=5)
+    bar.advance(t)
+    bar.advance(t, 2)
+    assert bar.bar is None
+    deadline = time.monotonic() + 10
+    while bar.bar is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bar.bar is not None and bar.bar.tasks[0].completed == 3 and bar.bar.tasks[0].total == 5
+    bar.advance(t)
+    assert bar.bar.tasks[0].completed == 4
+    bar.stop()
+    assert not bar.bar.live.is_started
+
+    monkeypatch.setattr(commandline, "BAR_DELAY", 60)
+    quick = commandline.LaterBar()
+    quick.advance(quick.add_task("segments", total=2), 2)
+    quick.stop()  # ended before the delay: shown once, at its end
+    assert quick.bar is not None and quick.bar.tasks[0].completed == 2 and not quick.bar.live.is_started
+    failed = commandline.LaterBar()
+    failed.add_task("segments", total=2)
+    failed.stop(failed=True)
+    failed._timer.join(5)
+    assert failed.bar is None and not failed._timer.is_alive()
