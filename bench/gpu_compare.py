@@ -105,7 +105,7 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
     res["gpu_peak_gb"] = mem.gb
     if STATS.exists():  # the hub's owners: seconds issuing, waiting for the device, idle
         res["hub"] = json.loads(STATS.read_text().splitlines()[-1])
-    keys = ("seconds", "cpu_s", "peak_rss_gb", "gpu_peak_gb", "rows", "stage_seconds", "hub")
+    keys = ("seconds", "cpu_s", "peak_rss_gb", "peak_pss_gb", "gpu_peak_gb", "rows", "stage_seconds", "hub")
     print("case", " ".join(args), json.dumps({k: res.get(k) for k in keys}), flush=True)  # kept if cut short
     return res
 
@@ -170,15 +170,16 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
         for key, rs in runs.items():
             res[key] = summary(rs) if "zstd" not in key else dict(rs[0], seconds_all=[r["seconds"] for r in rs])
-        head = ("case", "median s", "min-max", "CPU-s", "RSS GB", "GPU GB", "rows")
-        print("{:14s} {:>9s} {:>15s} {:>7s} {:>7s} {:>7s} {:>10s}".format(*head))
+        head = ("case", "median s", "min-max", "CPU-s", "RSS GB", "PSS GB", "GPU GB", "rows")
+        print("{:14s} {:>9s} {:>15s} {:>7s} {:>7s} {:>7s} {:>7s} {:>10s}".format(*head))
         for key, r in res.items():
             if not isinstance(r, dict):
                 continue
             span = f"{r.get('seconds_min', '')}-{r.get('seconds_max', '')}" if "seconds_min" in r else \
                 str(r.get("seconds_all", ""))  # fmt: skip
             print(f"{key:14s} {r.get('seconds_median', r['seconds']):9.3f} {span:>15s} {r.get('cpu_s', 0):7.1f} "
-                  f"{r.get('peak_rss_gb', 0) or 0:7.2f} {r.get('gpu_peak_gb', 0) or 0:7.2f} {r.get('rows', '')!s:>10s}")
+                  f"{r.get('peak_rss_gb', 0) or 0:7.2f} {r.get('peak_pss_gb', 0) or 0:7.2f} "
+                  f"{r.get('gpu_peak_gb', 0) or 0:7.2f} {r.get('rows', '')!s:>10s}")
         line = json.dumps(res, default=str)
         if args.json_out:
             args.json_out.write_text(line)

@@ -97,29 +97,34 @@ def run_measured(cmd: list[str]) -> dict:
     """Run ``cmd``; wall seconds (until its process exits), CPU seconds of it and of its workers
     (reaped: ``reaped_s``, how long after its exit the last of them was gone; ~5 s after a run
     that replaced partitions, whose detached ``sleep`` frees their blocks: ``alphafeat.cache``)
-    and the peak of the summed RSS of its process tree. Dirty pages of the case before (a cache,
-    ``zstd -d``'s files) are written back first."""
+    and the peak of the summed RSS of its process tree; every fifth sample also the summed PSS
+    (``peak_pss_gb``: shared memory, such as the GPU hub's slots that a worker and the parent
+    both map, counted once). Dirty pages of the case before (a cache, ``zstd -d``'s files) are
+    written back first."""
     os.sync()
     c0 = _child_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, cwd=PROJECT)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample() -> None:
         p = psutil.Process(proc.pid)
+        k = 0
         while not done.is_set():
             try:
                 tree = [p, *p.children(recursive=True)]
-                rss = 0
+                rss = pss = 0
                 for q in tree:
                     try:
                         rss += q.memory_info().rss
-                    except psutil.Error:
+                        pss += q.memory_full_info().pss if k % 5 == 0 else 0
+                    except (psutil.Error, AttributeError):
                         pass
-                peak[0] = max(peak[0], rss)
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
             except psutil.Error:
                 return
+            k += 1
             time.sleep(0.02)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -136,7 +141,7 @@ def run_measured(cmd: list[str]) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{out[0].decode()[-3000:]}")
     return {"seconds": round(wall, 3), "cpu_s": round(_child_cpu() - c0, 3), "peak_rss_gb": round(peak[0] / 1e9, 3),
-            "reaped_s": round(reaped, 3)}
+            "peak_pss_gb": round(peak[1] / 1e9, 3), "reaped_s": round(reaped, 3)}
 
 
 def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
