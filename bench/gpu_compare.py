@@ -8,8 +8,9 @@ what was in use before the case (``gpu_peak_gb``). Cases, run ``--repeat`` times
 
 * ``N_cpu`` / ``N_cuda``: every session of ``--input`` with ``--jobs``;
 * ``N_cuda_all`` / ``N_cpu_all``: the same with ``--features all`` (against ``N_cuda``);
-* ``--gpu-rows R1,R2``: ``N_cuda`` again with the hub's blocks of R rows on the GPU side
-  (``ALPHAFEAT_GPU_ROWS``), as ``N_cuda_rR``;
+* ``--gpu-rows R1,R2:S``: ``N_cuda`` again with the hub's blocks of R rows on the GPU side
+  (``ALPHAFEAT_GPU_ROWS``), as ``N_cuda_rR``, and S slots per stream (``ALPHAFEAT_GPU_SLOTS``)
+  where given, as ``N_cuda_rRsS``;
 * ``one_cpu`` / ``one_cuda``: the first session, ``--jobs 1``, with this process and its
   children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there.
 
@@ -126,7 +127,7 @@ def main() -> None:
     ap.add_argument("--one-cores", default="0,1")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--json-out", type=Path, default=None)
-    ap.add_argument("--gpu-rows", default="", help="extra N_cuda cases with these hub block rows")
+    ap.add_argument("--gpu-rows", default="", help="extra N_cuda cases with these hub block rows (ROWS or ROWS:SLOTS)")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
     bench._adopt_orphans()
@@ -147,10 +148,12 @@ def main() -> None:
             if "N_cuda" in cases:
                 runs.setdefault("N_cuda", []).append(measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
             for r in filter(None, args.gpu_rows.split(",")):
-                bench.ENV["ALPHAFEAT_GPU_ROWS"] = r
-                runs.setdefault(f"N_cuda_r{r}", []).append(
+                rows, _, slots = r.partition(":")
+                bench.ENV.update({"ALPHAFEAT_GPU_ROWS": rows, **({"ALPHAFEAT_GPU_SLOTS": slots} if slots else {})})
+                runs.setdefault(f"N_cuda_r{rows}" + (f"s{slots}" if slots else ""), []).append(
                     measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
                 bench.ENV.pop("ALPHAFEAT_GPU_ROWS")
+                bench.ENV.pop("ALPHAFEAT_GPU_SLOTS", None)
             if "N_cpu" in cases:
                 runs.setdefault("N_cpu", []).append(measured(every, scratch / "a" / "out", "--device", "cpu", *jobs))
             if "N_cuda_all" in cases:

@@ -47,17 +47,28 @@ log = logging.getLogger(__name__)
 #: New rows of one block on the GPU side (a slot's capacity); ``ALPHAFEAT_GPU_ROWS`` (read by
 #: the hub, in the parent) overrides it for measurements.
 HUB_ROWS = 1 << 17
-#: Slots per stream: the worker fills one while the device computes the other.
+#: Slots per stream: the worker fills one while the device computes the other;
+#: ``ALPHAFEAT_GPU_SLOTS`` (read by the hub) overrides it for measurements.
 SLOTS = 2
+
+
+def _env_count(name: str, default: int) -> int:
+    """A positive integer from the environment variable ``name``, or ``default`` where unset."""
+    text = os.environ.get(name, "")
+    try:
+        return max(1, int(text)) if text else default
+    except ValueError:
+        raise UsageError(name, "expected a positive integer", text) from None
 
 
 def hub_rows() -> int:
     """:data:`HUB_ROWS`, or ``ALPHAFEAT_GPU_ROWS`` where set (a positive integer)."""
-    text = os.environ.get("ALPHAFEAT_GPU_ROWS", "")
-    try:
-        return max(1, int(text)) if text else HUB_ROWS
-    except ValueError:
-        raise UsageError("ALPHAFEAT_GPU_ROWS", "expected a positive integer", text) from None
+    return _env_count("ALPHAFEAT_GPU_ROWS", HUB_ROWS)
+
+
+def hub_slots() -> int:
+    """:data:`SLOTS`, or ``ALPHAFEAT_GPU_SLOTS`` where set (a positive integer)."""
+    return _env_count("ALPHAFEAT_GPU_SLOTS", SLOTS)
 
 
 class _Slot:
@@ -96,6 +107,7 @@ class Hub:
         from alphafeat.cuda.owner import Owners
 
         self.rows = hub_rows() if rows is None else max(1, int(rows))
+        self.n_slots = hub_slots()
         self.owners = Owners(devices, self.rows)
         self._key = os.urandom(16)
         self._listener = Listener(family="AF_UNIX", authkey=self._key)
@@ -122,12 +134,12 @@ class Hub:
             plan = self._plan(params)
             for o in self.owners.owners:
                 o.warm(plan, levels, list(range(k)))
-            made = [self._slot(self.owners.owners[i % len(self.owners.owners)], levels, k)
-                    for i in range(streams) for _ in range(SLOTS)]  # fmt: skip
+            owners = self.owners.owners
+            made = [self._slot(owners[i % len(owners)], levels, k)
+                    for i in range(streams) for _ in range(self.n_slots)]  # fmt: skip
             with self._lock:
                 for i, s in enumerate(made):
-                    self._free.setdefault((id(self.owners.owners[i // SLOTS % len(self.owners.owners)]), levels, k),
-                                          []).append(s)  # fmt: skip
+                    self._free.setdefault((id(owners[i // self.n_slots % len(owners)]), levels, k), []).append(s)
         except Exception as e:  # noqa: BLE001  (the streams meet it again, and report it)
             log.debug("gpu hub: warm-up failed (%s)", e)
 
@@ -235,7 +247,7 @@ class Hub:
             try:
                 stream = self.owners.open(self._plan(params), where, select)
                 key = (stream.owner, int(levels), len(select))
-                got = [self._slot(stream.owner, int(levels), len(select)) for _ in range(SLOTS)]
+                got = [self._slot(stream.owner, int(levels), len(select)) for _ in range(self.n_slots)]
             except Exception as e:  # noqa: BLE001  (one line to the worker)
                 send(("error", _picklable(oom_line(e, where, self.rows))))
                 return
