@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TextIO
 
@@ -46,6 +48,18 @@ def stdout_console() -> Console:
 BAR_DELAY = 0.5
 
 
+@dataclasses.dataclass
+class _Task:
+    """A task of :class:`LaterBar`: what rich's bar shows of it, and its id there once shown."""
+
+    description: str
+    total: float | None
+    started: float  # time.monotonic()
+    completed: float = 0
+    finished: float | None = None
+    rich: int | None = None
+
+
 class LaterBar:
     """A progress bar on stderr that starts :data:`BAR_DELAY` seconds after it is made:
     :meth:`add_task` and :meth:`advance` as rich's ``Progress`` takes them, recorded until then.
@@ -54,7 +68,7 @@ class LaterBar:
     def __init__(self, disable: bool = False) -> None:
         self.disable = disable
         self.bar = None
-        self._tasks: list[list] = []  # [description, total, completed, rich's id]
+        self._tasks: list[_Task] = []
         self._lock = threading.Lock()
         self._ended = False
         self._timer = threading.Timer(BAR_DELAY, self._show)
@@ -63,17 +77,21 @@ class LaterBar:
             self._timer.start()
 
     def _show(self, final: bool = False) -> None:
-        """Start rich's bar with the tasks so far (``final``: the job ended before the delay:
-        shown once and stopped)."""
+        """Start rich's bar with the tasks so far, their clocks as they were (``final``: the job
+        ended before the delay: shown once and stopped)."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       console=console, transient=False)  # fmt: skip
+                       console=console, transient=False, get_time=time.monotonic)  # fmt: skip
         with self._lock:
             if self.bar is not None or self._ended:
                 return
             for t in self._tasks:
-                t[3] = bar.add_task(t[0], total=t[1], completed=t[2])
+                t.rich = bar.add_task(t.description, total=t.total, completed=t.completed, start=False)
+                task = bar.tasks[-1]
+                task.start_time = t.started
+                if t.finished is not None:
+                    task.finished_time = t.finished - t.started
             bar.start()
             self.bar = bar
             if final:
@@ -83,18 +101,21 @@ class LaterBar:
     def add_task(self, description: str, total: float | None = None) -> int:
         """A new task (rows of the bar); returns its id."""
         with self._lock:
-            self._tasks.append([description, total, 0, None])
+            t = _Task(description, total, started=time.monotonic())
+            self._tasks.append(t)
             if self.bar is not None and not self._ended:
-                self._tasks[-1][3] = self.bar.add_task(description, total=total)
+                t.rich = self.bar.add_task(description, total=total)
             return len(self._tasks) - 1
 
     def advance(self, task: int, advance: float = 1) -> None:
         """Task ``task`` is ``advance`` further."""
         with self._lock:
             t = self._tasks[task]
-            t[2] += advance
+            t.completed += advance
+            if t.finished is None and t.total is not None and t.completed >= t.total:
+                t.finished = time.monotonic()
             if self.bar is not None and not self._ended:
-                self.bar.advance(t[3], advance)
+                self.bar.advance(t.rich, advance)
 
     def stop(self, failed: bool = False) -> None:
         """End the bar: left on screen (shown now if it had not started), or cleared when

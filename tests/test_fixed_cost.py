@@ -381,6 +381,7 @@ def test_the_later_progress_bar_shows_what_was_done_before_it_started(monkeypatc
     while bar.bar is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert bar.bar is not None and bar.bar.tasks[0].completed == 3 and bar.bar.tasks[0].total == 5
+    assert bar.bar.tasks[0].start_time == bar._tasks[0].started  # elapsed from the task's start
     bar.advance(t)
     assert bar.bar.tasks[0].completed == 4
     bar.stop()
@@ -391,6 +392,7 @@ def test_the_later_progress_bar_shows_what_was_done_before_it_started(monkeypatc
     quick.advance(quick.add_task("segments", total=2), 2)
     quick.stop()  # ended before the delay: shown once, at its end
     assert quick.bar is not None and quick.bar.tasks[0].completed == 2 and not quick.bar.live.is_started
+    assert quick.bar.tasks[0].finished and quick.bar.tasks[0].finished_time < 1  # its own clock, not the bar's
     failed = commandline.LaterBar()
     failed.add_task("segments", total=2)
     failed.stop(failed=True)
