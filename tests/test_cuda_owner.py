@@ -295,18 +295,14 @@ def _through_hub(hub, cols: dict[str, np.ndarray], pieces: list[int], select: li
 
 
 @needs_device
-@pytest.mark.parametrize("slots", [None, "3"])
-def test_inprocess_hub_slots_equal_the_cpu_and_stay_bounded(slots, monkeypatch) -> None:
+def test_inprocess_hub_slots_equal_the_cpu_and_stay_bounded(monkeypatch) -> None:
     """The hub (the parent's side) and a worker's HubStream (here on threads of one process):
     slots of 5 rows on the GPU side, handed rows 1, 3 and 11 at a time (a slot filled across
     calls, several slots in one call, the halo row copied from the slot before), two segments at
     once: each equals the CPU (the selected rows, in any order, one twice). More segments after:
-    no slot and no device array more (the slots of closed streams are reused). With the
-    default slots per stream and with three (``ALPHAFEAT_GPU_SLOTS``)."""
+    no slot and no device array more (the slots of closed streams are reused). Then a hub of
+    three slots a stream (``ALPHAFEAT_GPU_SLOTS``) equals the CPU too."""
     from alphafeat.cuda.hub import SLOTS, Hub
-
-    if slots:
-        monkeypatch.setenv("ALPHAFEAT_GPU_SLOTS", slots)
     from alphafeat.features.inputs import prepare
 
     names = [s.name for s in feature_specs(PARAMS)]
@@ -326,13 +322,19 @@ def test_inprocess_hub_slots_equal_the_cpu_and_stay_bounded(slots, monkeypatch) 
         for k, b in enumerate(books):
             np.testing.assert_allclose(got[k], _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
         made, allocs = hub.slots_made, hub.owners.owners[0].allocations
-        assert made == 2 * (int(slots) if slots else SLOTS) == 2 * hub.n_slots
+        assert made == 2 * SLOTS
         for seed in range(3):
             b = _book(12, 90 + seed)
             res = _through_hub(hub, prepare(b, PARAMS), [12], select)
             np.testing.assert_allclose(res, _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
         assert (hub.slots_made, hub.owners.owners[0].allocations) == (made, allocs)
         assert _slot_fds() == 2 * made  # the hub's (each slot's and its mapping's), not the closed streams'
+    monkeypatch.setenv("ALPHAFEAT_GPU_SLOTS", "3")
+    with Hub([0], rows=5) as hub:
+        b = _book(16, 97)
+        res = _through_hub(hub, prepare(b, PARAMS), [16], select)
+        np.testing.assert_allclose(res, _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
+        assert hub.slots_made == hub.n_slots == 3
     assert _slot_fds() == 0  # nothing left: the memory goes with the last mapping
 
 
