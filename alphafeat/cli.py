@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of trading sessions (default 1)")
     s.add_argument("--out", type=_PATH, help="output directory")
     s.add_argument("--schemas", default="mbp-10,trades", type=option(val.validate_schemas),
-                   help="any of mbo,mbp-10,trades,definition")
+                   help="any of mbo,mbp-10,trades,definition (default mbp-10,trades)")
     s.add_argument("--seed", type=_count(0), default=0, help="random seed (default 0; same seed, same bytes)")
     s.add_argument("--scale", default=val.Scale.QUIET, **_enum(val.Scale),
                    help="activity level (default quiet: the embedded sample's)")
