@@ -106,7 +106,8 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
     res["gpu_peak_gb"] = mem.gb
     if STATS.exists():  # the hub's owners: seconds issuing, waiting for the device, idle
         res["hub"] = json.loads(STATS.read_text().splitlines()[-1])
-    keys = ("seconds", "cpu_s", "peak_rss_gb", "peak_pss_gb", "gpu_peak_gb", "rows", "stage_seconds", "hub")
+    keys = ("seconds", "cpu_s", "peak_rss_gb", "peak_pss_gb", "gpu_peak_gb", "rows", "stage_seconds", "hub",
+            "segment_cpu_s", "segments_s")
     print("case", " ".join(args), json.dumps({k: res.get(k) for k in keys}), flush=True)  # kept if cut short
     return res
 

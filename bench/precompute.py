@@ -152,6 +152,7 @@ def precompute(inputs: list[Path], out: Path, *args: str) -> dict:
     res = run_measured(cmd)
     run = json.loads((out / "_alphafeat.json").read_text())["run"]
     res.update(inside_s=run["seconds"], stage_seconds=run["stage_seconds"], rows=run["rows"],
+               segment_cpu_s=run.get("segment_cpu_s"), segments_s=run.get("segments_s"),
                bytes_per_row=run["bytes_per_row"], books_predecoded=run["books_predecoded"])
     res["rows_per_s"] = round(res["rows"] / res["seconds"]) if res["seconds"] else 0
     res["cache_gb"] = round(sum(p.stat().st_size for p in out.rglob("*.arrow")) / 1e9, 3)

@@ -90,7 +90,10 @@ class Summary:
     ``stage_seconds`` sums worker time per stage (``plan`` is the parent's): ``book`` (decode
     and book, or the predecoded load), ``features``, ``labels``, ``write``; ``read`` for
     relabelled partitions (the earlier partition read back). ``peak_rss`` is the
-    largest peak resident memory of any process of the run (bytes); ``cache_bytes`` the size
+    largest peak resident memory of any process of the run (bytes); ``segment_cpu`` the CPU
+    seconds (``user``, ``sys``) of the workers' processes while they ran segments;
+    ``started`` the run's start and ``segment_span`` the first segment's start and the last
+    one's end (seconds since the epoch); ``cache_bytes`` the size
     of the run's partitions, those written and those already current; ``predecoded`` the
     folder where the plan's scans and the kept books are (:attr:`PrecomputeConfig.predecoded_dir`,
     default :func:`~alphafeat.precompute.config.default_predecoded_dir`).
@@ -111,6 +114,9 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     peak_rss: int = 0
+    segment_cpu: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    segment_span: list[float] = field(default_factory=list)
     cache_bytes: int = 0
     books_predecoded: int = 0
     predecoded: Path | None = None
@@ -183,6 +189,10 @@ class _Fold:
         for k, v in res.seconds.items():
             s.stage_seconds[k] = s.stage_seconds.get(k, 0.0) + v
         s.peak_rss = max(s.peak_rss, res.peak_rss)
+        for k, v in res.cpu.items():
+            s.segment_cpu[k] = s.segment_cpu.get(k, 0.0) + v
+        a, b = res.span
+        s.segment_span = [min(s.segment_span[0], a), max(s.segment_span[1], b)] if s.segment_span else [a, b]
         if res.rows and res.complete_from >= 0:  # the stream started without a snapshot
             self.complete[res.relpath] = res.complete_ts
             when = "never within the session" if res.complete_ts is None else \
@@ -317,6 +327,8 @@ def _manifest(fold: _Fold, common: dict, schedule: list[dict], sources: list[tup
         "stage_seconds": {k: round(v, 3) for k, v in s.stage_seconds.items()},
         "rows": s.rows,
         "peak_rss": max(s.peak_rss, peak_rss()),
+        "segment_cpu_s": {k: round(v, 3) for k, v in s.segment_cpu.items()},
+        "segments_s": [round(t - s.started, 3) for t in s.segment_span],
         "bytes_per_row": round(s.bytes_per_row, 1),
         "books_predecoded": s.books_predecoded,
         "rows_per_second": round(s.rows_per_second),

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -112,6 +113,12 @@ class SegmentResult:
         Whether only the labels were recomputed, from a partition written earlier.
     changes : tuple of str
         What that relabel changed (:func:`alphafeat.precompute.relabel.relabel_changes`).
+    cpu : dict of str to float
+        CPU seconds of the worker process while it ran the segment, ``user`` and ``sys``
+        (``getrusage``; every thread of the process, so a worker's other work at the same time
+        counts too).
+    span : tuple of float
+        Wall-clock start and end of the segment, seconds since the epoch.
     """
 
     relpath: str
@@ -126,6 +133,8 @@ class SegmentResult:
     complete_ts: int | None = None
     relabelled: bool = False
     changes: tuple[str, ...] = ()
+    cpu: dict[str, float] = field(default_factory=dict)
+    span: tuple[float, float] = (0.0, 0.0)
 
 
 def _whole_book(seg: Segment, kept: Path | None, res: SegmentResult, widen: bool = True) -> BookArrays:
@@ -257,6 +266,7 @@ def run_segment(
         A bad file. A worker on another machine that cannot see a path names it.
     """
     res = SegmentResult(seg.relpath)
+    t0, ru0 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
     try:
         kept = kept_book(seg, predecoded_dir)
         if relabel:
@@ -265,6 +275,9 @@ def run_segment(
             _map_segment(seg, staging, meta, job, kept, keep, res)
     finally:
         res.peak_rss = peak_rss()
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        res.cpu = {"user": ru.ru_utime - ru0.ru_utime, "sys": ru.ru_stime - ru0.ru_stime}
+        res.span = (t0, time.time())
     return res
 
 
