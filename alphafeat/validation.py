@@ -28,7 +28,8 @@ from alphafeat.errors import UsageError
 
 __all__ = [
     "Barrier", "BarrierKind", "Compression", "Device", "Dtype", "InstrumentMode", "ModeKind", "OnError", "Predecoded",
-    "RollRule", "Sample", "SampleKind", "Scale", "SignalKind", "StrEnum", "SynthSchema", "allowed_values", "split_list",
+    "RollRule", "Sample", "SampleKind", "Scale", "SignalKind", "StrEnum", "SynthSchema", "allowed_values", "env_count",
+    "split_list",
     "validate_barrier", "validate_bool", "validate_costs",
     "validate_date", "validate_enum", "validate_float", "validate_horizon", "validate_horizons", "validate_horizons_s",
     "validate_instrument_mode", "validate_int", "validate_jobs", "validate_path", "validate_root", "validate_sample",
@@ -366,3 +367,17 @@ def validate_preopen(value: object, option: str = "--preopen") -> str:
     """What precompute does with the crossed-book rows of an auction: ``keep`` (written, flagged
     in ``book_crossed``) or ``drop`` (not written)."""
     return validate_enum(value, Preopen, option).value
+
+
+def env_count(name: str, default: int) -> int:
+    """A positive integer from the environment variable ``name`` (settings for measurements,
+    such as ``ALPHAFEAT_GPU_ROWS``), or ``default`` where unset. ``UsageError`` naming the
+    variable otherwise."""
+    text = os.environ.get(name, "")
+    try:
+        value = int(text) if text else default
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(name, "expected a positive integer", text)
+    return value

@@ -11,6 +11,8 @@ what was in use before the case (``gpu_peak_gb``). Cases, run ``--repeat`` times
 * ``--gpu-rows R1,R2:S``: ``N_cuda`` again with the hub's blocks of R rows on the GPU side
   (``ALPHAFEAT_GPU_ROWS``), as ``N_cuda_rR``, and S slots per stream (``ALPHAFEAT_GPU_SLOTS``)
   where given, as ``N_cuda_rRsS``;
+* ``--block-rows R1,R2``: ``N_cuda`` again with the workers' book blocks of R rows
+  (``ALPHAFEAT_BLOCK_ROWS``; by default 8 Ki rows with 16 segments at once), as ``N_cuda_bR``;
 * ``one_cpu`` / ``one_cuda``: the first session, ``--jobs 1``, with this process and its
   children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there.
 
@@ -129,6 +131,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--gpu-rows", default="", help="extra N_cuda cases with these hub block rows (ROWS or ROWS:SLOTS)")
+    ap.add_argument("--block-rows", default="", help="extra N_cuda cases with these worker block rows")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
     bench._adopt_orphans()
@@ -155,6 +158,11 @@ def main() -> None:
                     measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
                 bench.ENV.pop("ALPHAFEAT_GPU_ROWS")
                 bench.ENV.pop("ALPHAFEAT_GPU_SLOTS", None)
+            for r in filter(None, args.block_rows.split(",")):
+                bench.ENV["ALPHAFEAT_BLOCK_ROWS"] = r
+                runs.setdefault(f"N_cuda_b{r}", []).append(
+                    measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
+                bench.ENV.pop("ALPHAFEAT_BLOCK_ROWS")
             if "N_cpu" in cases:
                 runs.setdefault("N_cpu", []).append(measured(every, scratch / "a" / "out", "--device", "cpu", *jobs))
             if "N_cuda_all" in cases:

@@ -635,3 +635,17 @@ def test_stream_rows_shrink_with_segments_at_once(monkeypatch) -> None:
     assert segment.read_chunk(64 * k) == segment.READ_CHUNK and segment.read_chunk(8 * k) == 1 << 20
     monkeypatch.setattr(segment, "BLOCK_ROWS", 200)
     assert {segment.stream_rows(w) for w in (1, 16)} == {200}
+
+
+def test_block_rows_setting_for_measurements(monkeypatch) -> None:
+    """``ALPHAFEAT_BLOCK_ROWS`` replaces the blocks' rows whatever runs at once; a value that
+    is not a positive integer is a usage error naming the variable (so are the hub's)."""
+    from alphafeat.errors import UsageError
+    from alphafeat.precompute import books
+
+    monkeypatch.setenv("ALPHAFEAT_BLOCK_ROWS", "32768")
+    assert {books.stream_rows(w) for w in (1, 16)} == {32768}
+    for bad in ("0", "-3", "8k"):
+        monkeypatch.setenv("ALPHAFEAT_BLOCK_ROWS", bad)
+        with pytest.raises(UsageError, match="ALPHAFEAT_BLOCK_ROWS.*positive integer"):
+            books.stream_rows(16)

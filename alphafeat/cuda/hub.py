@@ -38,7 +38,8 @@ from multiprocessing.reduction import recv_handle, send_handle
 import numpy as np
 
 from alphafeat.cuda import slots as sl
-from alphafeat.errors import AlphafeatError, UsageError
+from alphafeat.errors import AlphafeatError
+from alphafeat.validation import env_count
 
 __all__ = ["HUB_ROWS", "SLOTS", "Hub", "HubStream"]
 
@@ -52,23 +53,14 @@ HUB_ROWS = 1 << 17
 SLOTS = 2
 
 
-def _env_count(name: str, default: int) -> int:
-    """A positive integer from the environment variable ``name``, or ``default`` where unset."""
-    text = os.environ.get(name, "")
-    try:
-        return max(1, int(text)) if text else default
-    except ValueError:
-        raise UsageError(name, "expected a positive integer", text) from None
-
-
 def hub_rows() -> int:
     """:data:`HUB_ROWS`, or ``ALPHAFEAT_GPU_ROWS`` where set (a positive integer)."""
-    return _env_count("ALPHAFEAT_GPU_ROWS", HUB_ROWS)
+    return env_count("ALPHAFEAT_GPU_ROWS", HUB_ROWS)
 
 
 def hub_slots() -> int:
     """:data:`SLOTS`, or ``ALPHAFEAT_GPU_SLOTS`` where set (a positive integer)."""
-    return _env_count("ALPHAFEAT_GPU_SLOTS", SLOTS)
+    return env_count("ALPHAFEAT_GPU_SLOTS", SLOTS)
 
 
 class _Slot:

@@ -27,6 +27,7 @@ from alphafeat import book as bk
 from alphafeat.dbn import SCHEMA_RTYPES, RecordScanner, file_identity
 from alphafeat.plan import Segment
 from alphafeat.types import LEVELS, BookArrays
+from alphafeat.validation import env_count
 from alphafeat.zstd_frames import is_zstd
 
 __all__ = ["BLOCK_ROWS", "BOOK_FORMAT", "BookWriter", "book_key", "book_slices", "build_book", "is_kept",
@@ -310,7 +311,10 @@ def stream_rows(at_once: int) -> int:
     last-level cache; smaller blocks keep more of each one's working set (four book blocks, the
     decode chunk) in cache. Measured (docs/performance.md): 16 sessions at once ran fastest
     with 8 Ki rows, one session alone with 64 Ki; sizes between are interpolated, not
-    measured. The cache's bytes do not depend on it."""
+    measured. The cache's bytes do not depend on it. ``ALPHAFEAT_BLOCK_ROWS`` (a positive
+    integer) replaces it, for measurements."""
+    if os.environ.get("ALPHAFEAT_BLOCK_ROWS"):
+        return env_count("ALPHAFEAT_BLOCK_ROWS", BLOCK_ROWS)
     shift = max(0, (max(1, at_once) - 1).bit_length() - 1)
     return max(BLOCK_ROWS >> shift, min(MIN_BLOCK_ROWS, BLOCK_ROWS))
 
