@@ -20,7 +20,7 @@ A first run of each device (not timed) fills numba's caches. Prints a table, the
 
 Usage::
 
-    python bench/gpu_compare.py --input S16 [--jobs 16] [--repeat 2] [--one-cores 0,1] [--cases ...]
+    python bench/gpu_compare.py --input S16 [--jobs 16] [--repeat 2] [--one-cores 0,1] [--cases ...] [--extra OPTS]
 """
 
 from __future__ import annotations
@@ -132,7 +132,9 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--gpu-rows", default="", help="extra N_cuda cases with these hub block rows (ROWS or ROWS:SLOTS)")
     ap.add_argument("--block-rows", default="", help="extra N_cuda cases with these worker block rows")
+    ap.add_argument("--extra", default="", help="options added to every precompute run (e.g. '--compression lz4')")
     args = ap.parse_args()
+    bench.EXTRA[:] = args.extra.split()
     cases = set(args.cases.split(","))
     bench._adopt_orphans()
     by_day = bench.sessions(args.input)
@@ -141,7 +143,7 @@ def main() -> None:
     books1 = [f for f in first if ".mbp-10." in f.name or ".mbo." in f.name]
     books = [f for f in every if ".mbp-10." in f.name or ".mbo." in f.name]
     scratch = Path(tempfile.mkdtemp(prefix="gpu-compare-"))
-    res: dict = {"sessions": len(by_day), "jobs": args.jobs, "repeat": args.repeat}
+    res: dict = {"sessions": len(by_day), "jobs": args.jobs, "repeat": args.repeat, "extra": args.extra}
     runs: dict[str, list[dict]] = {}
     jobs = ["--jobs", str(args.jobs)]
     try:
