@@ -45,9 +45,11 @@ __all__ = ["HUB_ROWS", "SLOTS", "Hub", "HubStream"]
 
 log = logging.getLogger(__name__)
 
-#: New rows of one block on the GPU side (a slot's capacity); ``ALPHAFEAT_GPU_ROWS`` (read by
-#: the hub, in the parent) overrides it for measurements.
-HUB_ROWS = 1 << 17
+#: New rows of one block on the GPU side (a slot's capacity: 23 MB at ten levels); 64 Ki ran
+#: 16 sessions faster than 128 Ki with a third less slot and GPU memory (docs/performance.md,
+#: "--device cuda", 2026-12-07); ``ALPHAFEAT_GPU_ROWS`` (read by the hub, in the parent)
+#: overrides it for measurements.
+HUB_ROWS = 1 << 16
 #: Slots per stream: the worker fills one while the device computes the other;
 #: ``ALPHAFEAT_GPU_SLOTS`` (read by the hub) overrides it for measurements.
 SLOTS = 2
