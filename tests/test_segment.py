@@ -639,7 +639,7 @@ def test_stream_rows_shrink_with_segments_at_once(monkeypatch) -> None:
 
 def test_block_rows_setting_for_measurements(monkeypatch) -> None:
     """``ALPHAFEAT_BLOCK_ROWS`` replaces the blocks' rows whatever runs at once; a value that
-    is not a positive integer is a usage error naming the variable (so are the hub's)."""
+    is not a positive integer is a usage error naming the variable."""
     from alphafeat.errors import UsageError
     from alphafeat.precompute import books
 
