@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from simulator import passed_under_simulator
 from test_features import PARAMS, perturb_after, random_book
 
 from alphafeat.devices import compute_features
 from alphafeat.features import FeatureParams, cuda_available, feature_specs
 
-ROOT = Path(__file__).resolve().parents[1]
 IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 HAVE_DEVICE = IN_SIM or cuda_available()
 REAL_GPU = HAVE_DEVICE and not IN_SIM
@@ -308,23 +304,5 @@ def test_cuda_kernels_under_simulator() -> None:
     (:data:`SIM_FIRST`, then the rest); every test but the real-GPU-only one must pass."""
     if IN_SIM:
         pytest.skip("already running under the simulator")
-    env = dict(os.environ)
-    env["NUMBA_ENABLE_CUDASIM"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", __file__]
-    procs = [subprocess.Popen(cmd + ["-k", f"inprocess and {sel}({SIM_FIRST})"], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-             for sel in ("", "not ")]
-    passed = 0
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=900)
-            assert proc.returncode == 0, out
-            m = re.search(r"(\d+) passed", out)
-            assert m is not None, out
-            passed += int(m.group(1))
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    passed = passed_under_simulator(__file__, SIM_FIRST, ("-rA",), timeout=900)
     assert passed == N_INPROCESS - 1  # everything but the real-GPU-only test ran (not skipped)

@@ -11,14 +11,12 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from simulator import passed_under_simulator
 from test_features import random_book
 
 from alphafeat.errors import AlphafeatError, UsageError
@@ -488,22 +486,5 @@ def test_owner_under_simulator() -> None:
     (:data:`SIM_FIRST`, then the rest): all must pass."""
     if IN_SIM:
         pytest.skip("already running under the simulator")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__]
-    procs = [subprocess.Popen(cmd + ["-k", f"inprocess and {sel}({SIM_FIRST})"], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-             for sel in ("", "not ")]
-    passed = 0
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=600)
-            assert proc.returncode == 0, out[-6000:]
-            m = re.search(r"(\d+) passed", out)
-            assert m is not None, out[-3000:]
-            passed += int(m.group(1))
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    passed = passed_under_simulator(__file__, SIM_FIRST, ("-x",))
     assert passed == N_INPROCESS
