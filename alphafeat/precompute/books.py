@@ -313,10 +313,8 @@ def stream_rows(at_once: int) -> int:
     with 8 Ki rows, one session alone with 64 Ki; sizes between are interpolated, not
     measured. The cache's bytes do not depend on it. ``ALPHAFEAT_BLOCK_ROWS`` (a positive
     integer) replaces it, for measurements."""
-    if os.environ.get("ALPHAFEAT_BLOCK_ROWS"):
-        return env_count("ALPHAFEAT_BLOCK_ROWS", BLOCK_ROWS)
     shift = max(0, (max(1, at_once) - 1).bit_length() - 1)
-    return max(BLOCK_ROWS >> shift, min(MIN_BLOCK_ROWS, BLOCK_ROWS))
+    return env_count("ALPHAFEAT_BLOCK_ROWS", max(BLOCK_ROWS >> shift, min(MIN_BLOCK_ROWS, BLOCK_ROWS)))
 
 
 def read_chunk(rows: int) -> int:
