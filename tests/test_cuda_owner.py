@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 HAVE_DEVICE = IN_SIM or cuda_available()
 needs_device = pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device (see test_owner_under_simulator)")
-N_INPROCESS = 8  # test_inprocess_* items below (checked by the runner)
+N_INPROCESS = 9  # test_inprocess_* items below (checked by the runner)
 #: The simulator runner's first subprocess takes these (about half the time); the other the rest.
 SIM_FIRST = "precompute or blocks_cutting or out_of_memory"
 #: a short fractional-difference window (a few dozen rows), so that blocks cut it
@@ -336,6 +336,35 @@ def test_inprocess_hub_slots_equal_the_cpu_and_stay_bounded(monkeypatch) -> None
         np.testing.assert_allclose(res, _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
         assert hub.slots_made == hub.n_slots == 3
     assert _slot_fds() == 0  # nothing left: the memory goes with the last mapping
+
+
+@needs_device
+def test_inprocess_hub_process_equals_the_cpu_and_leaves_nothing(tmp_path, monkeypatch) -> None:
+    """The hub in a process of its own (``ALPHAFEAT_GPU_HUB=process``): a stream through it
+    equals the CPU; at close it has written its stats and removed its socket's folder (as the
+    hub in this process does), and ends by itself. A bad ``ALPHAFEAT_GPU_HUB`` is a UsageError."""
+    from alphafeat.cuda.hub import Hub, HubProcess, hub_kind
+    from alphafeat.features.inputs import prepare
+
+    monkeypatch.setenv("ALPHAFEAT_GPU_STATS", str(tmp_path / "stats.jsonl"))
+    b = _book(21, 61)
+    select = [0, 2]
+    monkeypatch.setenv("ALPHAFEAT_GPU_HUB", "process")
+    with hub_kind()([0], rows=6) as hub:
+        assert isinstance(hub, HubProcess)
+        res = _through_hub(hub, prepare(b, PARAMS), [4, 9], select)
+        folder = Path(hub.address[0]).parent
+        assert folder.is_dir()
+    np.testing.assert_allclose(res, _cpu(b, PARAMS)[select], rtol=1e-9, atol=1e-9, equal_nan=True)
+    stats = json.loads((tmp_path / "stats.jsonl").read_text())
+    assert stats["rows_per_block"] == 6 and stats["owners"][0]["rows"] >= 21
+    assert not folder.exists() and hub.proc.wait(timeout=60) == 0
+    with Hub([0], rows=6) as here:
+        folder = Path(here.address[0]).parent
+    assert not folder.exists()
+    monkeypatch.setenv("ALPHAFEAT_GPU_HUB", "fork")
+    with pytest.raises(UsageError, match="ALPHAFEAT_GPU_HUB"):
+        hub_kind()
 
 
 @needs_device

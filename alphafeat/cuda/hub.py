@@ -30,6 +30,11 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Client, Listener
@@ -41,7 +46,7 @@ from alphafeat.cuda import slots as sl
 from alphafeat.errors import AlphafeatError
 from alphafeat.validation import env_count
 
-__all__ = ["HUB_ROWS", "SLOTS", "Hub", "HubStream"]
+__all__ = ["HUB_ROWS", "SLOTS", "Hub", "HubProcess", "HubStream", "hub_kind", "serve_process"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +109,10 @@ class Hub:
         self.n_slots = hub_slots()
         self.owners = Owners(devices, self.rows)
         self._key = os.urandom(16)
-        self._listener = Listener(family="AF_UNIX", authkey=self._key)
+        # the socket in a folder of its own, removed by close (multiprocessing's default folder
+        # is removed only by its exit handler, which a command's quick end skips)
+        self._dir = tempfile.mkdtemp(prefix="alphafeat-hub-")
+        self._listener = Listener(os.path.join(self._dir, "socket"), family="AF_UNIX", authkey=self._key)
         self.address = (self._listener.address, self._key)
         self._free: dict[tuple, list[_Slot]] = {}
         self._all: list[_Slot] = []
@@ -147,8 +155,10 @@ class Hub:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Stop accepting, wait for the open streams' threads, stop the owners, remove the slots."""
+    def close(self, release: bool = True) -> None:
+        """Stop accepting, wait for the open streams' threads, stop the owners, remove the socket
+        and (``release``) the slots: without it, a process about to end leaves their page locks
+        and device memory to the end (:func:`serve_process`)."""
         if self._closing:
             return
         self._closing = True
@@ -159,10 +169,13 @@ class Hub:
             pass
         self._thread.join()
         self._listener.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
         for t in list(self._conns):
             t.join()
         self.owners.close()
         self._report()
+        if not release:
+            return
         for s in self._all:
             s.close()
         self._all.clear()
@@ -274,6 +287,92 @@ class Hub:
                 with self._lock:
                     self._free.setdefault((id(key[0]), *key[1:]), []).extend(got)
             conn.close()
+
+
+class HubProcess:
+    """A :class:`Hub` in a process of its own (``python -c`` :func:`serve_process`), started at
+    once: its imports, CUDA contexts and warm-up run beside the caller's plan on another core,
+    and at :meth:`close` the caller waits only for its streams and owners to stop, not for its
+    end (device memory, page locks and contexts go with that process, beside the caller's own
+    end). Same arguments as :class:`Hub`; :attr:`address` waits for it to be serving.
+    ``AlphafeatError`` (one line) when it cannot start. Chosen by ``ALPHAFEAT_GPU_HUB=process``
+    (:func:`hub_kind`) for measurements (docs/performance.md, "--device cuda")."""
+
+    def __init__(self, devices: Sequence[int], rows: int | None = None, warm: tuple | None = None) -> None:
+        code = "from alphafeat.cuda.hub import serve_process; serve_process()"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        pickle.dump((list(devices), rows, warm), self.proc.stdin)
+        self.proc.stdin.flush()
+        self._address: tuple | None = None
+        self._closed = False
+
+    @property
+    def address(self) -> tuple[str, bytes]:
+        if self._address is None:
+            msg = self._recv()
+            if msg[0] == "error":
+                raise msg[1]
+            self._address = msg[1]
+        return self._address
+
+    def _recv(self) -> tuple:
+        try:
+            return pickle.load(self.proc.stdout)
+        except (EOFError, pickle.UnpicklingError):
+            raise AlphafeatError(f"--device cuda: the GPU hub's process ended (exit {self.proc.wait()})") from None
+
+    def __enter__(self) -> HubProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Tell the hub to stop (its input closed) and wait until its streams' threads and owners
+        have stopped (its stats written); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.proc.stdin.close()
+        if self._address is not None:
+            self._recv()  # ("closed",)
+        self.proc.stdout.close()
+
+
+def serve_process() -> None:
+    """The body of :class:`HubProcess`'s process: a :class:`Hub` of the arguments pickled on
+    stdin, its address (or the error) pickled on stdout; at the end of stdin the hub stops,
+    ``("closed",)`` is sent and the process ends at once (``os._exit``: the system takes its
+    device memory, page locks and contexts back). SIGKILL when the caller's process ends."""
+    from alphafeat._command import die_with_parent
+
+    die_with_parent()
+    devices, rows, warm = pickle.load(sys.stdin.buffer)
+    out = sys.stdout.buffer
+    try:
+        hub = Hub(devices, rows, warm)
+    except Exception as e:  # noqa: BLE001  (one line to the caller)
+        pickle.dump(("error", _picklable(e)), out)
+        out.flush()
+        os._exit(1)
+    pickle.dump(("address", hub.address), out)
+    out.flush()
+    sys.stdin.buffer.read()  # until the caller closes it (or ends)
+    hub.close(release=False)
+    pickle.dump(("closed",), out)
+    out.flush()
+    os._exit(0)
+
+
+def hub_kind() -> type[Hub] | type[HubProcess]:
+    """:class:`Hub` (in the caller's process), or :class:`HubProcess` where
+    ``ALPHAFEAT_GPU_HUB=process``; ``UsageError`` on another value."""
+    from alphafeat.errors import UsageError
+
+    kind = os.environ.get("ALPHAFEAT_GPU_HUB", "thread")
+    if kind not in ("thread", "process"):
+        raise UsageError("ALPHAFEAT_GPU_HUB", "expected thread or process", kind)
+    return HubProcess if kind == "process" else Hub
 
 
 def _picklable(e: BaseException) -> BaseException:
