@@ -21,6 +21,8 @@ Slots are pooled by shape and per owner (a closed stream's are the next one's): 
 memory are bounded by the streams open at once, not by the number of segments. Blocks on the GPU
 side are :data:`HUB_ROWS` rows, larger than the workers' book blocks (fewer launches, fuller grids).
 This module imports no CUDA at import time: the workers import only :class:`HubStream`.
+With ``ALPHAFEAT_GPU_HUB=process`` (:func:`hub_kind`) the hub lives in a process of its own
+(:class:`HubProcess`) instead of the parent; the workers see no difference.
 Slots are anonymous shared memory (``memfd_create``) whose descriptors go to the workers over
 the socket: nothing is left behind, however the run ends.
 Measured: docs/performance.md, "--device cuda", the GPU hub.
