@@ -14,7 +14,9 @@ what was in use before the case (``gpu_peak_gb``). Cases, run ``--repeat`` times
 * ``--block-rows R1,R2``: ``N_cuda`` again with the workers' book blocks of R rows
   (``ALPHAFEAT_BLOCK_ROWS``; by default 8 Ki rows with 16 segments at once), as ``N_cuda_bR``;
 * ``one_cpu`` / ``one_cuda``: the first session, ``--jobs 1``, with this process and its
-  children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there.
+  children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there;
+* ``--process-hub``: ``N_cuda`` and ``one_cuda`` again with the GPU hub in a process of its own
+  (``ALPHAFEAT_GPU_HUB=process``), as ``N_cuda_hubproc`` and ``one_cuda_hubproc``.
 
 A first run of each device (not timed) fills numba's caches. Prints a table, then one JSON line.
 
@@ -114,6 +116,15 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
     return res
 
 
+def _hub_process(fn, *args: object) -> dict:  # noqa: ANN001
+    """``fn(*args)`` with the GPU hub in a process of its own (``ALPHAFEAT_GPU_HUB=process``)."""
+    bench.ENV["ALPHAFEAT_GPU_HUB"] = "process"
+    try:
+        return fn(*args)
+    finally:
+        bench.ENV.pop("ALPHAFEAT_GPU_HUB")
+
+
 def summary(runs: list[dict]) -> dict:
     """The median run (by seconds) with the min and max seconds."""
     runs = [r for r in runs if "error" not in r] or runs[:1]
@@ -132,6 +143,7 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--gpu-rows", default="", help="extra N_cuda cases with these hub block rows (ROWS or ROWS:SLOTS)")
     ap.add_argument("--block-rows", default="", help="extra N_cuda cases with these worker block rows")
+    ap.add_argument("--process-hub", action="store_true", help="N_cuda, one_cuda again, hub in its own process")
     ap.add_argument("--extra", default="", help="options added to every precompute run (e.g. '--compression lz4')")
     args = ap.parse_args()
     bench.EXTRA[:] = args.extra.split()
@@ -160,6 +172,9 @@ def main() -> None:
                     measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
                 bench.ENV.pop("ALPHAFEAT_GPU_ROWS")
                 bench.ENV.pop("ALPHAFEAT_GPU_SLOTS", None)
+            if args.process_hub and "N_cuda" in cases:
+                runs.setdefault("N_cuda_hubproc", []).append(_hub_process(measured, every, scratch / "b" / "out",
+                                                                          "--device", "cuda", *jobs))  # fmt: skip
             for r in filter(None, args.block_rows.split(",")):
                 bench.ENV["ALPHAFEAT_BLOCK_ROWS"] = r
                 runs.setdefault(f"N_cuda_b{r}", []).append(
@@ -180,6 +195,9 @@ def main() -> None:
                 runs.setdefault("one_zstd", []).append(bench.zstd_time(books1, 1))
                 runs.setdefault("one_cpu", []).append(measured(first, scratch / "d" / "out", "--device", "cpu"))
                 runs.setdefault("one_cuda", []).append(measured(first, scratch / "e" / "out", "--device", "cuda"))
+                if args.process_hub:
+                    runs.setdefault("one_cuda_hubproc", []).append(
+                        _hub_process(measured, first, scratch / "e" / "out", "--device", "cuda"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         for key, rs in runs.items():
