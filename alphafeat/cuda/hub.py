@@ -337,7 +337,10 @@ class HubProcess:
         self._closed = True
         self.proc.stdin.close()
         if self._address is not None:
-            self._recv()  # ("closed",)
+            try:
+                self._recv()  # ("closed",)
+            except AlphafeatError:  # it ended already: nothing to wait for (an error on the way out stays)
+                pass
         self.proc.stdout.close()
 
 
@@ -350,7 +353,8 @@ def serve_process() -> None:
 
     die_with_parent()
     devices, rows, warm = pickle.load(sys.stdin.buffer)
-    out = sys.stdout.buffer
+    out = os.fdopen(os.dup(1), "wb")  # the messages' own copy of stdout ...
+    os.dup2(2, 1)  # ... and anything else written there (a library's print) to stderr
     try:
         hub = Hub(devices, rows, warm)
     except Exception as e:  # noqa: BLE001  (one line to the caller)
