@@ -46,7 +46,7 @@ import numpy as np
 
 from alphafeat.cuda import slots as sl
 from alphafeat.errors import AlphafeatError
-from alphafeat.validation import env_count
+from alphafeat.validation import GpuHub, env_count, validate_enum
 
 __all__ = ["HUB_ROWS", "SLOTS", "Hub", "HubProcess", "HubStream", "hub_kind", "serve_process"]
 
@@ -372,13 +372,10 @@ def serve_process() -> None:
 
 def hub_kind() -> type[Hub] | type[HubProcess]:
     """:class:`Hub` (in the caller's process), or :class:`HubProcess` where
-    ``ALPHAFEAT_GPU_HUB=process``; ``UsageError`` on another value."""
-    from alphafeat.errors import UsageError
-
-    kind = os.environ.get("ALPHAFEAT_GPU_HUB", "thread")
-    if kind not in ("thread", "process"):
-        raise UsageError("ALPHAFEAT_GPU_HUB", "expected thread or process", kind)
-    return HubProcess if kind == "process" else Hub
+    ``ALPHAFEAT_GPU_HUB=process`` (:data:`alphafeat.validation.GpuHub`); ``UsageError`` on
+    another value."""
+    kind = validate_enum(os.environ.get("ALPHAFEAT_GPU_HUB", GpuHub.THREAD), GpuHub, "ALPHAFEAT_GPU_HUB")
+    return HubProcess if kind == GpuHub.PROCESS else Hub
 
 
 def _picklable(e: BaseException) -> BaseException:
