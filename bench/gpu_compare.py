@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,13 +118,17 @@ def measured(inputs: list[Path], out: Path, *args: str) -> dict:
     return res
 
 
-def _hub_process(fn, *args: object) -> dict:  # noqa: ANN001
-    """``fn(*args)`` with the GPU hub in a process of its own (``ALPHAFEAT_GPU_HUB=process``)."""
-    bench.ENV["ALPHAFEAT_GPU_HUB"] = "process"
+@contextlib.contextmanager
+def settings(**env: str | None) -> Iterator[None]:
+    """The cases run in the ``with`` block see these environment settings (``ALPHAFEAT_GPU_ROWS``
+    and the like; None: left unset), removed after."""
+    env = {k: v for k, v in env.items() if v is not None}
+    bench.ENV.update(env)
     try:
-        return fn(*args)
+        yield
     finally:
-        bench.ENV.pop("ALPHAFEAT_GPU_HUB")
+        for k in env:
+            bench.ENV.pop(k)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -167,19 +173,17 @@ def main() -> None:
                 runs.setdefault("N_cuda", []).append(measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
             for r in filter(None, args.gpu_rows.split(",")):
                 rows, _, slots = r.partition(":")
-                bench.ENV.update({"ALPHAFEAT_GPU_ROWS": rows, **({"ALPHAFEAT_GPU_SLOTS": slots} if slots else {})})
-                runs.setdefault(f"N_cuda_r{rows}" + (f"s{slots}" if slots else ""), []).append(
-                    measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
-                bench.ENV.pop("ALPHAFEAT_GPU_ROWS")
-                bench.ENV.pop("ALPHAFEAT_GPU_SLOTS", None)
+                with settings(ALPHAFEAT_GPU_ROWS=rows, ALPHAFEAT_GPU_SLOTS=slots or None):
+                    runs.setdefault(f"N_cuda_r{rows}" + (f"s{slots}" if slots else ""), []).append(
+                        measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
             if args.process_hub and "N_cuda" in cases:
-                runs.setdefault("N_cuda_hubproc", []).append(_hub_process(measured, every, scratch / "b" / "out",
-                                                                          "--device", "cuda", *jobs))  # fmt: skip
+                with settings(ALPHAFEAT_GPU_HUB="process"):
+                    runs.setdefault("N_cuda_hubproc", []).append(
+                        measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
             for r in filter(None, args.block_rows.split(",")):
-                bench.ENV["ALPHAFEAT_BLOCK_ROWS"] = r
-                runs.setdefault(f"N_cuda_b{r}", []).append(
-                    measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
-                bench.ENV.pop("ALPHAFEAT_BLOCK_ROWS")
+                with settings(ALPHAFEAT_BLOCK_ROWS=r):
+                    runs.setdefault(f"N_cuda_b{r}", []).append(
+                        measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
             if "N_cpu" in cases:
                 runs.setdefault("N_cpu", []).append(measured(every, scratch / "a" / "out", "--device", "cpu", *jobs))
             if "N_cuda_all" in cases:
@@ -196,8 +200,9 @@ def main() -> None:
                 runs.setdefault("one_cpu", []).append(measured(first, scratch / "d" / "out", "--device", "cpu"))
                 runs.setdefault("one_cuda", []).append(measured(first, scratch / "e" / "out", "--device", "cuda"))
                 if args.process_hub:
-                    runs.setdefault("one_cuda_hubproc", []).append(
-                        _hub_process(measured, first, scratch / "e" / "out", "--device", "cuda"))
+                    with settings(ALPHAFEAT_GPU_HUB="process"):
+                        runs.setdefault("one_cuda_hubproc", []).append(
+                            measured(first, scratch / "e" / "out", "--device", "cuda"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         for key, rs in runs.items():
