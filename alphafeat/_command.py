@@ -151,18 +151,13 @@ _PR_SET_PDEATHSIG = 1
 def worker_start() -> None:
     """joblib's initializer of the command's worker processes (plan scans, segments): the BLAS
     probe skipped (:func:`skip_blas_probe`), lean kernel loads (:func:`lean_kernel_loads`), and
-    SIGKILL when the command's process ends (:func:`die_with_parent`): a command killed with
-    ``kill -9`` otherwise left its workers to finish their segment into a staging folder nobody
-    commits and idle until loky's 300 s timeout, holding a session's memory and the command's
-    stderr (a ``| tee`` waited for them)."""
+    SIGKILL when the command's process ends (``prctl(PR_SET_PDEATHSIG)``; Linux, elsewhere
+    nothing): a command killed with ``kill -9``
+    otherwise left its workers to finish their segment into a staging folder nobody commits and
+    idle until loky's 300 s timeout, holding a session's memory and the command's stderr (a
+    ``| tee`` waited for them)."""
     skip_blas_probe()
     lean_kernel_loads()
-    die_with_parent()
-
-
-def die_with_parent() -> None:
-    """SIGKILL to this process when its parent ends (``prctl(PR_SET_PDEATHSIG)``; Linux,
-    elsewhere nothing)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # no prctl here

@@ -27,8 +27,7 @@ from typing import TypeVar
 from alphafeat.errors import UsageError
 
 __all__ = [
-    "Barrier", "BarrierKind", "Compression", "Device", "Dtype", "GpuHub", "InstrumentMode", "ModeKind", "OnError",
-    "Predecoded",
+    "Barrier", "BarrierKind", "Compression", "Device", "Dtype", "InstrumentMode", "ModeKind", "OnError", "Predecoded",
     "RollRule", "Sample", "SampleKind", "Scale", "SignalKind", "StrEnum", "SynthSchema", "allowed_values", "env_count",
     "split_list",
     "validate_barrier", "validate_bool", "validate_costs",
@@ -75,8 +74,6 @@ BookSchema = _enum("BookSchema", "--schema: the book schema a run uses (default:
 Preopen = _enum("Preopen", "--preopen: the crossed-book rows of an auction (the pre-open) are written, or not.",
                 "keep", "drop")
 BarrierKind = _enum("BarrierKind", "Triple-barrier width: K ticks, or K realised volatilities.", "ticks", "vol")
-GpuHub = _enum("GpuHub", "ALPHAFEAT_GPU_HUB (measurements): the GPU hub in the command's process, or its own.",
-               "thread", "process")
 
 
 def allowed_values(enum: type[StrEnum]) -> str:

@@ -15,8 +15,6 @@ what was in use before the case (``gpu_peak_gb``). Cases, run ``--repeat`` times
   (``ALPHAFEAT_BLOCK_ROWS``; by default 8 Ki rows with 16 segments at once), as ``N_cuda_bR``;
 * ``one_cpu`` / ``one_cuda``: the first session, ``--jobs 1``, with this process and its
   children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there;
-* ``--process-hub``: ``N_cuda`` and ``one_cuda`` again with the GPU hub in a process of its own
-  (``ALPHAFEAT_GPU_HUB=process``), as ``N_cuda_hubproc`` and ``one_cuda_hubproc``.
 
 A first run of each device (not timed) fills numba's caches. Prints a table, then one JSON line.
 
@@ -149,7 +147,6 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--gpu-rows", default="", help="extra N_cuda cases with these hub block rows (ROWS or ROWS:SLOTS)")
     ap.add_argument("--block-rows", default="", help="extra N_cuda cases with these worker block rows")
-    ap.add_argument("--process-hub", action="store_true", help="N_cuda, one_cuda again, hub in its own process")
     ap.add_argument("--extra", default="", help="options added to every precompute run (e.g. '--compression lz4')")
     args = ap.parse_args()
     bench.EXTRA[:] = args.extra.split()
@@ -176,10 +173,6 @@ def main() -> None:
                 with settings(ALPHAFEAT_GPU_ROWS=rows, ALPHAFEAT_GPU_SLOTS=slots or None):
                     runs.setdefault(f"N_cuda_r{rows}" + (f"s{slots}" if slots else ""), []).append(
                         measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
-            if args.process_hub and "N_cuda" in cases:
-                with settings(ALPHAFEAT_GPU_HUB="process"):
-                    runs.setdefault("N_cuda_hubproc", []).append(
-                        measured(every, scratch / "b" / "out", "--device", "cuda", *jobs))
             for r in filter(None, args.block_rows.split(",")):
                 with settings(ALPHAFEAT_BLOCK_ROWS=r):
                     runs.setdefault(f"N_cuda_b{r}", []).append(
@@ -199,10 +192,6 @@ def main() -> None:
                 runs.setdefault("one_zstd", []).append(bench.zstd_time(books1, 1))
                 runs.setdefault("one_cpu", []).append(measured(first, scratch / "d" / "out", "--device", "cpu"))
                 runs.setdefault("one_cuda", []).append(measured(first, scratch / "e" / "out", "--device", "cuda"))
-                if args.process_hub:
-                    with settings(ALPHAFEAT_GPU_HUB="process"):
-                        runs.setdefault("one_cuda_hubproc", []).append(
-                            measured(first, scratch / "e" / "out", "--device", "cuda"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         for key, rs in runs.items():

@@ -21,8 +21,6 @@ Slots are pooled by shape and per owner (a closed stream's are the next one's): 
 memory are bounded by the streams open at once, not by the number of segments. Blocks on the GPU
 side are :data:`HUB_ROWS` rows, larger than the workers' book blocks (fewer launches, fuller grids).
 This module imports no CUDA at import time: the workers import only :class:`HubStream`.
-With ``ALPHAFEAT_GPU_HUB=process`` (:func:`hub_kind`) the hub lives in a process of its own
-(:class:`HubProcess`) instead of the parent; the workers see no difference.
 Slots are anonymous shared memory (``memfd_create``) whose descriptors go to the workers over
 the socket: nothing is left behind, however the run ends.
 Measured: docs/performance.md, "--device cuda", the GPU hub.
@@ -32,10 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -46,9 +41,9 @@ import numpy as np
 
 from alphafeat.cuda import slots as sl
 from alphafeat.errors import AlphafeatError
-from alphafeat.validation import GpuHub, env_count, validate_enum
+from alphafeat.validation import env_count
 
-__all__ = ["HUB_ROWS", "SLOTS", "Hub", "HubProcess", "HubStream", "hub_kind", "serve_process"]
+__all__ = ["HUB_ROWS", "SLOTS", "Hub", "HubStream"]
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +152,9 @@ class Hub:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self, release: bool = True) -> None:
+    def close(self) -> None:
         """Stop accepting, wait for the open streams' threads, stop the owners, remove the socket
-        and (``release``) the slots: without it, a process about to end leaves their page locks
-        and device memory to the end (:func:`serve_process`)."""
+        and the slots."""
         if self._closing:
             return
         self._closing = True
@@ -176,8 +170,6 @@ class Hub:
             t.join()
         self.owners.close()
         self._report()
-        if not release:
-            return
         for s in self._all:
             s.close()
         self._all.clear()
@@ -289,93 +281,6 @@ class Hub:
                 with self._lock:
                     self._free.setdefault((id(key[0]), *key[1:]), []).extend(got)
             conn.close()
-
-
-class HubProcess:
-    """A :class:`Hub` in a process of its own (``python -c`` :func:`serve_process`), started at
-    once: its imports, CUDA contexts and warm-up run beside the caller's plan on another core,
-    and at :meth:`close` the caller waits only for its streams and owners to stop, not for its
-    end (device memory, page locks and contexts go with that process, beside the caller's own
-    end). Same arguments as :class:`Hub`; :attr:`address` waits for it to be serving.
-    ``AlphafeatError`` (one line) when it cannot start. Chosen by ``ALPHAFEAT_GPU_HUB=process``
-    (:func:`hub_kind`) for measurements (docs/performance.md, "--device cuda")."""
-
-    def __init__(self, devices: Sequence[int], rows: int | None = None, warm: tuple | None = None) -> None:
-        code = "from alphafeat.cuda.hub import serve_process; serve_process()"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        pickle.dump((list(devices), rows, warm), self.proc.stdin)
-        self.proc.stdin.flush()
-        self._address: tuple | None = None
-        self._closed = False
-
-    @property
-    def address(self) -> tuple[str, bytes]:
-        if self._address is None:
-            msg = self._recv()
-            if msg[0] == "error":
-                raise msg[1]
-            self._address = msg[1]
-        return self._address
-
-    def _recv(self) -> tuple:
-        try:
-            return pickle.load(self.proc.stdout)
-        except (EOFError, pickle.UnpicklingError):
-            raise AlphafeatError(f"--device cuda: the GPU hub's process ended (exit {self.proc.wait()})") from None
-
-    def __enter__(self) -> HubProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Tell the hub to stop (its input closed) and wait until its streams' threads and owners
-        have stopped (its stats written); idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self.proc.stdin.close()
-        if self._address is not None:
-            try:
-                self._recv()  # ("closed",)
-            except AlphafeatError:  # it ended already: nothing to wait for (an error on the way out stays)
-                pass
-        self.proc.stdout.close()
-
-
-def serve_process() -> None:
-    """The body of :class:`HubProcess`'s process: a :class:`Hub` of the arguments pickled on
-    stdin, its address (or the error) pickled on stdout; at the end of stdin the hub stops,
-    ``("closed",)`` is sent and the process ends at once (``os._exit``: the system takes its
-    device memory, page locks and contexts back). SIGKILL when the caller's process ends."""
-    from alphafeat._command import die_with_parent
-
-    die_with_parent()
-    devices, rows, warm = pickle.load(sys.stdin.buffer)
-    out = os.fdopen(os.dup(1), "wb")  # the messages' own copy of stdout ...
-    os.dup2(2, 1)  # ... and anything else written there (a library's print) to stderr
-    try:
-        hub = Hub(devices, rows, warm)
-    except Exception as e:  # noqa: BLE001  (one line to the caller)
-        pickle.dump(("error", _picklable(e)), out)
-        out.flush()
-        os._exit(1)
-    pickle.dump(("address", hub.address), out)
-    out.flush()
-    sys.stdin.buffer.read()  # until the caller closes it (or ends)
-    hub.close(release=False)
-    pickle.dump(("closed",), out)
-    out.flush()
-    os._exit(0)
-
-
-def hub_kind() -> type[Hub] | type[HubProcess]:
-    """:class:`Hub` (in the caller's process), or :class:`HubProcess` where
-    ``ALPHAFEAT_GPU_HUB=process`` (:data:`alphafeat.validation.GpuHub`); ``UsageError`` on
-    another value."""
-    kind = validate_enum(os.environ.get("ALPHAFEAT_GPU_HUB", GpuHub.THREAD), GpuHub, "ALPHAFEAT_GPU_HUB")
-    return HubProcess if kind == GpuHub.PROCESS else Hub
 
 
 def _picklable(e: BaseException) -> BaseException:

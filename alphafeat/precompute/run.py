@@ -407,8 +407,8 @@ def _run(cfg: PrecomputeConfig, job: Job, summary: Summary, progress: object | N
 
 
 def _map_commit(cfg: PrecomputeConfig, job: Job, summary: Summary, plan: Plan, task: Callable, advance: Callable,
-                t0: float, gpu: object | None) -> None:  # fmt: skip
-    """The map and the commit of :func:`_run` (``gpu``: the GPU hub, or None)."""
+                t0: float, gpu: tuple | None) -> None:  # fmt: skip
+    """The map and the commit of :func:`_run` (``gpu``: the GPU hub's address, or None)."""
     common = common_metadata(cfg, job, plan)
     schedule, sources = schedule_rows(plan), source_rows(plan)
     pre = None if cfg.keep_books == "none" else str(summary.predecoded)  # books kept earlier are used unless "none"
@@ -422,7 +422,7 @@ def _map_commit(cfg: PrecomputeConfig, job: Job, summary: Summary, plan: Plan, t
         fold = _Fold(summary, writer, others, earlier_manifest(writer.out))
         metas = [segment_metadata(common, seg, schedule, sources) for seg in plan.segments]
         decided = _decide(plan, fold, metas, job, pre, lambda: advance(t_map))
-        job_t, at_once = _sized(cfg, dataclasses.replace(job, gpu=gpu and gpu.address), writer.staging, len(decided))
+        job_t, at_once = _sized(cfg, dataclasses.replace(job, gpu=gpu), writer.staging, len(decided))
         calls = [(seg, str(writer.staging), meta, job_t, pre, _keep(cfg, seg), relabel)
                  for seg, meta, relabel in decided]
         _run_map(cfg, fold, calls, at_once, job_t.in_flight is not None, lambda: advance(t_map))
@@ -436,23 +436,22 @@ def _map_commit(cfg: PrecomputeConfig, job: Job, summary: Summary, plan: Plan, t
 
 
 @contextmanager
-def _gpu_hub(cfg: PrecomputeConfig, job: Job) -> Iterator[object | None]:
-    """This run's GPU hub (:class:`alphafeat.cuda.hub.Hub`: the GPU owners of every visible
-    device, serving the segments' workers through shared memory; or a
-    :class:`~alphafeat.cuda.hub.HubProcess`, :func:`~alphafeat.cuda.hub.hub_kind`) for a
-    ``--device cuda`` run of snapshots on local workers, stopped after; None otherwise (volume
-    bars keep whole books; a Dask cluster's workers use their own GPU owner). The hub warms up
-    beside the plan: contexts, kernels, and the slots of as many segments as run at once (books
-    of every level, the rows ``job`` stores); its ``address`` is asked for after the plan."""
+def _gpu_hub(cfg: PrecomputeConfig, job: Job) -> Iterator[tuple | None]:
+    """The address of this process's GPU hub (:class:`alphafeat.cuda.hub.Hub`: the GPU owners of
+    every visible device, serving the segments' workers through shared memory) for a ``--device
+    cuda`` run of snapshots on local workers, stopped after; None otherwise (volume bars keep
+    whole books; a Dask cluster's workers use their own GPU owner). The hub warms up beside
+    the plan: contexts, kernels, and the slots of as many segments as run at once (books of
+    every level, the rows ``job`` stores)."""
     if job.device != "cuda" or job.bar_volume or cfg.scheduler or cfg.dask_local:
         yield None
         return
-    from alphafeat.cuda.hub import hub_kind
+    from alphafeat.cuda.hub import Hub
     from alphafeat.cuda.owner import parse_devices
 
     warm = (job.features, LEVELS, len(stored_rows(job)), min(local_jobs(cfg), 64))
-    with hub_kind()(parse_devices(cfg.device if cfg.device.startswith("cuda") else "cuda"), warm=warm) as hub:
-        yield hub
+    with Hub(parse_devices(cfg.device if cfg.device.startswith("cuda") else "cuda"), warm=warm) as hub:
+        yield hub.address
 
 
 def _where(pre: Path | None, out: Path) -> str | None:
