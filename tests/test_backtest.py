@@ -532,7 +532,7 @@ def test_oracle_on_a_generated_cache_knows_the_drift(tmp_path):
     from alphamodel.data.cache import CacheData
 
     day = datetime.date(2024, 1, 9)
-    synth.generate(tmp_path / "dbn", start=day, sessions=2, seed=2, report=False, signal_file=True)
+    synth.generate(tmp_path / "dbn", start=day, sessions=2, seed=2, report=False, signal_file=True, jobs=2)
     precompute(PrecomputeConfig(inputs=[tmp_path / "dbn"], out=tmp_path / "cache", device="cpu"))
     data = CacheData.open(tmp_path / "cache")
     p, note = planted_rows(data)
@@ -585,6 +585,8 @@ def test_oracle_psr_on_a_planted_signal_market():
     sessions (the leader's mid per event = one cache row per event; no DBN written), stride 50."""
     import datetime
 
+    from joblib import Parallel, delayed
+
     from alphafeat import synth
     from alphafeat.synth import simulator as sim
     from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS
@@ -593,9 +595,9 @@ def test_oracle_psr_on_a_planted_signal_market():
 
     stride = 50
     mids, drifts = [], []
-    for d in (9, 10, 11, 12, 15, 16):
-        sess = sim.simulate_session(datetime.date(2024, 1, d), 5, 0.3, None, 0, None, False, synth.Signal(),
-                                     DRIFT_HORIZONS, DRIFT_PATHS)
+    args = (5, 0.3, None, 0, None, False, synth.Signal(), DRIFT_HORIZONS, DRIFT_PATHS)
+    days = [datetime.date(2024, 1, d) for d in (9, 10, 11, 12, 15, 16)]
+    for sess in Parallel(n_jobs=2)(delayed(sim.simulate_session)(day, *args) for day in days):  # 2 cores
         run = sess.runs[sess.leader]
         mids.append(run.mid * 0.25)
         drifts.append(run.drift[:, DRIFT_HORIZONS.index(stride)])

@@ -5,6 +5,7 @@ import datetime
 
 import numpy as np
 import pytest
+from joblib import Parallel, delayed
 
 from alphafeat import synth
 from alphafeat.errors import InputError
@@ -13,9 +14,9 @@ from alphafeat.synth.planted import DRIFT_HORIZONS, DRIFT_PATHS, asof_events, re
 
 
 def _sessions(days: list[datetime.date], scale: float, signal: synth.Signal) -> list[tuple[np.ndarray, np.ndarray]]:
+    args = (11, scale, None, 0, None, False, signal, DRIFT_HORIZONS, DRIFT_PATHS)
     out = []
-    for day in days:
-        sess = sim.simulate_session(day, 11, scale, None, 0, None, False, signal, DRIFT_HORIZONS, DRIFT_PATHS)
+    for sess in Parallel(n_jobs=min(2, len(days)))(delayed(sim.simulate_session)(day, *args) for day in days):
         run = sess.runs[sess.leader]
         out.append((run.mid, run.drift))
     return out

@@ -161,14 +161,17 @@ def test_signal_file_same_bytes_and_dbn_unchanged(tmp_path) -> None:
     """The planted-signal sidecar is seeded like the DBN files (same seed, same bytes) and asking
     for it leaves the DBN files' bytes as they are; it holds one non-decreasing ts_recv and p_up
     per book event of the front month, p_up within the model's range."""
+    from joblib.externals.loky import get_reusable_executor
+
     from alphafeat.synth.planted import DRIFT_HORIZONS, planted_path, read_drift, read_planted
 
     day = datetime.date(2024, 1, 9)
     kw = dict(start=day, sessions=1, seed=3, report=False)
     sessions: list[dict] = []
+    b = get_reusable_executor(max_workers=1).submit(synth.generate, tmp_path / "b", signal_file=True, **kw)  # 2 cores
     a = synth.generate(tmp_path / "a", signal_file=True, summary=sessions, **kw)
-    b = synth.generate(tmp_path / "b", signal_file=True, **kw)
     c = synth.generate(tmp_path / "c", **kw)
+    b = b.result()
     assert len(a) == len(b) == len(c)  # the sidecar is not among the returned paths
     for pa_, pb, pc in zip(a, b, c):
         assert pa_.read_bytes() == pb.read_bytes() == pc.read_bytes()
