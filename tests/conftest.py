@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from simulator import simulator_settings
 
-#: GIL switch interval (s) under numba's CUDA simulator: it runs every CUDA thread as a Python
-#: thread while its block manager polls them in a loop, and at Python's default (5 ms) a launch
-#: waits on that loop: one feature call on 300 rows took 31-106 s, 8.5-9.2 s at this interval.
-SIM_SWITCH_INTERVAL = 1e-4
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    sys.setswitchinterval(SIM_SWITCH_INTERVAL)
+    simulator_settings()
 
 PROJECT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT.parent / "shared" / "data"

@@ -9,6 +9,34 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: GIL switch interval (s) under the simulator: it runs every CUDA thread as a Python thread
+#: while its block manager polls them in a loop, and at Python's default (5 ms) a launch waits
+#: on that loop: one feature call on 300 rows took 31-106 s, 8.5-9.2 s at this interval.
+SWITCH_INTERVAL = 1e-4
+
+
+def simulator_settings() -> None:
+    """This process's settings for numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``): the
+    switch interval above, and ``cuda.shared.array`` made safe between threads. The simulator
+    keys a block's shared arrays by the caller's line and creates one on a miss by get, then
+    set (numba-cuda 0.30, ``FakeCUDAShared.array``): threads switched between the two got arrays
+    of their own and a block-wide scan read another thread's (seen as a wrong ``ema_mid_1s`` in
+    1 of 6 runs at this interval). Here the miss is one ``dict.setdefault``."""
+    import numpy as np
+    from numba.cuda.simulator import kernelapi
+
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    plain = kernelapi.FakeCUDAShared.array
+
+    def array(self, shape, dtype, alignment=None):  # noqa: ANN001, ANN202
+        if shape == 0 or alignment is not None:  # dynamic shared memory, or the simulator's error
+            return plain(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        got = self._allocations.get(key)
+        return got if got is not None else self._allocations.setdefault(key, np.empty(shape, dtype))
+
+    kernelapi.FakeCUDAShared.array = array
 
 
 def passed_under_simulator(test_file: str, first: str, flags: tuple[str, ...] = (), timeout: int = 600) -> int:

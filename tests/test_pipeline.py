@@ -247,7 +247,9 @@ def test_embedded_default_front_month_switches(tmp_path, capsys):
 
 CUDA_SCRIPT = r"""
 import sys
-sys.setswitchinterval(1e-4)  # the simulator's threads (tests/conftest.py)
+sys.path.insert(0, "tests")
+from simulator import simulator_settings
+simulator_settings()  # as tests/conftest.py under the simulator
 from alphafeat.cache import compare
 from alphafeat.cli import main
 inp, out = sys.argv[1], sys.argv[2]
