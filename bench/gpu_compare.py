@@ -14,7 +14,7 @@ what was in use before the case (``gpu_peak_gb``). Cases, run ``--repeat`` times
 * ``--block-rows R1,R2``: ``N_cuda`` again with the workers' book blocks of R rows
   (``ALPHAFEAT_BLOCK_ROWS``; by default 8 Ki rows with 16 segments at once), as ``N_cuda_bR``;
 * ``one_cpu`` / ``one_cuda``: the first session, ``--jobs 1``, with this process and its
-  children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there;
+  children pinned to ``--one-cores`` (``taskset``), beside ``zstd -d`` of its book file there.
 
 A first run of each device (not timed) fills numba's caches. Prints a table, then one JSON line.
 
